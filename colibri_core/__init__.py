@@ -1,0 +1,18 @@
+"""colibri: run Mixture-of-Experts models larger than memory.
+
+The package imports nothing heavy at import time; ``colibri_core.load`` and the model
+API import numpy when first used.
+"""
+
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+__all__ = ["hookimpl", "load", "__version__"]
+
+
+def __getattr__(name):
+    if name == "load":
+        from .api import load
+
+        return load
+    raise AttributeError(f"module 'colibri_core' has no attribute {name!r}")

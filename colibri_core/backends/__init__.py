@@ -1,0 +1,1 @@
+"""Compute backends that ship with colibri-core."""

@@ -1,0 +1,30 @@
+"""colibri-core's own plugin: the pieces that ship with the core register through the
+same hooks as third-party plugins do."""
+
+from .hookspecs import hookimpl
+from .registry import BackendSpec, QuantSpec, TierSpec
+
+
+@hookimpl
+def colibri_register_quants(register):
+    register(QuantSpec("f32", "colibri_core.quant:F32", "32-bit float, stored as is", dtypes=("F32",)))
+    register(QuantSpec("bf16", "colibri_core.quant:BF16", "bfloat16, widened to f32 for compute", dtypes=("BF16",)))
+    register(QuantSpec("f16", "colibri_core.quant:F16", "IEEE half, widened to f32 for compute", dtypes=("F16",)))
+
+
+@hookimpl
+def colibri_register_tiers(register):
+    register(TierSpec("disk", "colibri_core.experts.tiers:DiskTier", "pread range reads from the safetensors shards"))
+    register(TierSpec("ram", "colibri_core.experts.tiers:RamTier", "per-layer LRU of decoded experts within the RAM budget"))
+
+
+@hookimpl
+def colibri_register_backends(register):
+    register(
+        BackendSpec(
+            "cpu",
+            "colibri_core.backends.cpu:CpuBackend",
+            probe="colibri_core.backends.probe:cpu_unavailable_reason",
+            description="numpy reference backend (float32, BLAS matmuls)",
+        )
+    )

@@ -1,0 +1,171 @@
+"""``colibri run`` and ``colibri demo``: generate text and report statistics."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .errors import UsageError
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def load_with_progress(model_dir, *, quiet: bool, **options):
+    """Load a model, showing a progress bar on a terminal."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .api import LoadProgress, load
+
+    console = _stderr_console()
+    if quiet or not console.is_terminal:
+        return load(model_dir, **options)
+    with Progress(TextColumn("loading {task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=console, transient=True) as bar:
+        task = {"id": None}
+
+        def start(total, what):
+            if task["id"] is not None:
+                bar.remove_task(task["id"])
+            task["id"] = bar.add_task(what, total=total)
+
+        return load(model_dir, progress=LoadProgress(start, lambda n: bar.advance(task["id"], n)), **options)
+
+
+def parse_token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise UsageError(f"--token-ids takes comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise UsageError("--token-ids is empty")
+    return ids
+
+
+def stats_table(stats, model):
+    from rich.table import Table
+
+    from .units import format_bytes
+
+    s = stats
+    table = Table(title="statistics", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("prompt", f"{s.prompt_tokens} tokens, prefill {s.prefill_s:.2f} s ({s.prefill_tok_s:.1f} tok/s)")
+    table.add_row("time to first token", f"{s.ttft_s:.2f} s")
+    table.add_row("decode", f"{s.generated_tokens} tokens, {s.decode_tok_s:.2f} tok/s")
+    p = model.placement
+    if model.store is not None:
+        table.add_row("expert cache", f"{p.slots} of {p.experts_per_layer} experts per layer x {p.moe_layers} layers "
+                                      f"({format_bytes(p.expert_cache_bytes)} of budget {format_bytes(p.budget)})")
+        table.add_row("expert hit rate", f"{s.hit_rate:.1%} ({s.expert_hits} hits, {s.expert_misses} misses)")
+        table.add_row("read from disk", f"{format_bytes(s.bytes_read)} in {s.disk_reads} reads"
+                                        + (f", {format_bytes(s.bytes_read / max(s.generated_tokens, 1))}/token" if s.generated_tokens else ""))
+    table.add_row("resident weights", f"{format_bytes(s.resident_bytes)} (dense {format_bytes(p.dense_bytes)})")
+    table.add_row("KV cache", f"{format_bytes(s.kv_bytes)} ({format_bytes(s.kv_bytes_per_token)}/token)")
+    return table
+
+
+def stream_to_terminal(generation, model, *, show_ids: bool) -> None:
+    out = sys.stdout
+    for event in generation:
+        if show_ids:
+            if event.token_id >= 0:
+                out.write(f"{event.token_id} ")
+        else:
+            out.write(event.text)
+        out.flush()
+    out.write("\n")
+    out.flush()
+
+
+def placement_options(f):
+    f = click.option("--ram", default=None, help="RAM budget for weights, e.g. 2G (default: 80% of available memory).")(f)
+    f = click.option("--cap", type=int, default=None, help="At most N cached experts per MoE layer.")(f)
+    f = click.option("--backend", default="cpu", show_default=True, help="Compute backend (see colibri list-backends).")(f)
+    return f
+
+
+def sampling_options(f):
+    f = click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most.")(f)
+    f = click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")(f)
+    f = click.option("--top-p", type=float, default=1.0, show_default=True)(f)
+    f = click.option("--top-k", type=int, default=0, show_default=True, help="0 = no limit.")(f)
+    f = click.option("--seed", type=int, default=None, help="Seed for sampling.")(f)
+    return f
+
+
+@click.command("run")
+@click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False), help="Hugging Face model directory.")
+@click.argument("prompt", required=False)
+@click.option("--token-ids", default=None, help="Prompt as comma-separated token ids (for models without a tokenizer).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
+@click.option("--system", default=None, help="System message (with --chat).")
+@sampling_options
+@placement_options
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or statistics.")
+def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ram, cap, backend,
+        ignore_eos, as_json, quiet):
+    """Generate from PROMPT (or --token-ids) with the model in --model."""
+    if (prompt is None) == (token_ids is None):
+        raise UsageError("give a PROMPT or --token-ids (exactly one)")
+    if chat and prompt is None:
+        raise UsageError("--chat needs a text PROMPT")
+    model = load_with_progress(model_dir, quiet=quiet or as_json, ram=ram, cap=cap, backend=backend)
+    with model:
+        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                      ignore_eos=ignore_eos)
+        if token_ids is not None:
+            generation = model.stream(token_ids=parse_token_ids(token_ids), **kwargs)
+        elif chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            generation = model.stream(messages=messages, **kwargs)
+        else:
+            generation = model.stream(prompt, **kwargs)
+        if as_json:
+            result = generation.run()
+            click.echo(json.dumps(result.as_dict()))
+            return
+        stream_to_terminal(generation, model, show_ids=model.tokenizer is None)
+        if not quiet:
+            _stderr_console().print(stats_table(generation.result().stats, model))
+
+
+@click.command("demo")
+@click.option("--prompt", default="Once upon a time, a small bird", show_default=True)
+@click.option("--max-tokens", type=int, default=48, show_default=True)
+@click.option("--ram", default=None, help="RAM budget for weights (default: dense weights + 1/4 of the experts).")
+@click.option("--dir", "demo_dir", default=None, type=click.Path(file_okay=False), help="Where to build the demo model (default: the user cache dir).")
+@click.option("--rebuild", is_flag=True, help="Build the demo model again even if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
+def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json):
+    """Build a synthetic OLMoE-shaped model (random weights, >1 GB) once, then generate
+    from it with a RAM budget small enough that experts stream from disk."""
+    from .demo import DEFAULT_SPEC, default_demo_dir, ensure_demo_model
+
+    console = _stderr_console()
+    path = ensure_demo_model(demo_dir or default_demo_dir(), DEFAULT_SPEC, rebuild=rebuild, console=console, quiet=as_json)
+    budget = ram if ram is not None else DEFAULT_SPEC.default_budget()
+    model = load_with_progress(path, quiet=as_json, ram=budget)
+    with model:
+        generation = model.stream(prompt, max_tokens=max_tokens, seed=0)
+        if as_json:
+            result = generation.run()
+            click.echo(json.dumps({"model_dir": str(path), **result.as_dict()}))
+            return
+        from .units import format_bytes
+
+        p = model.placement
+        console.print(f"[bold]demo model[/] {path}  (random weights: the text below is noise)")
+        console.print(f"RAM budget {format_bytes(p.budget)}: dense weights {format_bytes(p.dense_bytes)} resident, "
+                      f"{p.slots} of {p.experts_per_layer} experts per layer cached; the rest stream from disk.\n")
+        console.print(f"[dim]{prompt}[/]", end="")
+        stream_to_terminal(generation, model, show_ids=False)
+        console.print(stats_table(generation.result().stats, model))

@@ -1,0 +1,5 @@
+"""Routed experts: where their weights live and how they are fetched."""
+
+from .store import ExpertStore, ExpertWeights
+
+__all__ = ["ExpertStore", "ExpertWeights"]

@@ -1,0 +1,158 @@
+"""The generation loop: prefill, sample, decode, stop; with statistics.
+
+Statistics keys are a contract read by other tools (``colibri run --json``):
+decode_tok_s, prefill_tok_s, ttft_s, hit_rate, bytes_read, resident_bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .errors import UsageError
+from .sampling import Sampler, SamplingParams
+
+PREFILL_CHUNK = 256  # prompt tokens per forward pass; bounds activation memory
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    hit_rate: float = 0.0
+    expert_hits: int = 0
+    expert_misses: int = 0
+    bytes_read: int = 0  # expert bytes read from disk during this generation
+    disk_reads: int = 0
+    resident_bytes: int = 0  # dense weights + cached experts, at the end
+    kv_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    cache_slots: int = 0  # cached experts per MoE layer
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TokenEvent:
+    token_id: int
+    text: str  # the new text this token completes ("" while a character is incomplete)
+    logits: np.ndarray | None = None
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str | None
+    stats: GenerationStats
+    finish_reason: str  # "stop" (eos), "length" (max tokens) or "context" (context full)
+    logits: list[np.ndarray] | None = None
+
+    def as_dict(self) -> dict:
+        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason, "stats": self.stats.as_dict()}
+
+
+@dataclass
+class Generation:
+    """An in-progress generation: iterate it for TokenEvents; afterwards ``result()``."""
+
+    model: "object"
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: frozenset[int] = frozenset()
+    return_logits: bool = False
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    _text: list[str] = field(default_factory=list)
+    _logits: list[np.ndarray] = field(default_factory=list)
+
+    def __iter__(self):
+        model = self.model
+        lm, ops, store_stats = model.lm, model.backend, model.store_counters
+        prompt = list(self.prompt_ids)
+        if not prompt:
+            raise UsageError("the prompt is empty: give text or at least one token id")
+        vocab = lm.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        if len(prompt) >= lm.max_context:
+            raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {lm.max_context}")
+        if self.max_tokens < 0:
+            raise UsageError(f"max_tokens must be >= 0, got {self.max_tokens}")
+
+        sampler = Sampler(self.sampling)
+        decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
+        before = store_stats()
+        cache = lm.new_cache(ops)
+        t0 = time.perf_counter()
+        logits = None
+        for i in range(0, len(prompt), PREFILL_CHUNK):
+            logits = lm.forward(np.asarray(prompt[i : i + PREFILL_CHUNK]), cache, ops)
+        t_prefill = time.perf_counter()
+        t_first = t_last = t_prefill
+        self.finish_reason = "length"
+        for n in range(self.max_tokens):
+            token = sampler(logits)
+            now = time.perf_counter()
+            if n == 0:
+                t_first = now
+            t_last = now
+            if token in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            self.token_ids.append(token)
+            text = decoder.add(token) if decoder is not None else ""
+            self._text.append(text)
+            if self.return_logits:
+                self._logits.append(logits)
+            yield TokenEvent(token, text, logits if self.return_logits else None)
+            if n == self.max_tokens - 1:
+                break
+            if cache.length >= lm.max_context:
+                self.finish_reason = "context"
+                break
+            logits = lm.forward(np.asarray([token]), cache, ops)
+        if decoder is not None:
+            tail = decoder.flush()
+            if tail:
+                self._text.append(tail)
+                yield TokenEvent(-1, tail)
+
+        after = store_stats()
+        s = self.stats
+        s.prompt_tokens, s.generated_tokens = len(prompt), len(self.token_ids)
+        s.prefill_s = t_prefill - t0
+        s.ttft_s = t_first - t0
+        s.prefill_tok_s = len(prompt) / s.prefill_s if s.prefill_s > 0 else 0.0
+        s.decode_s = t_last - t_first
+        s.decode_tok_s = (len(self.token_ids) - 1) / s.decode_s if len(self.token_ids) > 1 and s.decode_s > 0 else 0.0
+        s.expert_hits = after["hits"] - before["hits"]
+        s.expert_misses = after["misses"] - before["misses"]
+        lookups = s.expert_hits + s.expert_misses
+        s.hit_rate = s.expert_hits / lookups if lookups else 1.0
+        s.bytes_read = after["bytes_read"] - before["bytes_read"]
+        s.disk_reads = after["reads"] - before["reads"]
+        s.resident_bytes = model.resident_bytes
+        s.kv_bytes = cache.nbytes
+        s.kv_bytes_per_token = cache.bytes_per_token()
+        s.cache_slots = model.placement.slots
+
+    def run(self) -> GenerationResult:
+        for _ in self:
+            pass
+        return self.result()
+
+    def result(self) -> GenerationResult:
+        text = "".join(self._text) if self.model.tokenizer is not None else None
+        return GenerationResult(list(self.token_ids), text, self.stats, self.finish_reason or "length",
+                                self._logits if self.return_logits else None)

@@ -1,0 +1,241 @@
+"""Shared building blocks of decoder-only MoE transformers.
+
+Blocks hold their weights (``Param``) and do array work through ``step.ops``, the
+compute backend, so one family definition runs on every backend. Families compose
+these; what is truly family-specific stays in the family's own file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .cache import Cache, KVCache
+from .rope import RoPE
+from .weights import ExpertDecl, Param
+
+
+@dataclass
+class Step:
+    """One forward pass over ``len(positions)`` new tokens of one sequence."""
+
+    ops: Any  # the Backend
+    positions: np.ndarray
+    cache: Cache
+    memo: dict = field(default_factory=dict)
+    routing: list | None = None  # when a list, MoE layers append (layer, expert ids)
+
+    @property
+    def start(self) -> int:
+        return int(self.positions[0])
+
+
+def _v(p: Param | None):
+    return None if p is None else p.value
+
+
+class Embedding:
+    def __init__(self, weight: Param):
+        self.weight = weight
+
+    def __call__(self, ids: np.ndarray, step: Step):
+        return step.ops.embedding(self.weight.value, ids)
+
+
+class Linear:
+    def __init__(self, weight: Param, bias: Param | None = None):
+        self.weight, self.bias = weight, bias
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.info.shape[0]
+
+    def __call__(self, x, step: Step):
+        return step.ops.linear(x, self.weight.value, _v(self.bias))
+
+
+class RMSNorm:
+    def __init__(self, weight: Param | None, eps: float):
+        self.weight, self.eps = weight, eps
+
+    def __call__(self, x, step: Step):
+        return step.ops.rms_norm(x, _v(self.weight), self.eps)
+
+
+class SwiGLU:
+    """Dense gated MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, gate: Linear, up: Linear, down: Linear):
+        self.gate, self.up, self.down = gate, up, down
+
+    def __call__(self, x, step: Step):
+        return self.down(step.ops.silu_mul(self.gate(x, step), self.up(x, step)), step)
+
+
+class Attention:
+    """Multi-head attention with grouped KV heads, RoPE and the common options:
+    q/k RMSNorm over the whole projection (OLMoE) or per head (Qwen3), clipping."""
+
+    def __init__(
+        self,
+        *,
+        layer: int,
+        q: Linear,
+        k: Linear,
+        v: Linear,
+        o: Linear,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        rope: RoPE | None,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+        qk_norm_per_head: bool = False,
+        clip_qkv: float | None = None,
+        scale: float | None = None,
+    ):
+        self.layer = layer
+        self.q, self.k, self.v, self.o = q, k, v, o
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.rope = rope
+        self.q_norm, self.k_norm, self.qk_norm_per_head = q_norm, k_norm, qk_norm_per_head
+        self.clip_qkv = clip_qkv
+        self.scale = head_dim**-0.5 if scale is None else scale
+
+    def new_state(self, backend, max_len: int) -> KVCache:
+        return KVCache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len)
+
+    def __call__(self, x, step: Step):
+        ops = step.ops
+        t = x.shape[0]
+        q, k, v = self.q(x, step), self.k(x, step), self.v(x, step)
+        if self.q_norm is not None and not self.qk_norm_per_head:
+            q, k = self.q_norm(q, step), self.k_norm(k, step)
+        if self.clip_qkv is not None:
+            q, k, v = ops.clip(q, self.clip_qkv), ops.clip(k, self.clip_qkv), ops.clip(v, self.clip_qkv)
+        q = q.reshape(t, self.n_heads, self.head_dim)
+        k = k.reshape(t, self.n_kv_heads, self.head_dim)
+        v = v.reshape(t, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.qk_norm_per_head:
+            q, k = self.q_norm(q, step), self.k_norm(k, step)
+        if self.rope is not None:
+            cos, sin = rope_tables(self.rope, step)
+            q = ops.rope(q, cos, sin, self.rope.rotary_dim)
+            k = ops.rope(k, cos, sin, self.rope.rotary_dim)
+        keys, values = step.cache.layers[self.layer].append(k, v)
+        out = ops.attention(q, keys, values, step.start, self.scale)
+        return self.o(out.reshape(t, self.n_heads * self.head_dim), step)
+
+
+def rope_tables(rope: RoPE, step: Step):
+    """cos/sin for this step's positions, computed once and shared by all layers."""
+    key = ("rope", id(rope))
+    tables = step.memo.get(key)
+    if tables is None:
+        cos, sin = rope.cos_sin(step.positions)
+        tables = step.memo[key] = (step.ops.asarray(cos), step.ops.asarray(sin))
+    return tables
+
+
+class SoftmaxTopKRouter:
+    """Softmax over expert logits, then the top k (optionally renormalised)."""
+
+    def __init__(self, gate: Linear, top_k: int, norm_topk_prob: bool):
+        self.gate, self.top_k, self.norm_topk_prob = gate, top_k, norm_topk_prob
+
+    def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        logits = step.ops.to_numpy(self.gate(x, step)).astype(np.float32, copy=False)
+        probs = softmax(logits)
+        indices = top_k_indices(probs, self.top_k)
+        weights = np.take_along_axis(probs, indices, axis=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        return indices, weights.astype(np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores per row, largest first (ties: lower index first)."""
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    return order[..., :k]
+
+
+class RoutedExperts:
+    """The routed experts of one MoE layer, served by the expert store."""
+
+    def __init__(self, decl: ExpertDecl):
+        self.decl = decl
+        self.store = None  # attached when the model is placed
+
+    def __call__(self, x, indices: np.ndarray, weights: np.ndarray, step: Step):
+        layer = self.decl.moe_index
+        if step.routing is not None:
+            step.routing.append((self.decl.layer, indices.copy()))
+        return step.ops.routed_experts(x, indices, weights, lambda e: self.store.get(layer, e))
+
+
+class SparseMoE:
+    """Router + routed experts, with an optional shared expert (optionally gated)."""
+
+    def __init__(self, router, experts: RoutedExperts, shared=None, shared_gate: Linear | None = None):
+        self.router, self.experts = router, experts
+        self.shared, self.shared_gate = shared, shared_gate
+
+    def __call__(self, x, step: Step):
+        indices, weights = self.router(x, step)
+        out = self.experts(x, indices, weights, step)
+        if self.shared is not None:
+            shared = self.shared(x, step)
+            if self.shared_gate is not None:
+                shared = step.ops.sigmoid(self.shared_gate(x, step)) * shared
+            out = out + shared
+        return out
+
+
+class DecoderLayer:
+    """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, attn_norm: RMSNorm, attn: Attention, mlp_norm: RMSNorm, mlp):
+        self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
+
+    def new_state(self, backend, max_len: int):
+        return self.attn.new_state(backend, max_len)
+
+    def __call__(self, x, step: Step):
+        h = x + self.attn(self.attn_norm(x, step), step)
+        return h + self.mlp(self.mlp_norm(h, step), step)
+
+
+class CausalLM:
+    """Token embeddings, decoder layers, final norm and the LM head."""
+
+    def __init__(self, *, embed: Embedding, layers: list, norm: RMSNorm, lm_head: Linear, vocab_size: int, max_context: int):
+        self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+
+    def new_cache(self, backend) -> Cache:
+        return Cache([layer.new_state(backend, self.max_context) for layer in self.layers])
+
+    def routed_experts(self) -> list[RoutedExperts]:
+        return [layer.mlp.experts for layer in self.layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]
+
+    def forward(self, ids: np.ndarray, cache: Cache, ops, *, all_logits: bool = False, routing: list | None = None):
+        """Run new tokens ``ids`` through the model, extending ``cache``. Returns float32
+        logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last."""
+        ids = np.asarray(ids, dtype=np.int64)
+        positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
+        step = Step(ops, positions, cache, routing=routing)
+        x = self.embed(ids, step)
+        for layer in self.layers:
+            x = layer(x, step)
+        cache.length += len(ids)
+        x = x if all_logits else x[-1:]
+        logits = ops.to_numpy(self.lm_head(self.norm(x, step), step))
+        return logits if all_logits else logits[0]

@@ -1,0 +1,138 @@
+"""Rotary position embeddings: the frequency schedules of Hugging Face configs.
+
+Supported ``rope_type`` values: default, linear, dynamic (which equals default inside the
+trained context, the only range colibri runs), llama3 and yarn. Frequencies are computed
+in float32 the way transformers computes them, so positions rotate identically.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelFormatError, UnsupportedModelError
+
+SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RoPE:
+    inv_freq: np.ndarray  # (rotary_dim / 2,) float32
+    attention_scaling: float
+    rotary_dim: int
+
+    def cos_sin(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(T, rotary_dim) cos and sin for integer positions, as transformers makes them."""
+        freqs = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]
+        emb = np.concatenate((freqs, freqs), axis=-1)
+        cos, sin = np.cos(emb), np.sin(emb)
+        if self.attention_scaling != 1.0:
+            scale = np.float32(self.attention_scaling)
+            cos, sin = cos * scale, sin * scale
+        return cos, sin
+
+
+def rope_parameters(config: dict[str, Any], source: str = "config.json") -> dict[str, Any]:
+    """The rope settings of a config, in either the transformers 5 (``rope_parameters``)
+    or the older (``rope_theta`` + ``rope_scaling``) spelling."""
+    params = config.get("rope_parameters")
+    if params is None:
+        params = dict(config.get("rope_scaling") or {})
+        if "rope_theta" in config:
+            params.setdefault("rope_theta", config["rope_theta"])
+    if not isinstance(params, dict):
+        raise ModelFormatError(f"{source}: rope_parameters must be an object, got {params!r}")
+    params = dict(params)
+    params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    return params
+
+
+def build_rope(config: dict[str, Any], head_dim: int, source: str = "config.json", partial_rotary_factor: float | None = None) -> RoPE:
+    params = rope_parameters(config, source)
+    rope_type = params["rope_type"]
+    if rope_type not in SUPPORTED:
+        raise UnsupportedModelError(f"{source}: rope_type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED)})")
+    base = _number(params, "rope_theta", source)
+    if base <= 1:
+        raise ModelFormatError(f"{source}: rope_theta must be > 1, got {base}")
+    factor_partial = partial_rotary_factor if partial_rotary_factor is not None else params.get("partial_rotary_factor", 1.0)
+    dim = int(head_dim * factor_partial)
+    if dim < 2 or dim > head_dim or dim % 2:
+        raise ModelFormatError(f"{source}: rotary dimension {dim} (head_dim {head_dim} x {factor_partial}) must be even and within head_dim")
+
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / (np.float32(base) ** exponents)).astype(np.float32)
+    scaling = 1.0
+
+    if rope_type == "linear":
+        inv_freq = (inv_freq / np.float32(_number(params, "factor", source))).astype(np.float32)
+    elif rope_type == "llama3":
+        inv_freq = _llama3(inv_freq, params, source)
+    elif rope_type == "yarn":
+        inv_freq, scaling = _yarn(params, config, dim, base, source)
+    # "dynamic" only changes frequencies beyond max_position_embeddings, which colibri
+    # never runs (generation stops at the context length).
+    return RoPE(inv_freq.astype(np.float32), float(scaling), dim)
+
+
+def _number(params: dict, key: str, source: str) -> float:
+    value = params.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ModelFormatError(f"{source}: rope parameter {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _llama3(inv_freq: np.ndarray, params: dict, source: str) -> np.ndarray:
+    factor = _number(params, "factor", source)
+    low = _number(params, "low_freq_factor", source)
+    high = _number(params, "high_freq_factor", source)
+    old_len = _number(params, "original_max_position_embeddings", source)
+    if high == low:
+        raise ModelFormatError(f"{source}: llama3 rope needs high_freq_factor != low_freq_factor")
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = np.float32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(factor), inv_freq).astype(np.float32)
+    smooth = ((old_len / wavelen - low) / (high - low)).astype(np.float32)
+    smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _yarn(params: dict, config: dict, dim: int, base: float, source: str) -> tuple[np.ndarray, float]:
+    original = _number(params, "original_max_position_embeddings", source)
+    factor = params.get("factor")
+    factor = _number(params, "factor", source) if factor is not None else float(config["max_position_embeddings"]) / original
+    attention_factor = params.get("attention_factor")
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+
+    def get_mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = params.get("beta_fast") or 32
+    beta_slow = params.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = np.float32(base) ** (np.arange(0, dim, 2).astype(np.float32) / np.float32(dim))
+    extrapolation = np.float32(1.0) / pos_freqs
+    interpolation = np.float32(1.0) / (np.float32(factor) * pos_freqs)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extrapolation_factor = np.float32(1) - ramp
+    inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
+    return inv_freq.astype(np.float32), float(attention_factor)

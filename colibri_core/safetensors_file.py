@@ -1,0 +1,249 @@
+"""Our own safetensors reader and writer.
+
+The reader parses and validates a file's header before anything is allocated: the header
+length fits the file, every tensor's offsets lie inside the data section, no two tensors
+overlap, and dtype x shape equals the byte length. Errors name the file and the tensor.
+Tensors are then read with positioned reads (``preadv`` straight into the destination
+buffer), never mmap, so resident memory stays honest.
+
+The writer streams tensors to a temporary file and renames it into place, so a file we
+write is either complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from .errors import ModelFormatError
+
+MAX_HEADER_BYTES = 100 << 20  # the safetensors library refuses larger headers too
+MAX_TENSOR_RANK = 8
+
+# safetensors dtype -> (numpy storage dtype, bytes per element). BF16 and the 8-bit
+# floats have no numpy dtype: they are read as unsigned integers and decoded by a quant format.
+DTYPES: dict[str, tuple[str, int]] = {
+    "F64": ("<f8", 8),
+    "F32": ("<f4", 4),
+    "F16": ("<f2", 2),
+    "BF16": ("<u2", 2),
+    "F8_E4M3": ("u1", 1),
+    "F8_E5M2": ("u1", 1),
+    "F8_E8M0": ("u1", 1),
+    "I64": ("<i8", 8),
+    "I32": ("<i4", 4),
+    "I16": ("<i2", 2),
+    "I8": ("i1", 1),
+    "U64": ("<u8", 8),
+    "U32": ("<u4", 4),
+    "U16": ("<u2", 2),
+    "U8": ("u1", 1),
+    "BOOL": ("u1", 1),
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lies: ``offset`` is absolute in the file."""
+
+    name: str
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def _fail(path: str, message: str, tensor: str | None = None) -> ModelFormatError:
+    where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
+    return ModelFormatError(where + message)
+
+
+class SafetensorsFile:
+    """One validated safetensors file, open for positioned reads."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise ModelFormatError(f"{self.path}: file not found") from None
+        except OSError as exc:
+            raise ModelFormatError(f"{self.path}: cannot open: {exc.strerror}") from None
+        try:
+            self.file_size = os.fstat(self._fd).st_size
+            self.metadata, self.tensors = self._parse_header()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _parse_header(self) -> tuple[dict[str, str], dict[str, TensorInfo]]:
+        path, size = self.path, self.file_size
+        if size < 8:
+            raise _fail(path, f"file is {size} bytes, too short for a safetensors header (truncated?)")
+        (header_len,) = struct.unpack("<Q", os.pread(self._fd, 8, 0))
+        if header_len > size - 8:
+            raise _fail(path, f"header length {header_len} runs past the end of the {size}-byte file (truncated?)")
+        if header_len > MAX_HEADER_BYTES:
+            raise _fail(path, f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit")
+        raw = self._read_exact(8, header_len)
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _fail(path, f"header is not valid JSON ({exc})") from None
+        if not isinstance(header, dict):
+            raise _fail(path, "header is not a JSON object")
+        data_start = 8 + header_len
+        data_size = size - data_start
+
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise _fail(path, "__metadata__ must map strings to strings")
+
+        tensors: dict[str, TensorInfo] = {}
+        spans: list[tuple[int, int, str]] = []
+        for name, entry in header.items():
+            if not isinstance(entry, dict):
+                raise _fail(path, "entry is not an object", name)
+            dtype = entry.get("dtype")
+            shape = entry.get("shape")
+            offsets = entry.get("data_offsets")
+            if dtype not in DTYPES:
+                raise _fail(path, f"unknown dtype {dtype!r}", name)
+            if (
+                not isinstance(shape, list)
+                or len(shape) > MAX_TENSOR_RANK
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+            ):
+                raise _fail(path, f"bad shape {shape!r}", name)
+            if (
+                not isinstance(offsets, list)
+                or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            ):
+                raise _fail(path, f"bad data_offsets {offsets!r}", name)
+            begin, end = offsets
+            if not 0 <= begin <= end:
+                raise _fail(path, f"data_offsets {offsets} are not an increasing pair", name)
+            if end > data_size:
+                raise _fail(path, f"data_offsets {offsets} run past the {data_size}-byte data section (truncated file?)", name)
+            numel = 1
+            for d in shape:
+                numel *= d
+            expected = numel * DTYPES[dtype][1]
+            if expected != end - begin:
+                raise _fail(path, f"{dtype} x {shape} is {expected} bytes but data_offsets span {end - begin}", name)
+            tensors[name] = TensorInfo(name, path, dtype, tuple(shape), data_start + begin, end - begin)
+            if end > begin:
+                spans.append((begin, end, name))
+        spans.sort()
+        for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise _fail(path, f"bytes [{b0}, {e0}) overlap tensor {n1!r} at [{b1}, {e1})", n0)
+        return metadata, tensors
+
+    def _read_exact(self, offset: int, nbytes: int) -> bytes:
+        data = os.pread(self._fd, nbytes, offset)
+        if len(data) != nbytes:
+            raise _fail(self.path, f"short read at offset {offset}: file changed or truncated")
+        return data
+
+    def read_into(self, offset: int, out: memoryview) -> None:
+        """Fill ``out`` with the file's bytes starting at ``offset``."""
+        done, total = 0, len(out)
+        while done < total:
+            view = out[done:]
+            n = os.preadv(self._fd, [view], offset + done) if hasattr(os, "preadv") else _pread_copy(self._fd, view, offset + done)
+            if n <= 0:
+                raise _fail(self.path, f"unexpected end of file at offset {offset + done}: file changed or truncated")
+            done += n
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _pread_copy(fd: int, view: memoryview, offset: int) -> int:
+    data = os.pread(fd, len(view), offset)
+    view[: len(data)] = data
+    return len(data)
+
+
+def as_array(info: TensorInfo, raw: np.ndarray) -> np.ndarray:
+    """View raw bytes (uint8) as the tensor's storage dtype and shape."""
+    storage = DTYPES[info.dtype][0]
+    if raw.ctypes.data % np.dtype(storage).itemsize:
+        raw = raw.copy()  # unaligned tensors get an aligned copy
+    return raw.view(storage).reshape(info.shape)
+
+
+# -- writing ---------------------------------------------------------------------------
+_NUMPY_TO_ST = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<f8"): "F64", np.dtype("<i8"): "I64",
+                np.dtype("<i4"): "I32", np.dtype("<i2"): "I16", np.dtype("i1"): "I8", np.dtype("u1"): "U8",
+                np.dtype("<u2"): "U16", np.dtype("<u4"): "U32", np.dtype("<u8"): "U64", np.dtype("bool"): "BOOL"}
+
+
+def write_safetensors(
+    path: str | os.PathLike,
+    tensors: Mapping[str, np.ndarray | tuple[str, np.ndarray]] | Iterable[tuple[str, np.ndarray | tuple[str, np.ndarray]]],
+    metadata: Mapping[str, str] | None = None,
+) -> int:
+    """Write tensors atomically. A value is an array, or (safetensors dtype, array of its
+    storage type), e.g. ("BF16", uint16 array). Returns the file size."""
+    items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    arrays = []
+    offset = 0
+    for name, value in items:
+        if isinstance(value, tuple):
+            dtype, array = value
+        else:
+            array = np.asarray(value)
+            dtype = _NUMPY_TO_ST.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
+            if dtype is None:
+                raise ValueError(f"tensor {name!r}: no safetensors dtype for numpy {array.dtype}")
+        array = np.ascontiguousarray(array)
+        if array.dtype.itemsize != DTYPES[dtype][1]:
+            raise ValueError(f"tensor {name!r}: {dtype} needs {DTYPES[dtype][1]}-byte elements, got {array.dtype}")
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        arrays.append(array)
+        offset += array.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for array in arrays:
+                f.write(memoryview(array.reshape(-1).view(np.uint8)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return 8 + len(blob) + offset

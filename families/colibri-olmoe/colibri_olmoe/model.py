@@ -1,0 +1,82 @@
+"""OLMoE on colibri's shared blocks (transformers: models/olmoe/modeling_olmoe.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from colibri_core.config import ModelArgs
+from colibri_core.errors import ModelFormatError, UnsupportedModelError
+from colibri_core.family import Family
+from colibri_core.nn import (
+    Attention, CausalLM, DecoderLayer, Embedding, Linear, RoutedExperts, SoftmaxTopKRouter, SparseMoE, build_rope,
+)
+
+
+@dataclass
+class OlmoeArgs(ModelArgs):
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_experts: int
+    num_experts_per_tok: int
+    num_key_value_heads: int | None = None
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-5
+    norm_topk_prob: bool = False
+    clip_qkv: float | None = None
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+
+    def validate(self, source):
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        if self.hidden_size % self.num_attention_heads:
+            raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelFormatError(f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads {self.num_key_value_heads}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ModelFormatError(f"{source}: num_experts_per_tok {self.num_experts_per_tok} exceeds num_experts {self.num_experts}")
+        if self.hidden_act != "silu":
+            raise UnsupportedModelError(f"{source}: hidden_act {self.hidden_act!r} is not supported by the olmoe family (only 'silu')")
+
+
+class Olmoe(Family):
+    name = "olmoe"
+
+    def build(self, config, w):
+        a = OlmoeArgs.from_dict(config)
+        hidden, heads, kv_heads = a.hidden_size, a.num_attention_heads, a.num_key_value_heads
+        head_dim = hidden // heads
+        rope = build_rope(config, head_dim)
+        layers = []
+        for i in range(a.num_hidden_layers):
+            p = f"model.layers.{i}"
+            attn = Attention(
+                layer=i,
+                q=w.linear(f"{p}.self_attn.q_proj", heads * head_dim, hidden, bias=a.attention_bias),
+                k=w.linear(f"{p}.self_attn.k_proj", kv_heads * head_dim, hidden, bias=a.attention_bias),
+                v=w.linear(f"{p}.self_attn.v_proj", kv_heads * head_dim, hidden, bias=a.attention_bias),
+                o=w.linear(f"{p}.self_attn.o_proj", hidden, heads * head_dim, bias=a.attention_bias),
+                n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, rope=rope,
+                # OLMoE normalises q and k over the whole projection, before splitting heads
+                q_norm=w.rms_norm(f"{p}.self_attn.q_norm", heads * head_dim, a.rms_norm_eps),
+                k_norm=w.rms_norm(f"{p}.self_attn.k_norm", kv_heads * head_dim, a.rms_norm_eps),
+                clip_qkv=a.clip_qkv,
+            )
+            experts = w.expert_layer(i, a.num_experts, {
+                "gate": (f"{p}.mlp.experts.{{e}}.gate_proj.weight", (a.intermediate_size, hidden)),
+                "up": (f"{p}.mlp.experts.{{e}}.up_proj.weight", (a.intermediate_size, hidden)),
+                "down": (f"{p}.mlp.experts.{{e}}.down_proj.weight", (hidden, a.intermediate_size)),
+            })
+            moe = SparseMoE(
+                SoftmaxTopKRouter(w.linear(f"{p}.mlp.gate", a.num_experts, hidden), a.num_experts_per_tok, a.norm_topk_prob),
+                RoutedExperts(experts),
+            )
+            layers.append(DecoderLayer(w.rms_norm(f"{p}.input_layernorm", hidden, a.rms_norm_eps), attn,
+                                       w.rms_norm(f"{p}.post_attention_layernorm", hidden, a.rms_norm_eps), moe))
+        embed = Embedding(w.param("model.embed_tokens.weight", (a.vocab_size, hidden)))
+        lm_head = Linear(embed.weight) if a.tie_word_embeddings else w.linear("lm_head", a.vocab_size, hidden)
+        return CausalLM(embed=embed, layers=layers, norm=w.rms_norm("model.norm", hidden, a.rms_norm_eps),
+                        lm_head=lm_head, vocab_size=a.vocab_size, max_context=a.max_position_embeddings)
