@@ -1,0 +1,22 @@
+"""Helpers for colibri's own tests and for plugin authors' tests.
+
+- ``registered_plugin``: register a plugin object in-process for the duration of a block.
+- ``colibri_core.testing.oracle``: tiny random transformers models as oracles, and
+  ``FamilyOracleSuite``, the conformance base class every family test subclasses.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from ..plugins import register_plugin, unregister_plugin
+
+
+@contextmanager
+def registered_plugin(obj, name: str):
+    """Register ``obj`` (a module, class or instance with hookimpls) as plugin ``name``."""
+    register_plugin(obj, name)
+    try:
+        yield
+    finally:
+        unregister_plugin(name)

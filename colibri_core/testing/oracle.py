@@ -1,0 +1,150 @@
+"""Oracle testing against transformers.
+
+A family proves itself by building tiny random-initialised models with transformers
+(CPU, float32, eager attention), saving them with ``save_pretrained`` and comparing
+colibri's greedy tokens and per-step logits with transformers' ``generate``, under
+several placements. Subclass ``FamilyOracleSuite`` and list the configs:
+
+    class TestOlmoe(FamilyOracleSuite):
+        model_class = "OlmoeForCausalLM"
+        cases = {"small": OracleCase(lambda: OlmoeConfig(...)), ...}
+
+torch and transformers are imported only when a case is built.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import colibri_core
+
+_cache: dict[tuple[str, str], "OracleFixture"] = {}
+_lock = threading.Lock()
+
+
+@dataclass
+class OracleCase:
+    """One tiny model: a transformers config factory and how to save and prompt it."""
+
+    make_config: Callable[[], Any]
+    seed: int = 0
+    prompt: tuple[int, ...] = (5, 17, 99, 3, 42, 7, 64)
+    new_tokens: int = 32
+    max_shard_size: str | None = None  # e.g. "20KB" saves several shards with an index
+    perturb: float = 0.05  # added noise so constant-initialised tensors (norms) matter
+
+
+@dataclass
+class OracleFixture:
+    path: Path
+    prompt: list[int]
+    tokens: list[int]  # transformers' greedy continuation
+    step_logits: np.ndarray  # (new_tokens, vocab): the logits each token was chosen from
+    full_logits: np.ndarray  # (len(prompt + tokens) - 1, vocab): one teacher-forced pass
+    num_experts: int
+
+
+def build_oracle(case: OracleCase, model_class: str, path: Path) -> OracleFixture:
+    import torch
+    import transformers
+
+    torch.manual_seed(case.seed)
+    config = case.make_config()
+    config._attn_implementation = "eager"
+    cls = getattr(transformers, model_class)
+    model = cls(config).eval().to(torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * case.perturb)
+    kwargs = {"max_shard_size": case.max_shard_size} if case.max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    prompt = torch.tensor([list(case.prompt)])
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=case.new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        tokens = out.sequences[0, len(case.prompt):].tolist()
+        if len(tokens) != case.new_tokens:
+            raise AssertionError(f"transformers stopped after {len(tokens)} tokens: give the config an eos id outside the vocabulary")
+        full = model(out.sequences[:, :-1]).logits[0].numpy()
+    step_logits = torch.cat(out.logits, dim=0).numpy()
+    n_experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or getattr(config, "n_routed_experts", 0)
+    return OracleFixture(path, list(case.prompt), tokens, step_logits, full, int(n_experts))
+
+
+def oracle_fixture(suite: str, name: str, case: OracleCase, model_class: str, root: Path) -> OracleFixture:
+    """Build (once per session) the oracle model of a case and its reference outputs."""
+    key = (suite, name)
+    with _lock:
+        if key not in _cache:
+            _cache[key] = build_oracle(case, model_class, root / f"{suite}-{name}")
+        return _cache[key]
+
+
+def placements(fixture: OracleFixture) -> dict[str, dict[str, Any]]:
+    """The placements every oracle runs under: all resident, one cached expert per
+    layer, and a RAM budget holding about half of the experts."""
+    with colibri_core.load(fixture.path) as probe:
+        p = probe.placement
+    half = max(1, fixture.num_experts // 2)
+    between = p.dense_bytes + half * p.moe_layers * p.expert_bytes + p.expert_bytes // 2
+    return {"resident": {}, "cap1": {"cap": 1}, "between": {"ram": between}}
+
+
+class FamilyOracleSuite:
+    """Conformance tests a family subclasses: set ``model_class`` and ``cases``."""
+
+    model_class: str = ""
+    cases: dict[str, OracleCase] = {}
+    tolerance: float = 1e-4
+    placement_names = ("resident", "cap1", "between")
+
+    def pytest_generate_tests(self, metafunc):
+        if "case_name" in metafunc.fixturenames:
+            metafunc.parametrize("case_name", sorted(self.cases))
+        if "placement" in metafunc.fixturenames:
+            metafunc.parametrize("placement", self.placement_names)
+
+    def _fixture(self, case_name: str, tmp_path_factory) -> OracleFixture:
+        root = tmp_path_factory.getbasetemp() / "oracles"
+        root.mkdir(exist_ok=True)
+        return oracle_fixture(type(self).__name__, case_name, self.cases[case_name], self.model_class, root)
+
+    def test_greedy_tokens_and_logits_match_transformers(self, case_name, placement, tmp_path_factory):
+        fx = self._fixture(case_name, tmp_path_factory)
+        options = placements(fx)[placement]
+        with colibri_core.load(fx.path, **options) as model:
+            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
+            if placement == "cap1":
+                assert model.placement.slots == 1
+            elif placement == "between":
+                assert 1 < model.placement.slots < fx.num_experts
+        assert result.token_ids == fx.tokens
+        ours = np.stack(result.logits)
+        assert ours.shape == fx.step_logits.shape
+        worst = float(np.abs(ours - fx.step_logits).max())
+        assert worst < self.tolerance, f"logits differ by {worst:.2e}"
+
+    def test_teacher_forced_logits_match_transformers(self, case_name, tmp_path_factory):
+        fx = self._fixture(case_name, tmp_path_factory)
+        with colibri_core.load(fx.path, cap=1) as model:
+            ours = model.logits(fx.prompt + fx.tokens[:-1])
+        worst = float(np.abs(ours - fx.full_logits).max())
+        assert worst < self.tolerance, f"logits differ by {worst:.2e}"
+
+    def test_placement_changes_nothing(self, case_name, tmp_path_factory):
+        """The promise: every placement gives bit-identical logits and tokens."""
+        fx = self._fixture(case_name, tmp_path_factory)
+        runs = {}
+        for name, options in placements(fx).items():
+            with colibri_core.load(fx.path, **options) as model:
+                runs[name] = model.generate(token_ids=fx.prompt, max_tokens=8, ignore_eos=True, return_logits=True)
+        reference = runs.pop("resident")
+        for name, run in runs.items():
+            assert run.token_ids == reference.token_ids, name
+            for a, b in zip(run.logits, reference.logits):
+                assert np.array_equal(a, b), f"{name}: logits are not bit-identical to all-resident"
