@@ -165,12 +165,18 @@ def plugins(as_json):
         console.print(f"[red]conflict:[/] {message}")
 
 
-def main(argv=None) -> None:
+def build_cli() -> click.Group:
+    """The command group with the core's commands and every plugin's commands."""
     from .cli_run import demo, run
 
     cli.add_command(run)
     cli.add_command(demo)
     get_manager().add_commands(cli)
+    return cli
+
+
+def main(argv=None) -> None:
+    build_cli()
     try:
         cli.main(args=argv, prog_name="colibri", standalone_mode=False)
     except click.exceptions.Exit as exc:

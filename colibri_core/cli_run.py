@@ -84,20 +84,29 @@ def stream_to_terminal(generation, model, *, show_ids: bool) -> None:
     out.flush()
 
 
-def placement_options(f):
-    f = click.option("--ram", default=None, help="RAM budget for weights, e.g. 2G (default: 80% of available memory).")(f)
-    f = click.option("--cap", type=int, default=None, help="At most N cached experts per MoE layer.")(f)
-    f = click.option("--backend", default="cpu", show_default=True, help="Compute backend (see colibri list-backends).")(f)
+def _apply(f, options):
+    for option in reversed(options):  # decorators apply bottom-up; keep --help in this order
+        f = option(f)
     return f
+
+
+def placement_options(f):
+    return _apply(f, [
+        click.option("--ram", default=None, help="RAM budget for weights, e.g. 2G (default: 80% of available memory)."),
+        click.option("--cap", type=int, default=None, help="At most N cached experts per MoE layer."),
+        click.option("--preload", is_flag=True, help="Fill the expert cache before generating."),
+        click.option("--backend", default="cpu", show_default=True, help="Compute backend (see colibri list-backends)."),
+    ])
 
 
 def sampling_options(f):
-    f = click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most.")(f)
-    f = click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")(f)
-    f = click.option("--top-p", type=float, default=1.0, show_default=True)(f)
-    f = click.option("--top-k", type=int, default=0, show_default=True, help="0 = no limit.")(f)
-    f = click.option("--seed", type=int, default=None, help="Seed for sampling.")(f)
-    return f
+    return _apply(f, [
+        click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most."),
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="Sample among the k likeliest; 0 = no limit."),
+        click.option("--seed", type=int, default=None, help="Seed for sampling."),
+    ])
 
 
 @click.command("run")
@@ -111,14 +120,14 @@ def sampling_options(f):
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or statistics.")
-def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ram, cap, backend,
-        ignore_eos, as_json, quiet):
+def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ram, cap, preload,
+        backend, ignore_eos, as_json, quiet):
     """Generate from PROMPT (or --token-ids) with the model in --model."""
     if (prompt is None) == (token_ids is None):
         raise UsageError("give a PROMPT or --token-ids (exactly one)")
     if chat and prompt is None:
         raise UsageError("--chat needs a text PROMPT")
-    model = load_with_progress(model_dir, quiet=quiet or as_json, ram=ram, cap=cap, backend=backend)
+    model = load_with_progress(model_dir, quiet=quiet or as_json, ram=ram, cap=cap, backend=backend, preload=preload)
     with model:
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                       ignore_eos=ignore_eos)
@@ -166,6 +175,6 @@ def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json):
         console.print(f"[bold]demo model[/] {path}  (random weights: the text below is noise)")
         console.print(f"RAM budget {format_bytes(p.budget)}: dense weights {format_bytes(p.dense_bytes)} resident, "
                       f"{p.slots} of {p.experts_per_layer} experts per layer cached; the rest stream from disk.\n")
-        console.print(f"[dim]{prompt}[/]", end="")
+        sys.stdout.write(prompt)
         stream_to_terminal(generation, model, show_ids=False)
         console.print(stats_table(generation.result().stats, model))

@@ -213,10 +213,19 @@ class PluginManager:
             info = self.plugins.get(impl.plugin_name)
             if info is None or info.status != "loaded":
                 continue
+            before = dict(cli.commands)
+            error = None
             try:
                 impl.function(cli=cli)
             except Exception as exc:
-                info.status, info.error = "failed", f"colibri_register_commands: {_describe(exc)}"
+                error = _describe(exc)
+            replaced = [name for name, command in before.items() if cli.commands.get(name) is not command]
+            if replaced:  # a plugin may add commands, never take over existing ones
+                error = f"command {replaced[0]!r} already exists"
+            if error:
+                cli.commands.clear()
+                cli.commands.update(before)
+                info.status, info.error = "failed", f"colibri_register_commands: {error}"
 
     def conflict_messages(self) -> list[str]:
         return [c.message() for c in self.registry.conflicts]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -83,7 +84,10 @@ class SafetensorsFile:
         except OSError as exc:
             raise ModelFormatError(f"{self.path}: cannot open: {exc.strerror}") from None
         try:
-            self.file_size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ModelFormatError(f"{self.path}: not a regular file")
+            self.file_size = st.st_size
             self.metadata, self.tensors = self._parse_header()
         except BaseException:
             os.close(self._fd)
@@ -108,7 +112,9 @@ class SafetensorsFile:
         data_start = 8 + header_len
         data_size = size - data_start
 
-        metadata = header.pop("__metadata__", None) or {}
+        metadata = header.pop("__metadata__", None)
+        if metadata is None:
+            metadata = {}
         if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise _fail(path, "__metadata__ must map strings to strings")
 
@@ -120,7 +126,7 @@ class SafetensorsFile:
             dtype = entry.get("dtype")
             shape = entry.get("shape")
             offsets = entry.get("data_offsets")
-            if dtype not in DTYPES:
+            if not isinstance(dtype, str) or dtype not in DTYPES:
                 raise _fail(path, f"unknown dtype {dtype!r}", name)
             if (
                 not isinstance(shape, list)
@@ -212,21 +218,30 @@ def write_safetensors(
     items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
     header: dict[str, object] = {}
     if metadata:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise ValueError("metadata must map strings to strings")
         header["__metadata__"] = dict(metadata)
     arrays = []
     offset = 0
     for name, value in items:
+        if name in header or name == "__metadata__":
+            raise ValueError(f"tensor {name!r}: duplicate or reserved name")
         if isinstance(value, tuple):
             dtype, array = value
+            array = np.asarray(array)
+            if not isinstance(dtype, str) or dtype not in DTYPES:
+                raise ValueError(f"tensor {name!r}: unknown safetensors dtype {dtype!r}")
         else:
             array = np.asarray(value)
             dtype = _NUMPY_TO_ST.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
             if dtype is None:
                 raise ValueError(f"tensor {name!r}: no safetensors dtype for numpy {array.dtype}")
-        array = np.ascontiguousarray(array)
+        shape = array.shape  # ascontiguousarray turns 0-d into 1-d: keep the real shape
+        # safetensors is little-endian: byte-swap big-endian input instead of writing it raw
+        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         if array.dtype.itemsize != DTYPES[dtype][1]:
             raise ValueError(f"tensor {name!r}: {dtype} needs {DTYPES[dtype][1]}-byte elements, got {array.dtype}")
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + array.nbytes]}
         arrays.append(array)
         offset += array.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()

@@ -1,0 +1,75 @@
+"""The built-in demo: built once, atomically, big enough to matter, and it streams."""
+
+import json
+import os
+
+import pytest
+
+import colibri_core
+from colibri_core.demo import DEFAULT_SPEC, MARKER, DemoSpec, ensure_demo_model, is_complete
+from colibri_core.placement import plan
+
+from conftest import run_colibri
+
+TINY = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
+                intermediate_size=16, tokenizer_vocab=300, shard_bytes=30_000, cached_experts_per_layer=2)
+
+
+def test_default_demo_is_at_least_a_gigabyte_and_its_budget_forces_streaming():
+    spec = DEFAULT_SPEC
+    assert spec.disk_bytes >= 1_000_000_000
+    p = plan(dense_bytes=4 * spec.dense_numel, expert_bytes=4 * spec.expert_numel, moe_layers=spec.num_hidden_layers,
+             experts_per_layer=spec.num_experts, ram=spec.default_budget(), cap=None)
+    assert 0 < p.slots < spec.num_experts // 2
+
+
+def test_demo_model_is_built_once_and_reused(tmp_path):
+    path = tmp_path / "demo"
+    ensure_demo_model(path, TINY)
+    assert is_complete(path, TINY)
+    shards = sorted(path.glob("*.safetensors"))
+    assert len(shards) > 1 and (path / "model.safetensors.index.json").exists()
+    assert sum(f.stat().st_size for f in shards) >= TINY.disk_bytes
+    stamp = (path / MARKER).stat().st_mtime_ns
+    ensure_demo_model(path, TINY)
+    assert (path / MARKER).stat().st_mtime_ns == stamp  # not rebuilt
+    changed = DemoSpec(**{**TINY.__dict__, "seed": 1})
+    ensure_demo_model(path, changed)
+    assert is_complete(path, changed) and not is_complete(path, TINY)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial dirs left
+
+
+def test_an_interrupted_build_leaves_nothing_usable_behind(tmp_path, monkeypatch):
+    from colibri_core import demo
+
+    def fail_midway(out, spec, progress=None):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "build_demo_model", fail_midway)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_demo_model(tmp_path / "demo", TINY)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_model_runs_and_its_text_is_decodable(tmp_path):
+    path = ensure_demo_model(tmp_path / "demo", TINY)
+    with colibri_core.load(path, ram=TINY.default_budget()) as model:
+        assert model.placement.slots == TINY.cached_experts_per_layer
+        result = model.generate("Once upon a time", max_tokens=8, ignore_eos=True)
+    assert isinstance(result.text, str) and len(result.token_ids) == 8
+    assert result.stats.bytes_read > 0
+
+
+def test_colibri_demo_command_end_to_end(tmp_path):
+    """The real default demo (1.3 GB on disk): experts must stream under its budget."""
+    out = run_colibri("demo", "--dir", tmp_path / "demo", "--max-tokens", "6", "--json", timeout=600)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    stats = data["stats"]
+    assert stats["cache_slots"] == DEFAULT_SPEC.cached_experts_per_layer
+    assert stats["bytes_read"] > 0 and stats["hit_rate"] < 1
+    assert len(data["token_ids"]) >= 1
+    size = sum(f.stat().st_size for f in (tmp_path / "demo").glob("*.safetensors"))
+    assert size >= 1_000_000_000

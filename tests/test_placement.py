@@ -1,0 +1,28 @@
+import pytest
+
+from colibri_core.errors import BudgetError, UsageError
+from colibri_core.placement import plan
+from colibri_core.units import format_bytes, parse_size
+
+
+def test_parse_size():
+    assert parse_size("2G") == 2 << 30
+    assert parse_size("512m") == 512 << 20
+    assert parse_size("1.5GiB") == int(1.5 * (1 << 30))
+    assert parse_size("1000") == 1000
+    assert format_bytes(1536) == "1.5 KiB"
+    with pytest.raises(UsageError, match="lots"):
+        parse_size("lots")
+
+
+def test_budget_left_after_dense_weights_becomes_expert_slots():
+    p = plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=64, ram=1000 + 4 * 100 * 10 + 50, cap=None)
+    assert p.slots == 10 and not p.all_resident
+    assert plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=10**9, cap=None).slots == 8
+    assert plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=10**9, cap=3).slots == 3
+
+
+def test_a_budget_below_dense_weights_plus_one_expert_is_refused_clearly():
+    with pytest.raises(BudgetError, match="dense weights"):
+        plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=1050, cap=None)
+    assert plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=1100, cap=None).slots == 0
