@@ -49,8 +49,9 @@ class Checkpoint:
             shard_names = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
             if not shard_names:
                 raise ModelFormatError(f"{self.model_dir}: no *.safetensors weight files (and no {INDEX_NAME})")
+        where = index_path if weight_map is not None else self.model_dir
         for shard in shard_names:
-            path = self._shard_path(shard, index_path)
+            path = self._shard_path(shard, where)
             sf = SafetensorsFile(path)
             self.files[shard] = sf
             self._by_path[sf.path] = sf
@@ -83,13 +84,14 @@ class Checkpoint:
             raise ModelFormatError(f"{index_path}: 'weight_map' is empty")
         return weight_map
 
-    def _shard_path(self, shard: str, index_path: Path) -> Path:
+    def _shard_path(self, shard: str, where: Path) -> Path:
         path = (self.model_dir / shard).resolve()
         root = self.model_dir.resolve()
         if root not in path.parents:
-            raise ModelFormatError(f"{index_path}: shard {shard!r} lies outside the model directory")
+            raise ModelFormatError(f"{where}: shard {shard!r} lies outside the model directory")
         if not path.is_file():
-            raise ModelFormatError(f"{index_path}: shard {shard!r} is missing from {self.model_dir}")
+            problem = "is not a regular file in" if path.exists() else "is missing from"
+            raise ModelFormatError(f"{where}: shard {shard!r} {problem} {self.model_dir}")
         return path
 
     # -- lookups ---------------------------------------------------------------------

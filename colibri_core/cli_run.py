@@ -110,7 +110,7 @@ def sampling_options(f):
 
 
 @click.command("run")
-@click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False), help="Hugging Face model directory.")
+@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
 @click.argument("prompt", required=False)
 @click.option("--token-ids", default=None, help="Prompt as comma-separated token ids (for models without a tokenizer).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
@@ -151,7 +151,7 @@ def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top
 @click.option("--prompt", default="Once upon a time, a small bird", show_default=True)
 @click.option("--max-tokens", type=int, default=48, show_default=True)
 @click.option("--ram", default=None, help="RAM budget for weights (default: dense weights + 1/4 of the experts).")
-@click.option("--dir", "demo_dir", default=None, type=click.Path(file_okay=False), help="Where to build the demo model (default: the user cache dir).")
+@click.option("--dir", "demo_dir", default=None, help="Where to build the demo model (default: the user cache dir).")
 @click.option("--rebuild", is_flag=True, help="Build the demo model again even if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json):

@@ -32,6 +32,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "num_experts": (1, 1 << 14),
     "num_experts_per_tok": (1, 1 << 10),
     "max_position_embeddings": (1, 1 << 24),
+    "rms_norm_eps": (0.0, 1.0),
 }
 
 

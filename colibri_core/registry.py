@@ -164,12 +164,12 @@ class Registry:
         return sorted(self.entries[kind].values(), key=lambda e: e.spec.name)
 
     def family_for(self, model_type: str | None, architectures: list[str] | None) -> Entry:
-        """The family that runs a config, by ``model_type`` first, then ``architectures``."""
-        candidates = []
+        """The family that runs a config: by ``model_type``; by ``architectures`` only when
+        the config has no model_type (an unknown model_type is never second-guessed)."""
         if model_type:
-            candidates.append(("model_type", model_type, self.model_types.get(model_type)))
-        for arch in architectures or []:
-            candidates.append(("model_type", arch, self.architectures.get(arch)))
+            candidates = [("model_type", model_type, self.model_types.get(model_type))]
+        else:
+            candidates = [("model_type", arch, self.architectures.get(arch)) for arch in architectures or []]
         for kind, key, family in candidates:
             conflict = self.conflict_for(kind, key)
             if conflict:

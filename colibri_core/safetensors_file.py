@@ -90,7 +90,7 @@ class SafetensorsFile:
             self.file_size = st.st_size
             self.metadata, self.tensors = self._parse_header()
         except BaseException:
-            os.close(self._fd)
+            self.close()  # marks the fd closed, so __del__ cannot close a reused fd number
             raise
 
     def _parse_header(self) -> tuple[dict[str, str], dict[str, TensorInfo]]:
@@ -104,9 +104,11 @@ class SafetensorsFile:
             raise _fail(path, f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit")
         raw = self._read_exact(8, header_len)
         try:
-            header = json.loads(raw.decode("utf-8"))
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_refuse_duplicate_keys)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise _fail(path, f"header is not valid JSON ({exc})") from None
+        except _DuplicateKey as dup:
+            raise _fail(path, "appears twice in the header; refusing to guess", str(dup)) from None
         if not isinstance(header, dict):
             raise _fail(path, "header is not a JSON object")
         data_start = 8 + header_len
@@ -186,6 +188,19 @@ class SafetensorsFile:
             self.close()
         except Exception:
             pass
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _refuse_duplicate_keys(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
 
 
 def _pread_copy(fd: int, view: memoryview, offset: int) -> int:

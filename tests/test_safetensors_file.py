@@ -7,6 +7,7 @@ ModelFormatError naming the file and, where one is involved, the tensor.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
@@ -71,6 +72,11 @@ def read_all(path) -> dict[str, tuple[str, tuple, bytes]]:
         sf.close()
 
 
+def raw_le(array: np.ndarray, st_dtype: str) -> bytes:
+    """The little-endian bytes a tensor of this safetensors dtype must hold."""
+    return np.ascontiguousarray(array, dtype=np.dtype(DTYPES[st_dtype][0])).tobytes()
+
+
 def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if ".tmp-" in p.name)
 
@@ -120,8 +126,7 @@ def test_writer_round_trips_through_our_reader(tensors, metadata):
             dtype, shape, raw = got[name]
             assert dtype == st_dtype
             assert shape == array.shape
-            expected = np.ascontiguousarray(array, dtype=np.dtype(DTYPES[st_dtype][0])).tobytes()
-            assert raw == expected, name
+            assert raw == raw_le(array, st_dtype), name
         # and the same bytes through Checkpoint.read_many, in the storage dtype
         with Checkpoint(d) as ckpt:
             arrays_ = ckpt.read_many(list(ckpt.tensors.values()))
@@ -129,10 +134,6 @@ def test_writer_round_trips_through_our_reader(tensors, metadata):
                 assert arrays_[name].dtype == np.dtype(DTYPES[st_dtype][0])
                 assert arrays_[name].shape == array.shape
                 assert arrays_[name].tobytes() == raw_le(array, st_dtype)
-
-
-def raw_le(array: np.ndarray, st_dtype: str) -> bytes:
-    return np.ascontiguousarray(array, dtype=np.dtype(DTYPES[st_dtype][0])).tobytes()
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -594,4 +595,21 @@ def test_invalid_shard_is_reported_by_checkpoint(tmp_path):
 def test_directory_named_like_a_shard(tmp_path):
     d, _ = _two_shards(tmp_path)
     (d / "zz.safetensors").mkdir()
-    expect_checkpoint_error(d, "zz.safetensors", "not a regular file")
+    message = expect_checkpoint_error(d, str(d), "'zz.safetensors'", "not a regular file")
+    assert INDEX_NAME not in message  # there is no index to blame
+
+
+def test_failed_open_does_not_close_a_reused_descriptor_later(tmp_path):
+    # A SafetensorsFile whose header is refused must not keep its (closed) fd number:
+    # its __del__ would later close whatever file reused that number.
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"short")
+    with pytest.raises(ModelFormatError) as info:
+        SafetensorsFile(bad)
+    other = os.open(tmp_path / "bad.safetensors", os.O_RDONLY)
+    try:
+        del info  # drops the traceback, the last reference to the half-built object
+        gc.collect()
+        os.fstat(other)  # EBADF if the half-built object closed it
+    finally:
+        os.close(other)

@@ -59,7 +59,9 @@ def build_rope(config: dict[str, Any], head_dim: int, source: str = "config.json
     base = _number(params, "rope_theta", source)
     if base <= 1:
         raise ModelFormatError(f"{source}: rope_theta must be > 1, got {base}")
-    factor_partial = partial_rotary_factor if partial_rotary_factor is not None else params.get("partial_rotary_factor", 1.0)
+    factor_partial = partial_rotary_factor
+    if factor_partial is None:
+        factor_partial = _number(params, "partial_rotary_factor", source) if params.get("partial_rotary_factor") is not None else 1.0
     dim = int(head_dim * factor_partial)
     if dim < 2 or dim > head_dim or dim % 2:
         raise ModelFormatError(f"{source}: rotary dimension {dim} (head_dim {head_dim} x {factor_partial}) must be even and within head_dim")
@@ -69,7 +71,7 @@ def build_rope(config: dict[str, Any], head_dim: int, source: str = "config.json
     scaling = 1.0
 
     if rope_type == "linear":
-        inv_freq = (inv_freq / np.float32(_number(params, "factor", source))).astype(np.float32)
+        inv_freq = (inv_freq / np.float32(_positive(params, "factor", source))).astype(np.float32)
     elif rope_type == "llama3":
         inv_freq = _llama3(inv_freq, params, source)
     elif rope_type == "yarn":
@@ -86,11 +88,18 @@ def _number(params: dict, key: str, source: str) -> float:
     return float(value)
 
 
+def _positive(params: dict, key: str, source: str) -> float:
+    value = _number(params, key, source)
+    if value <= 0:
+        raise ModelFormatError(f"{source}: rope parameter {key!r} must be > 0, got {value!r}")
+    return value
+
+
 def _llama3(inv_freq: np.ndarray, params: dict, source: str) -> np.ndarray:
-    factor = _number(params, "factor", source)
-    low = _number(params, "low_freq_factor", source)
-    high = _number(params, "high_freq_factor", source)
-    old_len = _number(params, "original_max_position_embeddings", source)
+    factor = _positive(params, "factor", source)
+    low = _positive(params, "low_freq_factor", source)
+    high = _positive(params, "high_freq_factor", source)
+    old_len = _positive(params, "original_max_position_embeddings", source)
     if high == low:
         raise ModelFormatError(f"{source}: llama3 rope needs high_freq_factor != low_freq_factor")
     low_wavelen, high_wavelen = old_len / low, old_len / high
@@ -103,11 +112,12 @@ def _llama3(inv_freq: np.ndarray, params: dict, source: str) -> np.ndarray:
 
 
 def _yarn(params: dict, config: dict, dim: int, base: float, source: str) -> tuple[np.ndarray, float]:
-    original = _number(params, "original_max_position_embeddings", source)
+    original = _positive(params, "original_max_position_embeddings", source)
     factor = params.get("factor")
-    factor = _number(params, "factor", source) if factor is not None else float(config["max_position_embeddings"]) / original
-    attention_factor = params.get("attention_factor")
-    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    factor = _positive(params, "factor", source) if factor is not None else _positive(config, "max_position_embeddings", source) / original
+    # optional numbers: absent (or, like transformers, falsy for the betas) means the default
+    attention_factor = _number(params, "attention_factor", source) if params.get("attention_factor") is not None else None
+    mscale, mscale_all_dim = (_number(params, k, source) if params.get(k) is not None else None for k in ("mscale", "mscale_all_dim"))
 
     def get_mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -117,8 +127,8 @@ def _yarn(params: dict, config: dict, dim: int, base: float, source: str) -> tup
             attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
         else:
             attention_factor = get_mscale(factor)
-    beta_fast = params.get("beta_fast") or 32
-    beta_slow = params.get("beta_slow") or 1
+    beta_fast = _positive({"beta_fast": params.get("beta_fast") or 32}, "beta_fast", source)
+    beta_slow = _positive({"beta_slow": params.get("beta_slow") or 1}, "beta_slow", source)
 
     def correction_dim(rotations: float) -> float:
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))

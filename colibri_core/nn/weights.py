@@ -54,6 +54,11 @@ class Weights:
     params: dict[str, Param] = field(default_factory=dict)
     experts: list[ExpertDecl] = field(default_factory=list)
 
+    @property
+    def config_source(self) -> str:
+        """The config file's path, for error messages of ModelArgs.from_dict and build_rope."""
+        return str(self.checkpoint.model_dir / "config.json")
+
     def _lookup(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
         if name not in self.checkpoint:
             raise ModelFormatError(f"{self.checkpoint.model_dir}: missing tensor {name!r}")

@@ -46,10 +46,10 @@ class Olmoe(Family):
     name = "olmoe"
 
     def build(self, config, w):
-        a = OlmoeArgs.from_dict(config)
+        a = OlmoeArgs.from_dict(config, w.config_source)
         hidden, heads, kv_heads = a.hidden_size, a.num_attention_heads, a.num_key_value_heads
         head_dim = hidden // heads
-        rope = build_rope(config, head_dim)
+        rope = build_rope(config, head_dim, w.config_source)
         layers = []
         for i in range(a.num_hidden_layers):
             p = f"model.layers.{i}"
