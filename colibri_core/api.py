@@ -182,7 +182,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
         family = family_entry.spec.load()()
         weights = Weights(checkpoint)
         lm = family.build(config, weights)
-        resolver = FormatResolver(registry)
+        resolver = FormatResolver(registry, checkpoint, config)
         for p in weights.params.values():
             resolver.format_for(p.info)
         for decl in weights.experts:

@@ -7,6 +7,8 @@ float formats; quantised formats plug in through the same ``QuantSpec`` hook.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .safetensors_file import TensorInfo
@@ -16,6 +18,12 @@ class QuantFormat:
     """Base class of weight formats."""
 
     name = "base"
+
+    def matches(self, info: TensorInfo, context: "FormatContext") -> bool:
+        """Claim a tensor from checkpoint evidence (quantization_config in
+        ``context.config``, a stamp in the file's metadata, a companion scale tensor).
+        Formats chosen by dtype alone leave this False."""
+        return False
 
     def companions(self, info: TensorInfo, lookup) -> list[TensorInfo]:
         """Extra tensors (scales) this weight needs, found with ``lookup(name)``."""
@@ -65,31 +73,67 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class FormatContext:
+    """What a format may look at to claim a tensor: the checkpoint (its tensors and each
+    file's metadata) and the model's config.json (``quantization_config``)."""
+
+    checkpoint: object
+    config: dict
+
+
 class FormatResolver:
     """Chooses the registered format that decodes each stored tensor.
 
-    Today the choice follows the tensor's dtype; formats that need a checkpoint-level
-    stamp (quantisation config, colibri metadata) extend this resolver. A tensor no
-    installed format reads is an error naming it, never a silent guess.
+    A format claims a tensor from evidence in the checkpoint (``QuantFormat.matches``:
+    quantization_config, a colibri stamp, a companion scale tensor); when none does, the
+    tensor's safetensors dtype decides. Two formats claiming one tensor, or a tensor no
+    installed format reads, is an error naming it: the format is never guessed.
     """
 
-    def __init__(self, registry):
+    def __init__(self, registry, checkpoint=None, config: dict | None = None):
+        self._formats: list[QuantFormat] = []
         self._by_dtype: dict[str, QuantFormat] = {}
         for entry in registry.all("quant"):
+            fmt = entry.spec.load()()
+            self._formats.append(fmt)
             for dtype in entry.spec.dtypes:
-                self._by_dtype.setdefault(dtype, entry.spec.load()())
+                self._by_dtype.setdefault(dtype, fmt)
+        self._context = FormatContext(checkpoint, config or {})
+        self._chosen: dict[str, QuantFormat] = {}
 
     def format_for(self, info: TensorInfo) -> QuantFormat:
-        fmt = self._by_dtype.get(info.dtype)
-        if fmt is None:
-            from .errors import UnsupportedModelError
+        fmt = self._chosen.get(info.name)
+        if fmt is not None:
+            return fmt
+        from .errors import UnsupportedModelError
 
+        claims = [f for f in self._formats if f.matches(info, self._context)]
+        if len(claims) > 1:
+            names = " and ".join(repr(f.name) for f in claims)
+            raise UnsupportedModelError(f"{info.path}: tensor {info.name!r} is claimed by formats {names}; refusing to guess")
+        fmt = claims[0] if claims else self._by_dtype.get(info.dtype)
+        if fmt is None:
             raise UnsupportedModelError(
                 f"{info.path}: tensor {info.name!r} is stored as {info.dtype}, which no installed weight format reads"
             )
+        self._chosen[info.name] = fmt
         return fmt
 
+    def companions(self, info: TensorInfo) -> list[TensorInfo]:
+        checkpoint = self._context.checkpoint
+        lookup = checkpoint.tensors.get if checkpoint is not None else (lambda name: None)
+        return self.format_for(info).companions(info, lookup)
+
     def read_decoded(self, checkpoint, infos: list[TensorInfo]) -> dict[str, np.ndarray]:
-        """Read tensors (merging nearby reads) and decode each to float32."""
-        raw = checkpoint.read_many(infos)
-        return {info.name: self.format_for(info).decode(info, raw[info.name], {}) for info in infos}
+        """Read tensors and their companions (merging nearby reads) and decode each to float32."""
+        extra = {info.name: self.companions(info) for info in infos}
+        wanted = {t.name: t for t in infos}
+        for companions in extra.values():
+            for t in companions:
+                wanted.setdefault(t.name, t)
+        raw = checkpoint.read_many(list(wanted.values()))
+        return {
+            info.name: self.format_for(info).decode(info, raw[info.name], {t.name: raw[t.name] for t in extra[info.name]})
+            for info in infos
+        }
