@@ -20,23 +20,24 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .blueprint import Blueprint, inspect_model
 from .checkpoint import Checkpoint
-from .config import eos_token_ids, read_json
-from .errors import ColibriError, ModelFormatError, UsageError
-from .experts.store import ExpertStore
+from .config import eos_token_ids
+from .errors import ColibriError, UsageError
+from .experts.drives import Drive, MirrorSpec, measure_bandwidth, validate_mirror
+from .experts.history import RoutingHistory
+from .experts.prefetch import Prefetcher
+from .experts.store import ExpertStore, PinPolicy
 from .experts.tiers import DiskTier, RamTier
 from .generation import Generation, GenerationResult, TokenEvent
 from .nn.layers import CausalLM
-from .nn.weights import Weights
 from .placement import Placement, plan
 from .plugins import get_registry
-from .quant import FormatResolver
 from .registry import Entry
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 from .units import parse_size
-
-BACKEND_BYTES_PER_PARAM = 4  # the CPU backend computes in float32
+from .warn import warn
 
 
 @dataclass
@@ -75,11 +76,13 @@ class Model:
     def resident_bytes(self) -> int:
         return self.placement.dense_bytes + (self.store.resident_bytes if self.store else 0)
 
-    def store_counters(self) -> dict[str, int]:
+    def store_counters(self) -> dict:
+        """Cumulative expert-store counters (the generation loop reports differences)."""
         if self.store is None:
-            return {"hits": 0, "misses": 0, "bytes_read": 0, "reads": 0}
-        return {"hits": self.store.stats.hits, "misses": self.store.stats.misses,
-                "bytes_read": self.store.disk.bytes_read, "reads": self.store.disk.reads}
+            return {"bytes_by_drive": {}}
+        disk = self.store.disk
+        return {**self.store.stats.snapshot(), "bytes_by_drive": {d.name: d.bytes_read for d in disk.drives},
+                "reads": disk.reads}
 
     # -- text ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -139,9 +142,15 @@ class Model:
 
         chunks = [self.lm.forward(np.asarray(ids[i : i + PREFILL_CHUNK]), cache, self.backend, all_logits=True)
                   for i in range(0, len(ids), PREFILL_CHUNK)]
+        if self.store is not None:
+            self.store.after_tokens(len(ids))
         return np.concatenate(chunks, axis=0)
 
     def close(self) -> None:
+        """Stop the prefetch pool, save the routing history, close the files."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         self.checkpoint.close()
 
     def __enter__(self):
@@ -152,73 +161,99 @@ class Model:
 
 
 def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str = "cpu",
-         preload: bool = False, progress: LoadProgress | None = None) -> Model:
+         preload: bool = False, progress: LoadProgress | None = None, direct_io: bool = False,
+         mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5, prefetch: bool = False,
+         prefetch_slots: int | None = None, history: bool = True, history_decay: float = 1.0) -> Model:
     """Load a Hugging Face model directory.
 
     ram: RAM budget for weights (bytes or "4G"); dense weights are resident and what is
-         left becomes expert cache. Default: 80% of available memory.
-    cap: at most this many cached experts per MoE layer.
+         left holds experts. Default: 80% of available memory.
+    cap: limit the experts held in RAM to N per MoE layer (pinned + LRU).
     backend: compute backend name (see ``colibri list-backends``).
-    preload: fill the expert cache up to its slots before returning.
+    preload: fill the LRU up to its slots before returning.
+    direct_io: read experts with O_DIRECT (aligned reads that bypass the page cache).
+    mirrors: read-only copies of the model on other drives: paths, "PATH@BANDWIDTH"
+         strings or MirrorSpec objects.
+    pin: "auto" (pin the hottest experts once the routing history holds enough tokens),
+         "on" or "off"; pin_share is the part of the expert budget they may take.
+    prefetch: read the predicted experts of the next layer while this one computes;
+         prefetch_slots experts per layer (default: the router's top-k).
+    history: read and save the routing history (colibri-usage.json); history_decay
+         multiplies the saved counts at each save.
     """
+    if pin not in ("auto", "on", "off"):
+        raise UsageError(f"pin must be 'auto', 'on' or 'off', got {pin!r}")
+    if not 0 < history_decay <= 1:
+        raise UsageError(f"history_decay must be in (0, 1], got {history_decay}")
     started = time.perf_counter()
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelFormatError(f"{model_dir}: not a directory")
-    config = read_json(model_dir / "config.json", "model config")
     registry = get_registry()
-    architectures = config.get("architectures")
-    if architectures is not None and not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
-        raise ModelFormatError(f"{model_dir / 'config.json'}: 'architectures' must be a list of strings")
-    model_type = config.get("model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        raise ModelFormatError(f"{model_dir / 'config.json'}: 'model_type' must be a string")
-    family_entry = registry.family_for(model_type, architectures)
     backend_obj = _backend(registry, backend)
     budget = parse_size(ram) if ram is not None else None
+    mirror_specs = [m if isinstance(m, MirrorSpec) else MirrorSpec.parse(str(m)) for m in mirrors]
 
-    checkpoint = Checkpoint(model_dir)
+    bp = inspect_model(model_dir)
+    store = None
     try:
-        family = family_entry.spec.load()()
-        weights = Weights(checkpoint)
-        lm = family.build(config, weights)
-        resolver = FormatResolver(registry, checkpoint, config)
-        for p in weights.params.values():
-            resolver.format_for(p.info)
-        for decl in weights.experts:
-            for info in decl.matrices[0].values():
-                resolver.format_for(info)
-
-        moe = weights.experts
-        experts_per_layer = max((d.count for d in moe), default=0)
-        expert_bytes = max((d.numel_per_expert for d in moe), default=0) * BACKEND_BYTES_PER_PARAM
-        placement = plan(dense_bytes=weights.dense_numel * BACKEND_BYTES_PER_PARAM, expert_bytes=expert_bytes,
-                         moe_layers=len(moe), experts_per_layer=experts_per_layer, ram=budget, cap=cap)
+        moe = bp.moe
+        routing = (RoutingHistory.open(bp.model_dir, bp.family.spec.name, bp.config.get("model_type"), len(moe),
+                                       bp.experts_per_layer) if history and moe else None)
+        policy = PinPolicy(mode=pin, share=pin_share)
+        pinning = routing is not None and (pin == "on" or (pin == "auto" and routing.total_tokens >= policy.min_tokens))
+        slots_ahead = (prefetch_slots if prefetch_slots is not None else bp.top_k) if prefetch and moe else 0
+        placement = plan(dense_bytes=bp.dense_bytes, expert_bytes=bp.expert_bytes, moe_layers=len(moe),
+                         experts_per_layer=bp.experts_per_layer, ram=budget, cap=cap,
+                         pin_share=pin_share if pinning else 0.0, prefetch_slots=slots_ahead)
 
         if progress:
-            progress.start(sum(p.info.nbytes for p in weights.params.values()), "dense weights")
-        dense_read = weights.load_dense(resolver, backend_obj, progress.advance if progress else None)
+            progress.start(bp.dense_disk_bytes, "dense weights")
+        dense_read = bp.weights.load_dense(bp.resolver, backend_obj, progress.advance if progress else None)
 
-        store = None
         if moe:
-            for i, decl in enumerate(moe):
-                decl.moe_index = i
-            store = ExpertStore([d.matrices for d in moe], DiskTier(checkpoint, resolver, backend_obj),
-                                RamTier(len(moe), placement.slots))
-            for experts in lm.routed_experts():
+            drives = _drives(bp, mirror_specs, direct_io)
+            store = ExpertStore([d.matrices for d in moe], DiskTier(drives, bp.resolver, backend_obj),
+                                RamTier(len(moe), placement.slots), history=routing, pinned_capacity=placement.pinned,
+                                pin_policy=policy, prefetch_workers=2 if slots_ahead else 0,
+                                history_decay=history_decay)
+            for experts in bp.lm.routed_experts():
                 experts.store = store
+            if placement.pinned:
+                if progress:
+                    progress.start(placement.pinned, "pinned experts")
+                store.apply_pins(progress=(lambda: progress.advance(1)) if progress else None)
+            if slots_ahead:
+                bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead)
             if preload:
                 if progress:
                     progress.start(placement.slots * len(moe), "experts")
                 store.warm(progress=(lambda: progress.advance(1)) if progress else None)
-        tokenizer = Tokenizer.from_dir(model_dir)
-        eos = eos_token_ids(model_dir, config)
+        tokenizer = Tokenizer.from_dir(bp.model_dir)
+        eos = eos_token_ids(bp.model_dir, bp.config)
     except BaseException:
-        checkpoint.close()
+        if store is not None:
+            store.disk.close()
+        bp.close()
         raise
-    return Model(model_dir=model_dir, config=config, family=family_entry, lm=lm, backend=backend_obj,
-                 checkpoint=checkpoint, store=store, placement=placement, tokenizer=tokenizer, eos_ids=eos,
+    return Model(model_dir=bp.model_dir, config=bp.config, family=bp.family, lm=bp.lm, backend=backend_obj,
+                 checkpoint=bp.checkpoint, store=store, placement=placement, tokenizer=tokenizer, eos_ids=eos,
                  load_seconds=time.perf_counter() - started, dense_bytes_read=dense_read)
+
+
+def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool) -> list[Drive]:
+    files = {sf.path: sf for sf in bp.checkpoint.files.values()}
+    drives = [Drive("primary", {path: path for path in files}, direct=direct_io)]
+    for spec in mirrors:
+        usable, skipped = validate_mirror(files, spec)
+        for reason in skipped:
+            warn(f"mirror shard not used: {reason}")
+        if not usable:
+            warn(f"mirror {spec.path} holds no usable shard of this model; not used")
+            continue
+        drives.append(Drive(str(spec.path), usable, direct=direct_io, bandwidth=spec.bandwidth))
+    if len(drives) > 1:
+        for drive in drives:
+            if drive.bandwidth is None:
+                drive.bandwidth = measure_bandwidth(drive)
+    return drives
 
 
 def _backend(registry, name: str):
@@ -229,4 +264,4 @@ def _backend(registry, name: str):
     return entry.spec.load()()
 
 
-__all__ = ["GenerationResult", "LoadProgress", "Model", "TokenEvent", "load"]
+__all__ = ["Blueprint", "GenerationResult", "LoadProgress", "Model", "TokenEvent", "inspect_model", "load"]

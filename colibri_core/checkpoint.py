@@ -33,6 +33,7 @@ class Checkpoint:
         self.tensors: dict[str, TensorInfo] = {}
         self.bytes_read = 0
         self.reads = 0
+        self.drop_cache = True  # weights we read are decoded into our memory: the page cache copy is waste
         try:
             self._open()
         except BaseException:
@@ -117,11 +118,15 @@ class Checkpoint:
         """Several tensors with as few reads as possible: tensors lying close together in
         one file are fetched by a single pread into one buffer."""
         out: dict[str, np.ndarray] = {}
-        for path, group in _merge_ranges(infos):
+        for group in merge_ranges(infos):
+            path = group[0].path
             start = group[0].offset
             end = max(t.offset + t.nbytes for t in group)
             buf = np.empty(end - start, dtype=np.uint8)
-            self._by_path[path].read_into(start, memoryview(buf))
+            sf = self._by_path[path]
+            sf.read_into(start, memoryview(buf))
+            if self.drop_cache:
+                sf.drop_cache(start, end - start)
             self.bytes_read += end - start
             self.reads += 1
             for t in group:
@@ -139,14 +144,15 @@ class Checkpoint:
         self.close()
 
 
-def _merge_ranges(infos: list[TensorInfo]) -> list[tuple[str, list[TensorInfo]]]:
-    groups: list[tuple[str, list[TensorInfo]]] = []
+def merge_ranges(infos: list[TensorInfo], gap: int = MERGE_GAP_BYTES) -> list[list[TensorInfo]]:
+    """Group tensors of one file lying within ``gap`` bytes of each other: one read each."""
+    groups: list[list[TensorInfo]] = []
+    group_end = 0
     for t in sorted(infos, key=lambda t: (t.path, t.offset)):
-        if groups:
-            path, group = groups[-1]
-            end = max(g.offset + g.nbytes for g in group)
-            if path == t.path and t.offset - end <= MERGE_GAP_BYTES:
-                group.append(t)
-                continue
-        groups.append((t.path, [t]))
+        if groups and groups[-1][0].path == t.path and t.offset - group_end <= gap:
+            groups[-1].append(t)
+            group_end = max(group_end, t.offset + t.nbytes)
+        else:
+            groups.append([t])
+            group_end = t.offset + t.nbytes
     return groups

@@ -26,15 +26,25 @@ class GenerationStats:
     decode_s: float = 0.0
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
-    hit_rate: float = 0.0
+    hit_rate: float = 0.0  # expert lookups served from RAM (pinned or LRU) / all lookups
     expert_hits: int = 0
-    expert_misses: int = 0
-    bytes_read: int = 0  # expert bytes read from disk during this generation
+    hits_pinned: int = 0
+    hits_lru: int = 0
+    hits_prefetched: int = 0  # lookups served by an expert read ahead: misses prefetch saved
+    expert_misses: int = 0  # lookups that waited for a disk read
+    bytes_read: int = 0  # expert bytes read from disk during this generation, all drives
+    bytes_read_by_drive: dict = field(default_factory=dict)
     disk_reads: int = 0
-    resident_bytes: int = 0  # dense weights + cached experts, at the end
+    prefetch_issued: int = 0
+    prefetch_unused: int = 0
+    prefetch_precision: float = 0.0  # predicted experts that were used / predicted
+    prefetch_recall: float = 0.0  # used experts that were predicted / used
+    repins: int = 0
+    resident_bytes: int = 0  # dense weights + experts held in RAM, at the end
+    pinned_experts: int = 0
     kv_bytes: int = 0
     kv_bytes_per_token: int = 0
-    cache_slots: int = 0  # cached experts per MoE layer
+    cache_slots: int = 0  # LRU slots per MoE layer
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -96,8 +106,11 @@ class Generation:
         cache = lm.new_cache(ops)
         t0 = time.perf_counter()
         logits = None
+        store = model.store
         for i in range(0, len(prompt), PREFILL_CHUNK):
             logits = lm.forward(np.asarray(prompt[i : i + PREFILL_CHUNK]), cache, ops)
+        if store is not None:
+            store.after_tokens(len(prompt))
         t_prefill = time.perf_counter()
         t_first = t_last = t_prefill
         self.finish_reason = "length"
@@ -122,6 +135,8 @@ class Generation:
                 self.finish_reason = "context"
                 break
             logits = lm.forward(np.asarray([token]), cache, ops)
+            if store is not None:
+                store.after_tokens(1)
         if decoder is not None:
             tail = decoder.flush()
             if tail:
@@ -136,12 +151,21 @@ class Generation:
         s.prefill_tok_s = len(prompt) / s.prefill_s if s.prefill_s > 0 else 0.0
         s.decode_s = t_last - t_first
         s.decode_tok_s = (len(self.token_ids) - 1) / s.decode_s if len(self.token_ids) > 1 and s.decode_s > 0 else 0.0
-        s.expert_hits = after["hits"] - before["hits"]
-        s.expert_misses = after["misses"] - before["misses"]
-        lookups = s.expert_hits + s.expert_misses
+        delta = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int)}
+        s.hits_pinned, s.hits_lru = delta.get("hits_pinned", 0), delta.get("hits_lru", 0)
+        s.hits_prefetched, s.expert_misses = delta.get("hits_prefetched", 0), delta.get("misses", 0)
+        s.expert_hits = s.hits_pinned + s.hits_lru
+        lookups = s.expert_hits + s.hits_prefetched + s.expert_misses
         s.hit_rate = s.expert_hits / lookups if lookups else 1.0
-        s.bytes_read = after["bytes_read"] - before["bytes_read"]
-        s.disk_reads = after["reads"] - before["reads"]
+        s.bytes_read_by_drive = {name: n - before["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items()}
+        s.bytes_read = sum(s.bytes_read_by_drive.values())
+        s.disk_reads = delta.get("reads", 0)
+        s.prefetch_issued, s.prefetch_unused = delta.get("prefetch_issued", 0), delta.get("prefetch_unused", 0)
+        predicted, used = delta.get("predicted", 0), delta.get("used", 0)
+        s.prefetch_precision = delta.get("predicted_used", 0) / predicted if predicted else 0.0
+        s.prefetch_recall = delta.get("predicted_used", 0) / used if used else 0.0
+        s.repins = delta.get("repins", 0)
+        s.pinned_experts = len(store.ram.pinned_set()) if store is not None else 0
         s.resident_bytes = model.resident_bytes
         s.kv_bytes = cache.nbytes
         s.kv_bytes_per_token = cache.bytes_per_token()

@@ -1,8 +1,10 @@
-"""Placement: how much of the model stays in RAM.
+"""Placement: how much of the model stays in RAM, and how.
 
-Dense weights are always resident. The rest of the RAM budget becomes expert cache
-slots, the same number in every MoE layer. Placement changes speed only, never the
-numbers the model computes.
+Dense weights are always resident. What is left of the RAM budget is the expert budget:
+``--cap N`` limits it to N experts per MoE layer; experts being prefetched for the next
+layers are reserved from it; a share of the rest holds the pinned hot set (when
+pinning is on) and the remainder becomes LRU slots, the same number in every MoE layer.
+Placement changes speed only, never the numbers the model computes.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import BudgetError
+from .errors import BudgetError, UsageError
 from .units import format_bytes
 
 DEFAULT_SHARE_OF_AVAILABLE = 0.8
@@ -39,38 +41,56 @@ class Placement:
     expert_bytes: int  # one expert, as resident in memory
     moe_layers: int
     experts_per_layer: int
-    slots: int  # cached experts per MoE layer
+    slots: int  # LRU slots per MoE layer
+    pinned: int  # experts the pinned set may hold, across all layers
+    prefetch_slots: int  # experts read ahead per layer (0: no prefetch)
     cap: int | None
 
     @property
+    def prefetch_reserve_bytes(self) -> int:
+        # predictions for the next layer are staged while the current layer's are in use
+        return 2 * self.prefetch_slots * self.expert_bytes
+
+    @property
     def expert_cache_bytes(self) -> int:
-        return self.slots * self.moe_layers * self.expert_bytes
+        return (self.slots * self.moe_layers + self.pinned) * self.expert_bytes
 
     @property
     def all_resident(self) -> bool:
         return self.slots >= self.experts_per_layer
 
 
-def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_layer: int, ram: int | None, cap: int | None) -> Placement:
+def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_layer: int, ram: int | None,
+         cap: int | None, pin_share: float = 0.0, prefetch_slots: int = 0) -> Placement:
     if cap is not None and cap < 0:
-        raise BudgetError(f"--cap must be >= 0, got {cap}")
+        raise UsageError(f"--cap must be >= 0, got {cap}")
+    if not 0 <= pin_share < 1:
+        raise UsageError(f"the pinned share must be in [0, 1), got {pin_share}")
     source = "--ram"
     if ram is None:
         source = "default"
         ram = int(available_memory() * DEFAULT_SHARE_OF_AVAILABLE)
     # one expert beyond the cache is in use while it computes
     working = expert_bytes if moe_layers else 0
-    if ram < dense_bytes + working:
+    reserve = 2 * prefetch_slots * expert_bytes
+    if ram < dense_bytes + working + reserve:
         hint = "give a larger --ram" if source == "--ram" else "free memory or use a machine with more RAM"
         raise BudgetError(
             f"RAM budget {format_bytes(ram)} ({source}) cannot hold the dense weights ({format_bytes(dense_bytes)})"
             + (f" plus one expert ({format_bytes(expert_bytes)})" if working else "")
+            + (f" plus the prefetch reserve ({format_bytes(reserve)})" if reserve else "")
             + f"; {hint}"
         )
-    if moe_layers and expert_bytes:
-        slots = min(experts_per_layer, (ram - dense_bytes) // (moe_layers * expert_bytes))
-    else:
-        slots = experts_per_layer
+    if not (moe_layers and expert_bytes):
+        return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, experts_per_layer, 0, 0, cap)
+    total_experts = moe_layers * experts_per_layer
+    budget_experts = (ram - dense_bytes - reserve) // expert_bytes  # in experts
     if cap is not None:
-        slots = min(slots, cap)
-    return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, int(slots), cap)
+        budget_experts = min(budget_experts, cap * moe_layers)
+    budget_experts = min(budget_experts, total_experts)
+    pinned = 0
+    if pin_share > 0 and budget_experts < total_experts:
+        pinned = int(budget_experts * pin_share)
+    slots = min(experts_per_layer, (budget_experts - pinned) // moe_layers)
+    return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, int(slots), pinned,
+                     prefetch_slots, cap)

@@ -125,15 +125,22 @@ class FormatResolver:
         lookup = checkpoint.tensors.get if checkpoint is not None else (lambda name: None)
         return self.format_for(info).companions(info, lookup)
 
+    def with_companions(self, infos: list[TensorInfo]) -> list[TensorInfo]:
+        """The tensors to read for ``infos``: themselves and their formats' companions."""
+        wanted = {t.name: t for t in infos}
+        for info in infos:
+            for t in self.companions(info):
+                wanted.setdefault(t.name, t)
+        return list(wanted.values())
+
+    def decode_all(self, infos: list[TensorInfo], raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Decode raw bytes (by tensor name, companions included) to float32 arrays."""
+        out = {}
+        for info in infos:
+            companions = {t.name: raw[t.name] for t in self.companions(info)}
+            out[info.name] = self.format_for(info).decode(info, raw[info.name], companions)
+        return out
+
     def read_decoded(self, checkpoint, infos: list[TensorInfo]) -> dict[str, np.ndarray]:
         """Read tensors and their companions (merging nearby reads) and decode each to float32."""
-        extra = {info.name: self.companions(info) for info in infos}
-        wanted = {t.name: t for t in infos}
-        for companions in extra.values():
-            for t in companions:
-                wanted.setdefault(t.name, t)
-        raw = checkpoint.read_many(list(wanted.values()))
-        return {
-            info.name: self.format_for(info).decode(info, raw[info.name], {t.name: raw[t.name] for t in extra[info.name]})
-            for info in infos
-        }
+        return self.decode_all(infos, checkpoint.read_many(self.with_companions(infos)))

@@ -178,6 +178,11 @@ class SafetensorsFile:
                 raise _fail(self.path, f"unexpected end of file at offset {offset + done}: file changed or truncated")
             done += n
 
+    def drop_cache(self, offset: int, nbytes: int) -> None:
+        """Tell the kernel these bytes need not stay in the page cache."""
+        if hasattr(os, "posix_fadvise") and self._fd >= 0:
+            os.posix_fadvise(self._fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -22,6 +22,23 @@ def test_budget_left_after_dense_weights_becomes_expert_slots():
     assert plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=10**9, cap=3).slots == 3
 
 
+def test_pinning_takes_a_share_and_cap_limits_the_whole_expert_budget():
+    p = plan(dense_bytes=0, expert_bytes=10, moe_layers=4, experts_per_layer=16, ram=10 * 40, cap=None, pin_share=0.5)
+    assert p.pinned == 20 and p.slots == 5 and p.expert_cache_bytes == 400
+    capped = plan(dense_bytes=0, expert_bytes=10, moe_layers=4, experts_per_layer=16, ram=10**6, cap=2, pin_share=0.5)
+    assert capped.pinned == 4 and capped.slots == 1  # cap 2 per layer = 8 experts in all
+    everything = plan(dense_bytes=0, expert_bytes=10, moe_layers=4, experts_per_layer=16, ram=10**6, cap=None, pin_share=0.5)
+    assert everything.pinned == 0 and everything.all_resident  # nothing to choose when all fit
+
+
+def test_prefetch_reserves_two_layers_of_read_ahead():
+    p = plan(dense_bytes=100, expert_bytes=10, moe_layers=2, experts_per_layer=8, ram=100 + 40 + 80, cap=None,
+             prefetch_slots=2)
+    assert p.prefetch_reserve_bytes == 40 and p.slots == 4
+    with pytest.raises(BudgetError, match="prefetch reserve"):
+        plan(dense_bytes=100, expert_bytes=10, moe_layers=2, experts_per_layer=8, ram=140, cap=None, prefetch_slots=2)
+
+
 def test_a_budget_below_dense_weights_plus_one_expert_is_refused_clearly():
     with pytest.raises(BudgetError, match="dense weights"):
         plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=1050, cap=None)

@@ -123,7 +123,7 @@ def test_model_without_tokenizer_runs_from_token_ids(small_model, tmp_path):
 
 
 def test_statistics_account_for_streaming(small_model):
-    with colibri_core.load(small_model, cap=1) as model:
+    with colibri_core.load(small_model, cap=1, history=False) as model:
         s = model.generate(token_ids=list(range(1, 9)), max_tokens=8, ignore_eos=True).stats
         assert s.prompt_tokens == 8 and s.generated_tokens == 8
         assert s.expert_misses > 0 and s.bytes_read > 0 and s.disk_reads >= s.expert_misses
@@ -133,7 +133,7 @@ def test_statistics_account_for_streaming(small_model):
         assert s.resident_bytes == model.placement.dense_bytes + model.store.resident_bytes
         assert s.cache_slots == 1
         assert s.kv_bytes_per_token == SMALL.num_hidden_layers * 2 * SMALL.hidden_size * 4
-    with colibri_core.load(small_model, preload=True) as model:
+    with colibri_core.load(small_model, preload=True, history=False) as model:
         s = model.generate(token_ids=list(range(1, 9)), max_tokens=8, ignore_eos=True).stats
         assert s.hit_rate == 1.0 and s.bytes_read == 0
 

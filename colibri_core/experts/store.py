@@ -1,25 +1,67 @@
 """The expert store: serves each routed expert from the fastest tier holding it.
 
-Family code asks for (layer, expert) and never knows where the weights came from;
-placement (the tiers and their budgets) changes speed only, never the numbers.
+Lookup order: the pinned hot set, the per-layer LRU, experts prefetched for this layer,
+and finally the disk (primary or mirror). Family code asks for (layer, expert) and never
+knows where the weights came from; placement changes speed only, never the numbers.
+
+The store also keeps the routing history, chooses the pinned set from it (and re-pins
+live, with hysteresis), and runs the prefetch I/O pool.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..safetensors_file import TensorInfo
+from .history import RoutingHistory
 from .tiers import DiskTier, ExpertWeights, RamTier
 
 
 @dataclass
 class StoreStats:
-    hits: int = 0
+    hits_pinned: int = 0
+    hits_lru: int = 0
+    hits_prefetched: int = 0  # lookups served by a prefetch: misses it saved
     misses: int = 0
+    prefetch_issued: int = 0  # experts read ahead of use
+    prefetch_unused: int = 0  # of those, read but not used by their layer
+    predicted: int = 0  # predictions made (resident or not)
+    predicted_used: int = 0  # predictions that the layer really used
+    used: int = 0  # experts a layer really used (per forward pass, unique)
+    repins: int = 0
+
+    @property
+    def hits(self) -> int:
+        return self.hits_pinned + self.hits_lru
 
     @property
     def lookups(self) -> int:
-        return self.hits + self.misses
+        return self.hits + self.hits_prefetched + self.misses
+
+    def snapshot(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PinPolicy:
+    """When and how the pinned hot set is chosen.
+
+    mode: "auto" pins once the history holds ``min_tokens`` tokens, "on" always, "off" never.
+    share: part of the expert budget given to pinned experts.
+    Live re-pinning runs every ``interval`` generated tokens and swaps at most
+    ``max_swaps`` experts, each only when the hot one's count beats the coldest pinned
+    one's by ``margin`` (hysteresis: the set does not thrash).
+    """
+
+    mode: str = "auto"
+    share: float = 0.5
+    min_tokens: int = 64
+    interval: int = 16
+    max_swaps: int = 4
+    margin: float = 1.25
 
 
 @dataclass
@@ -28,27 +70,148 @@ class ExpertStore:
     layouts: list[list[dict[str, TensorInfo]]]
     disk: DiskTier
     ram: RamTier
+    history: RoutingHistory | None = None
+    pinned_capacity: int = 0  # experts (across all layers) the pinned set may hold
+    pin_policy: PinPolicy = field(default_factory=PinPolicy)
+    prefetch_workers: int = 0
+    history_decay: float = 1.0
     stats: StoreStats = field(default_factory=StoreStats)
 
+    def __post_init__(self):
+        self._staged: list[dict[int, Future]] = [{} for _ in self.layouts]
+        self._predicted: list[set[int]] = [set() for _ in self.layouts]
+        self._pool = ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="colibri-prefetch") if self.prefetch_workers else None
+        self._tokens_since_repin = 0
+
+    # -- serving -----------------------------------------------------------------------
     def get(self, layer: int, expert: int) -> ExpertWeights:
+        weights = self.ram.pinned(layer, expert)
+        if weights is not None:
+            self.stats.hits_pinned += 1
+            return weights
         weights = self.ram.get(layer, expert)
         if weights is not None:
-            self.stats.hits += 1
+            self.stats.hits_lru += 1
             return weights
-        self.stats.misses += 1
-        weights = self.disk.load(self.layouts[layer][expert])
+        future = self._staged[layer].pop(expert, None)
+        if future is not None:
+            weights = future.result()
+            self.stats.hits_prefetched += 1
+        else:
+            self.stats.misses += 1
+            weights = self.disk.load(layer, expert, self.layouts[layer][expert])
         self.ram.put(layer, expert, weights)
         return weights
 
-    def warm(self, progress=None) -> None:
-        """Fill the RAM tier up to its slots (lowest expert ids first)."""
-        for layer, experts in enumerate(self.layouts):
-            for expert in range(min(self.ram.slots, len(experts))):
-                if self.ram.get(layer, expert) is None:
-                    self.ram.put(layer, expert, self.disk.load(experts[expert]))
-                if progress:
-                    progress()
+    def end_layer(self, layer: int, indices: np.ndarray) -> None:
+        """A MoE layer finished a forward pass with this routing: count it, score the
+        prediction made for it, and drop what was prefetched for it but not used."""
+        used = set(np.unique(indices).tolist())
+        if self.history is not None:
+            self.history.record(layer, indices)
+        predicted = self._predicted[layer]
+        if predicted:
+            self.stats.predicted += len(predicted)
+            self.stats.predicted_used += len(predicted & used)
+            self.stats.used += len(used)
+        self._predicted[layer] = set()
+        for future in self._staged[layer].values():
+            if not future.cancel():  # already read (or reading): wasted I/O
+                self.stats.prefetch_unused += 1
+        self._staged[layer] = {}
 
+    # -- prefetch ----------------------------------------------------------------------
+    @property
+    def prefetching(self) -> bool:
+        return self._pool is not None
+
+    def prefetch(self, layer: int, experts: list[int]) -> None:
+        """Start reading experts predicted for ``layer`` on the I/O pool."""
+        self._predicted[layer] = set(experts)
+        staged = self._staged[layer]
+        for e in experts:
+            if e in staged or self.ram.holds(layer, e):
+                continue
+            staged[e] = self._pool.submit(self.disk.load, layer, e, self.layouts[layer][e])
+            self.stats.prefetch_issued += 1
+
+    # -- pinning -----------------------------------------------------------------------
+    def pins_wanted(self) -> bool:
+        if self.pinned_capacity <= 0 or self.history is None or self.pin_policy.mode == "off":
+            return False
+        return self.pin_policy.mode == "on" or self.history.total_tokens >= self.pin_policy.min_tokens
+
+    def hottest(self, n: int) -> list[tuple[int, int]]:
+        """The n (layer, expert) pairs with the highest counts (ties: lower ids first)."""
+        scores = self.history.scores()
+        flat = np.lexsort((np.arange(scores.size), -scores.ravel()))[:n]
+        return [divmod(int(i), scores.shape[1]) for i in flat if scores.flat[i] > 0]
+
+    def apply_pins(self, progress=None) -> None:
+        """Pin the hottest experts up to the pinned capacity (reading them from disk)."""
+        if not self.pins_wanted():
+            return
+        for layer, expert in self.hottest(self.pinned_capacity):
+            self._pin(layer, expert)
+            if progress:
+                progress()
+
+    def _pin(self, layer: int, expert: int) -> None:
+        weights = self.ram.get(layer, expert) or self.disk.load(layer, expert, self.layouts[layer][expert])
+        self.ram.pin(layer, expert, weights)
+
+    def after_tokens(self, n: int) -> None:
+        """Called by the generation loop: count tokens, and re-pin at intervals."""
+        if self.history is not None:
+            self.history.record_tokens(n)
+        self._tokens_since_repin += n
+        if self._tokens_since_repin >= self.pin_policy.interval and self.pins_wanted():
+            self._tokens_since_repin = 0
+            self.repin()
+
+    def repin(self) -> int:
+        """Swap cold pinned experts for hotter unpinned ones, a few at a time."""
+        policy, scores = self.pin_policy, self.history.scores()
+        pinned = self.ram.pinned_set()
+        free = self.pinned_capacity - len(pinned)
+        swaps = 0
+        for layer, expert in self.hottest(self.pinned_capacity + policy.max_swaps):
+            if swaps >= policy.max_swaps:
+                break
+            if (layer, expert) in pinned:
+                continue
+            if free > 0:
+                free -= 1
+            else:
+                coldest = min(pinned, key=lambda le: (scores[le], le))
+                if scores[layer, expert] <= policy.margin * scores[coldest]:
+                    break
+                self.ram.unpin(*coldest)
+                pinned.discard(coldest)
+            self._pin(layer, expert)
+            pinned.add((layer, expert))
+            swaps += 1
+        self.stats.repins += swaps
+        return swaps
+
+    # -- state -------------------------------------------------------------------------
     @property
     def resident_bytes(self) -> int:
         return self.ram.resident_bytes
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self.history is not None:
+            self.history.save(self.history_decay)
+        self.disk.close()
+
+    def warm(self, progress=None) -> None:
+        """Fill the LRU up to its slots (lowest expert ids first)."""
+        for layer, experts in enumerate(self.layouts):
+            for expert in range(min(self.ram.slots, len(experts))):
+                if not self.ram.holds(layer, expert):
+                    self.ram.put(layer, expert, self.disk.load(layer, expert, experts[expert]))
+                if progress:
+                    progress()

@@ -26,6 +26,7 @@ class Step:
     cache: Cache
     memo: dict = field(default_factory=dict)
     routing: list | None = None  # when a list, MoE layers append (layer, expert ids)
+    prefetcher: Any = None  # told the hidden state after each attention, to read ahead
 
     @property
     def start(self) -> int:
@@ -177,7 +178,9 @@ class RoutedExperts:
         layer = self.decl.moe_index
         if step.routing is not None:
             step.routing.append((self.decl.layer, indices.copy()))
-        return step.ops.routed_experts(x, indices, weights, lambda e: self.store.get(layer, e))
+        out = step.ops.routed_experts(x, indices, weights, lambda e: self.store.get(layer, e))
+        self.store.end_layer(layer, indices)
+        return out
 
 
 class SparseMoE:
@@ -209,6 +212,8 @@ class DecoderLayer:
 
     def __call__(self, x, step: Step):
         h = x + self.attn(self.attn_norm(x, step), step)
+        if step.prefetcher is not None:
+            step.prefetcher.after_attention(self, h, step)
         return h + self.mlp(self.mlp_norm(h, step), step)
 
 
@@ -219,6 +224,7 @@ class CausalLM:
         self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
         self.vocab_size = vocab_size
         self.max_context = max_context
+        self.prefetcher = None  # set when the model is placed with prefetch on
 
     def new_cache(self, backend) -> Cache:
         return Cache([layer.new_state(backend, self.max_context) for layer in self.layers])
@@ -231,7 +237,7 @@ class CausalLM:
         logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last."""
         ids = np.asarray(ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
-        step = Step(ops, positions, cache, routing=routing)
+        step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher)
         x = self.embed(ids, step)
         for layer in self.layers:
             x = layer(x, step)

@@ -88,11 +88,12 @@ def oracle_fixture(suite: str, name: str, case: OracleCase, model_class: str, ro
 def placements(fixture: OracleFixture) -> dict[str, dict[str, Any]]:
     """The placements every oracle runs under: all resident, one cached expert per
     layer, and a RAM budget holding about half of the experts."""
-    with colibri_core.load(fixture.path) as probe:
+    with colibri_core.load(fixture.path, history=False) as probe:
         p = probe.placement
     half = max(1, fixture.num_experts // 2)
     between = p.dense_bytes + half * p.moe_layers * p.expert_bytes + p.expert_bytes // 2
-    return {"resident": {}, "cap1": {"cap": 1}, "between": {"ram": between}}
+    # no routing history: these placements must not depend on what earlier runs left behind
+    return {"resident": {"history": False}, "cap1": {"cap": 1, "history": False}, "between": {"ram": between, "history": False}}
 
 
 class FamilyOracleSuite:
@@ -131,7 +132,7 @@ class FamilyOracleSuite:
 
     def test_teacher_forced_logits_match_transformers(self, case_name, tmp_path_factory):
         fx = self._fixture(case_name, tmp_path_factory)
-        with colibri_core.load(fx.path, cap=1) as model:
+        with colibri_core.load(fx.path, cap=1, history=False) as model:
             ours = model.logits(fx.prompt + fx.tokens[:-1])
         worst = float(np.abs(ours - fx.full_logits).max())
         assert worst < self.tolerance, f"logits differ by {worst:.2e}"

@@ -1,0 +1,104 @@
+"""A model directory understood and validated, with nothing allocated yet.
+
+``inspect_model`` reads config.json, picks the family, validates every shard header and
+lets the family declare its weights against them (names, shapes, formats). ``load``
+builds on it; ``colibri plan`` and ``colibri doctor`` stop here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checkpoint import Checkpoint
+from .config import read_json
+from .errors import ModelFormatError
+from .nn.layers import CausalLM
+from .nn.weights import Weights
+from .plugins import get_registry
+from .quant import FormatResolver
+from .registry import Entry
+
+BACKEND_BYTES_PER_PARAM = 4  # the CPU backend computes in float32
+
+
+@dataclass
+class Blueprint:
+    model_dir: Path
+    config: dict
+    family: Entry
+    checkpoint: Checkpoint
+    weights: Weights
+    lm: CausalLM
+    resolver: FormatResolver
+
+    @property
+    def moe(self):
+        return self.weights.experts
+
+    @property
+    def experts_per_layer(self) -> int:
+        return max((d.count for d in self.moe), default=0)
+
+    @property
+    def expert_bytes(self) -> int:
+        """One expert as resident in memory (float32 on the CPU backend)."""
+        return max((d.numel_per_expert for d in self.moe), default=0) * BACKEND_BYTES_PER_PARAM
+
+    @property
+    def expert_disk_bytes(self) -> int:
+        return max((sum(i.nbytes for i in d.matrices[0].values()) for d in self.moe), default=0)
+
+    @property
+    def dense_bytes(self) -> int:
+        return self.weights.dense_numel * BACKEND_BYTES_PER_PARAM
+
+    @property
+    def dense_disk_bytes(self) -> int:
+        return sum(p.info.nbytes for p in self.weights.params.values())
+
+    @property
+    def top_k(self) -> int:
+        return max((getattr(e.router, "top_k", 0) for e in self._moe_blocks()), default=0)
+
+    def _moe_blocks(self):
+        return [layer.mlp for layer in self.lm.layers if hasattr(getattr(layer, "mlp", None), "router")]
+
+    def kv_bytes_per_token(self) -> int:
+        from .backends.cpu import CpuBackend
+
+        return self.lm.new_cache(CpuBackend()).bytes_per_token()  # states allocate nothing until used
+
+    def close(self) -> None:
+        self.checkpoint.close()
+
+
+def inspect_model(model_dir: str | Path) -> Blueprint:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelFormatError(f"{model_dir}: not a directory")
+    config = read_json(model_dir / "config.json", "model config")
+    registry = get_registry()
+    architectures = config.get("architectures")
+    if architectures is not None and not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
+        raise ModelFormatError(f"{model_dir / 'config.json'}: 'architectures' must be a list of strings")
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelFormatError(f"{model_dir / 'config.json'}: 'model_type' must be a string")
+    family_entry = registry.family_for(model_type, architectures)
+    checkpoint = Checkpoint(model_dir)
+    try:
+        weights = Weights(checkpoint)
+        lm = family_entry.spec.load()().build(config, weights)
+        resolver = FormatResolver(registry, checkpoint, config)
+        for p in weights.params.values():
+            resolver.format_for(p.info)
+        for decl in weights.experts:
+            for info in decl.matrices[0].values():
+                resolver.format_for(info)
+        for i, decl in enumerate(weights.experts):
+            decl.moe_index = i
+    except BaseException:
+        checkpoint.close()
+        raise
+    return Blueprint(model_dir, config, family_entry, checkpoint, weights, lm, resolver)

@@ -1,0 +1,43 @@
+"""Router look-ahead prefetch.
+
+While layer L computes, predict the experts of the next MoE layer by applying that
+layer's own norm and router to the hidden state leaving layer L's attention, and start
+reading the predicted experts on the store's I/O pool. The prediction changes only what
+is read early; the routing itself is computed as always when the layer runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class _Next:
+    norm: object
+    router: object
+    moe_index: int
+    slots: int
+
+
+class Prefetcher:
+    def __init__(self, lm, store, slots: int):
+        """``slots``: at most this many experts are read ahead per layer."""
+        self.store = store
+        self._next: dict[int, _Next] = {}
+        moe_layers = [(i, layer) for i, layer in enumerate(lm.layers) if getattr(layer, "mlp", None) is not None
+                      and hasattr(layer.mlp, "router") and hasattr(layer.mlp, "experts")]
+        for (i, _), (j, nxt) in zip(moe_layers, moe_layers[1:]):
+            for k in range(i, j):  # every layer from this MoE layer up to the next one predicts it
+                self._next[id(lm.layers[k])] = _Next(nxt.mlp_norm, nxt.mlp.router, nxt.mlp.experts.decl.moe_index, slots)
+
+    def after_attention(self, layer, h, step) -> None:
+        nxt = self._next.get(id(layer))
+        if nxt is None:
+            return
+        indices, _ = nxt.router(nxt.norm(h, step), step)
+        votes = np.bincount(indices.ravel())
+        order = np.lexsort((np.arange(votes.size), -votes))  # most voted first, then lower ids
+        chosen = [int(e) for e in order[: nxt.slots] if votes[e] > 0]
+        self.store.prefetch(nxt.moe_index, chosen)
