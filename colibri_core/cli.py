@@ -168,14 +168,29 @@ def plugins(as_json):
 def build_cli() -> click.Group:
     """The command group with the core's commands and every plugin's commands."""
     from .cli_run import demo, run
+    from .cli_tools import doctor, plan
 
-    cli.add_command(run)
-    cli.add_command(demo)
+    for command in (run, demo, plan, doctor):
+        cli.add_command(command)
     get_manager().add_commands(cli)
     return cli
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    from .warn import ColibriWarning
+
+    if issubclass(category, ColibriWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
 def main(argv=None) -> None:
+    import warnings
+
+    global _default_showwarning
+    _default_showwarning = warnings.showwarning
+    warnings.showwarning = _show_warning
     build_cli()
     try:
         cli.main(args=argv, prog_name="colibri", standalone_mode=False)

@@ -60,12 +60,21 @@ def stats_table(stats, model):
     table.add_row("time to first token", f"{s.ttft_s:.2f} s")
     table.add_row("decode", f"{s.generated_tokens} tokens, {s.decode_tok_s:.2f} tok/s")
     p = model.placement
-    if model.store is not None:
-        table.add_row("expert cache", f"{p.slots} of {p.experts_per_layer} experts per layer x {p.moe_layers} layers "
+    if p.moe_layers:
+        pinned = f" + {s.pinned_experts} pinned" if s.pinned_experts else ""
+        table.add_row("expert cache", f"LRU {p.slots} of {p.experts_per_layer} per layer x {p.moe_layers} layers{pinned} "
                                       f"({format_bytes(p.expert_cache_bytes)} of budget {format_bytes(p.budget)})")
-        table.add_row("expert hit rate", f"{s.hit_rate:.1%} ({s.expert_hits} hits, {s.expert_misses} misses)")
-        table.add_row("read from disk", f"{format_bytes(s.bytes_read)} in {s.disk_reads} reads"
-                                        + (f", {format_bytes(s.bytes_read / max(s.generated_tokens, 1))}/token" if s.generated_tokens else ""))
+        lookups = s.expert_hits + s.hits_prefetched + s.expert_misses
+        table.add_row("expert hit rate", f"{s.hit_rate:.1%} of {lookups} lookups: {s.hits_pinned} pinned, {s.hits_lru} LRU, "
+                                         f"{s.hits_prefetched} prefetched, {s.expert_misses} misses")
+        per_token = f", {format_bytes(s.bytes_read / s.generated_tokens)}/token" if s.generated_tokens else ""
+        drives = ""
+        if len(s.bytes_read_by_drive) > 1:
+            drives = " (" + ", ".join(f"{name}: {format_bytes(n)}" for name, n in s.bytes_read_by_drive.items()) + ")"
+        table.add_row("read from disk", f"{format_bytes(s.bytes_read)} in {s.disk_reads} reads{per_token}{drives}")
+        if p.prefetch_slots:
+            table.add_row("prefetch", f"{s.prefetch_issued} read ahead ({s.prefetch_unused} unused), "
+                                      f"precision {s.prefetch_precision:.0%}, recall {s.prefetch_recall:.0%}")
     table.add_row("resident weights", f"{format_bytes(s.resident_bytes)} (dense {format_bytes(p.dense_bytes)})")
     table.add_row("KV cache", f"{format_bytes(s.kv_bytes)} ({format_bytes(s.kv_bytes_per_token)}/token)")
     return table
@@ -93,10 +102,28 @@ def _apply(f, options):
 def placement_options(f):
     return _apply(f, [
         click.option("--ram", default=None, help="RAM budget for weights, e.g. 2G (default: 80% of available memory)."),
-        click.option("--cap", type=int, default=None, help="At most N cached experts per MoE layer."),
+        click.option("--cap", type=int, default=None, help="At most N experts per MoE layer in RAM (pinned + LRU)."),
+        click.option("--pin", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+                     help="Pin the hottest experts from the routing history (auto: once it holds enough tokens)."),
+        click.option("--pin-share", type=float, default=0.5, show_default=True, help="Part of the expert budget for pinned experts."),
+        click.option("--prefetch/--no-prefetch", default=False, show_default=True,
+                     help="Read the next layer's predicted experts while this layer computes."),
+        click.option("--prefetch-slots", type=int, default=None, help="Experts read ahead per layer (default: top-k)."),
+        click.option("--direct-io", is_flag=True, help="Read experts with O_DIRECT (bypasses the page cache)."),
+        click.option("--mirror", "mirrors", multiple=True, metavar="DIR[@BW]",
+                     help="A read-only copy of the model on another drive, optionally with its bandwidth (e.g. @2G per second). Repeatable."),
+        click.option("--no-history", is_flag=True, help="Neither read nor save the routing history."),
+        click.option("--history-decay", type=float, default=1.0, show_default=True, help="Multiply saved routing counts by this at each save."),
         click.option("--preload", is_flag=True, help="Fill the expert cache before generating."),
         click.option("--backend", default="cpu", show_default=True, help="Compute backend (see colibri list-backends)."),
     ])
+
+
+def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_io, mirrors, no_history, history_decay,
+                     preload, backend) -> dict:
+    return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
+                direct_io=direct_io, mirrors=tuple(mirrors), history=not no_history, history_decay=history_decay,
+                preload=preload, backend=backend)
 
 
 def sampling_options(f):
@@ -120,14 +147,14 @@ def sampling_options(f):
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or statistics.")
-def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ram, cap, preload,
-        backend, ignore_eos, as_json, quiet):
+def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ignore_eos, as_json,
+        quiet, **placement):
     """Generate from PROMPT (or --token-ids) with the model in --model."""
     if (prompt is None) == (token_ids is None):
         raise UsageError("give a PROMPT or --token-ids (exactly one)")
     if chat and prompt is None:
         raise UsageError("--chat needs a text PROMPT")
-    model = load_with_progress(model_dir, quiet=quiet or as_json, ram=ram, cap=cap, backend=backend, preload=preload)
+    model = load_with_progress(model_dir, quiet=quiet or as_json, **placement_kwargs(**placement))
     with model:
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                       ignore_eos=ignore_eos)

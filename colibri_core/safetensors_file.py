@@ -180,8 +180,10 @@ class SafetensorsFile:
 
     def drop_cache(self, offset: int, nbytes: int) -> None:
         """Tell the kernel these bytes need not stay in the page cache."""
-        if hasattr(os, "posix_fadvise") and self._fd >= 0:
-            os.posix_fadvise(self._fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+        if self._fd >= 0:
+            from .experts.drives import forget
+
+            forget(self._fd, offset, nbytes)
 
     def close(self) -> None:
         if self._fd >= 0:

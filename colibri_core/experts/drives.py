@@ -69,6 +69,8 @@ class Drive:
             if fds is None:
                 path = self.files[primary_path]
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                if _FADVISE:  # expert reads are random: readahead would cache bytes nobody asked for
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 direct_fd = None
                 if self.direct:
                     try:
@@ -94,8 +96,8 @@ class Drive:
         else:
             data = np.empty(end - start, dtype=np.uint8)
             nread = _read_full(fd, data, start, minimum=end - start)
-            if self.fadvise and _FADVISE:
-                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        if self.fadvise:
+            forget(fd, start, end - start)
         with self._lock:
             self.bytes_read += nread
             self.reads += 1
@@ -120,6 +122,14 @@ def _read_full(fd: int, buf: np.ndarray, offset: int, minimum: int) -> int:
             raise ReadFailed(f"short read at offset {offset + done}: file changed or truncated")
         done += n
     return done
+
+
+def forget(fd: int, offset: int, nbytes: int) -> None:
+    """posix_fadvise(DONTNEED) over whole pages covering the range: the kernel only drops
+    pages lying entirely inside the range it is given."""
+    if _FADVISE:
+        lo = offset - offset % ALIGN
+        os.posix_fadvise(fd, lo, -(-(offset + nbytes - lo) // ALIGN) * ALIGN, os.POSIX_FADV_DONTNEED)
 
 
 def drop_page_cache(path: str) -> None:

@@ -137,6 +137,40 @@ class FamilyOracleSuite:
         worst = float(np.abs(ours - fx.full_logits).max())
         assert worst < self.tolerance, f"logits differ by {worst:.2e}"
 
+    def test_every_store_option_gives_identical_tokens(self, case_name, tmp_path_factory, tmp_path):
+        """Budget (cap 1 .. all resident) x pinning x prefetch x O_DIRECT x mirror: the
+        tokens and logits never change."""
+        import itertools
+        import shutil
+
+        fx = self._fixture(case_name, tmp_path_factory)
+        model_dir = tmp_path / "model"
+        shutil.copytree(fx.path, model_dir)
+        shards = sorted(model_dir.glob("*.safetensors"))
+        mirror = tmp_path / "mirror"
+        mirror.mkdir()
+        for shard in shards[: max(1, (len(shards) + 1) // 2)]:  # a partial mirror when sharded
+            shutil.copy(shard, mirror / shard.name)
+        with colibri_core.load(model_dir, history=True) as model:  # leaves a routing history to pin from
+            reference = model.generate(token_ids=fx.prompt, max_tokens=8, ignore_eos=True, return_logits=True)
+        half = max(1, fx.num_experts // 2)
+        budgets = {"cap1": {"cap": 1}, "half": {"cap": half}, "all": {}}
+        pinned_somewhere = False
+        for (budget, opts), pin, prefetch, direct, use_mirror in itertools.product(
+                budgets.items(), ("on", "off"), (True, False), (True, False), (True, False)):
+            options = dict(opts, pin=pin, prefetch=prefetch, direct_io=direct, mirrors=[mirror] if use_mirror else [],
+                           history=pin == "on")
+            with colibri_core.load(model_dir, **options) as model:
+                run = model.generate(token_ids=fx.prompt, max_tokens=8, ignore_eos=True, return_logits=True)
+                if pin == "on":
+                    assert bool(model.store.ram.pinned_set()) == (model.placement.pinned > 0)
+                    pinned_somewhere |= model.placement.pinned > 0
+            label = f"{budget} pin={pin} prefetch={prefetch} direct={direct} mirror={use_mirror}"
+            assert run.token_ids == reference.token_ids, label
+            for a, b in zip(run.logits, reference.logits):
+                assert np.array_equal(a, b), label
+        assert pinned_somewhere, "no budget left room for a pinned set"
+
     def test_placement_changes_nothing(self, case_name, tmp_path_factory):
         """The promise: every placement gives bit-identical logits and tokens."""
         fx = self._fixture(case_name, tmp_path_factory)

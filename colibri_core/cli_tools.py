@@ -1,0 +1,91 @@
+"""``colibri plan`` and ``colibri doctor``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .units import format_bytes, parse_size
+
+
+@click.command("plan")
+@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@click.option("--ram", default=None, help="RAM budget for weights, e.g. 8G (default: 80% of available memory).")
+@click.option("--cap", type=int, default=None, help="At most N experts per MoE layer in RAM.")
+@click.option("--pin", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
+@click.option("--pin-share", type=float, default=0.5, show_default=True)
+@click.option("--prefetch/--no-prefetch", default=False, show_default=True)
+@click.option("--context", type=int, default=None, help="Context length for the KV estimate (default: the model's).")
+@click.option("--disk-bw", default=None, help="Disk bandwidth per second, e.g. 1.2G (default: measured).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_json):
+    """Show how a model would be placed in RAM, its projected expert hit rate and its bottleneck."""
+    from .blueprint import inspect_model
+    from .planning import make_plan
+
+    bp = inspect_model(model_dir)
+    try:
+        report = make_plan(bp, ram=parse_size(ram) if ram else None, cap=cap, pin=pin, pin_share=pin_share,
+                           prefetch=prefetch, context=context, disk_bw=float(parse_size(disk_bw)) if disk_bw else None)
+    finally:
+        bp.close()
+    d = report.data
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"plan for {d['model_dir']} ({d['family']})", title_justify="left", show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("RAM budget", f"{format_bytes(d['ram_budget'])} ({d['ram_budget_source']})"),
+        ("dense weights", f"{format_bytes(d['dense_bytes'])} resident ({format_bytes(d['dense_disk_bytes'])} on disk)"),
+        ("KV cache", f"{format_bytes(d['kv_bytes_per_token'])}/token, {format_bytes(d['kv_bytes_at_context'])} at {d['context_length']} tokens"),
+        ("experts", f"{d['moe_layers']} layers x {d['experts_per_layer']}, top-{d['top_k']}, "
+                    f"{format_bytes(d['expert_bytes'])} each in RAM ({format_bytes(d['expert_disk_bytes'])} on disk)"),
+        ("cache", f"{d['cache_slots_per_layer']} LRU slots per layer, {d['pinned_experts']} pinned"
+                  + (f", {d['prefetch_slots']} prefetched per layer" if d["prefetch_slots"] else "")),
+        ("projected hit rate", f"{d['projected_hit_rate']:.1%}" + (f" (history: {d['history_tokens']:.0f} tokens)" if d["history_tokens"] else " (no history: uniform routing assumed)")),
+        ("disk per token", f"{format_bytes(d['missed_bytes_per_token'])} at {format_bytes(d['disk_bandwidth'])}/s ({d['disk_bandwidth_source']})"),
+        ("seconds per token", ", ".join(f"{k} {v:.3f}" for k, v in d["seconds_per_token"].items())),
+        ("bottleneck", d["bottleneck"]),
+        ("projected decode", f"{d['projected_decode_tok_s']:.2f} tok/s" if d["projected_decode_tok_s"] else "?"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console = Console(highlight=False)
+    console.print(table)
+    for tip in d["recommended"]:
+        console.print(f"  - {tip}")
+
+
+@click.command("doctor")
+@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@click.option("--ram", default=None, help="RAM budget to check (default: 80% of available memory).")
+@click.option("--deep", is_flag=True, help="Also read every tensor once: readable to the end, no NaN or infinity.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of checks.")
+def doctor(model_dir, ram, deep, as_json):
+    """Read-only readiness checks of a model directory; exits 1 if any check fails."""
+    from .doctor import run_checks
+
+    checks = run_checks(model_dir, ram=parse_size(ram) if ram else None, deep=deep)
+    failed = any(c.status == "fail" for c in checks)
+    if as_json:
+        click.echo(json.dumps({"ok": not failed, "checks": [c.as_dict() for c in checks]}, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        styles = {"pass": "green", "warn": "yellow", "fail": "red"}
+        table = Table(title=f"doctor: {model_dir}", title_justify="left")
+        for column in ("check", "status", "detail", "fix"):
+            table.add_column(column, overflow="fold")
+        for c in checks:
+            table.add_row(c.name, f"[{styles[c.status]}]{c.status}[/]", c.detail, c.hint)
+        Console(highlight=False).print(table)
+    if failed:
+        sys.exit(1)

@@ -1,0 +1,319 @@
+"""The expert store: tiers, mirrors and their faults, routing history, pinning,
+prefetch, batch-union, O_DIRECT and the page cache."""
+
+import ctypes
+import json
+import mmap
+import os
+import shutil
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+
+import colibri_core
+from colibri_core.demo import DemoSpec, build_demo_model
+from colibri_core.experts.drives import drop_page_cache
+from colibri_core.experts.history import FILENAME, RoutingHistory, cache_path
+from colibri_core.warn import ColibriWarning
+
+SPEC = DemoSpec(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
+                intermediate_size=16, tokenizer_vocab=300, shard_bytes=30_000, router_std=1.0)
+PROMPT = list(range(5, 25))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    path = tmp_path_factory.mktemp("store") / "model"
+    build_demo_model(path, SPEC)
+    assert len(list(path.glob("*.safetensors"))) >= 3
+    return path
+
+
+@pytest.fixture
+def model_dir(base, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the user cache dir of this test
+    # tiny shards make bandwidth measurements meaningless: the primary reads at 1 GiB/s here
+    monkeypatch.setattr("colibri_core.api.measure_bandwidth", lambda drive: float(1 << 30))
+    d = tmp_path / "model"
+    shutil.copytree(base, d)
+    return d
+
+
+def generate(path, max_tokens=12, **options):
+    options.setdefault("history", False)
+    with colibri_core.load(path, **options) as model:
+        result = model.generate(token_ids=PROMPT, max_tokens=max_tokens, ignore_eos=True, return_logits=True)
+        result.model_store = model.store
+        return result
+
+
+def same(a, b):
+    assert a.token_ids == b.token_ids
+    for x, y in zip(a.logits, b.logits):
+        assert np.array_equal(x, y)
+
+
+def make_mirror(model_dir, dest, shards=None):
+    dest.mkdir()
+    files = sorted(model_dir.glob("*.safetensors"))
+    for f in files if shards is None else [files[i] for i in shards]:
+        shutil.copy(f, dest / f.name)
+    return dest
+
+
+# -- mirrors -----------------------------------------------------------------------------
+def test_full_and_partial_mirrors_share_the_reads_and_change_nothing(model_dir, tmp_path):
+    reference = generate(model_dir, cap=1)
+    full = make_mirror(model_dir, tmp_path / "full")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ColibriWarning)  # a healthy mirror warns about nothing
+        mirrored = generate(model_dir, cap=1, mirrors=[f"{full}@1G"])
+    same(mirrored, reference)
+    by_drive = mirrored.stats.bytes_read_by_drive
+    assert set(by_drive) == {"primary", str(full)} and all(n > 0 for n in by_drive.values())
+    assert sum(by_drive.values()) == reference.stats.bytes_read
+
+    partial = make_mirror(model_dir, tmp_path / "partial", shards=[0])
+    same(generate(model_dir, cap=1, mirrors=[f"{partial}@1G"]), reference)
+
+
+def test_drive_choice_follows_bandwidth(model_dir, tmp_path):
+    fast = make_mirror(model_dir, tmp_path / "fast")
+    result = generate(model_dir, cap=1, mirrors=[f"{fast}@64G"], max_tokens=24)
+    by_drive = result.stats.bytes_read_by_drive
+    # the primary is measured (~1-2 GB/s here), the mirror is declared far faster
+    assert by_drive[str(fast)] > 3 * by_drive["primary"]
+
+
+@pytest.mark.parametrize("damage", ["size", "header"])
+def test_a_mismatched_mirror_shard_is_not_used(model_dir, tmp_path, damage):
+    reference = generate(model_dir, cap=1)
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    victim = sorted(mirror.glob("*.safetensors"))[1]
+    raw = bytearray(victim.read_bytes())
+    if damage == "size":
+        raw += b"\0" * 16
+    else:
+        raw[10] = ord("X") if raw[10] != ord("X") else ord("Y")  # same size, header bytes differ
+    victim.write_bytes(bytes(raw))
+    with pytest.warns(ColibriWarning, match=victim.name):
+        same(generate(model_dir, cap=1, mirrors=[f"{mirror}@8G"]), reference)
+
+
+def test_a_mirror_failing_mid_run_falls_back_with_one_warning(model_dir, tmp_path):
+    reference = generate(model_dir, cap=1, max_tokens=16)
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    with colibri_core.load(model_dir, cap=1, mirrors=[f"{mirror}@64G"], history=False) as model:
+        first = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
+        for shard in mirror.glob("*.safetensors"):
+            os.truncate(shard, 100)  # the drive goes bad under the running model
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            second = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
+        mirror_drive = model.store.disk.drives[1]
+        assert mirror_drive.failed
+    ours = [w for w in caught if issubclass(w.category, ColibriWarning)]
+    assert len(ours) == 1 and "reading from the primary" in str(ours[0].message)
+    same(first, reference)
+    same(second, reference)
+    assert second.stats.bytes_read_by_drive[str(mirror)] == 0
+
+
+def test_cli_prints_a_mirror_warning_on_one_line(model_dir, tmp_path):
+    from conftest import run_colibri
+
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    victim = sorted(mirror.glob("*.safetensors"))[0]
+    victim.write_bytes(victim.read_bytes() + b"\0")
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "2", "--mirror", mirror,
+                      "--no-history", "-q")
+    assert out.returncode == 0, out.stderr
+    warnings_printed = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings_printed) == 1 and victim.name in warnings_printed[0]
+
+
+# -- O_DIRECT and the page cache -----------------------------------------------------------
+def resident_pages(path, offset, length):
+    """How many pages of [offset, offset+length) are in the page cache (mmap + mincore)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = mmap.PAGESIZE
+    start = offset // page * page
+    n = -(-(offset + length - start) // page)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, n * page, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = (ctypes.c_ubyte * n)()
+            assert libc.mincore(addr, n * page, vec) == 0, os.strerror(ctypes.get_errno())
+            return sum(v & 1 for v in vec)
+        finally:
+            libc.munmap(addr, n * page)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("fadvise", [True, False])
+def test_expert_reads_do_not_stay_in_the_page_cache(model_dir, direct, fadvise):
+    with colibri_core.load(model_dir, cap=1, direct_io=direct, history=False) as model:
+        infos = list(model.store.layouts[1][3].values())
+        path = infos[0].path
+        os.sync()  # dirty pages (the copy was just written) cannot be dropped
+        drop_page_cache(path)
+        assert resident_pages(path, 0, os.path.getsize(path)) == 0
+        model.store.disk.primary.fadvise = fadvise
+        model.store.get(1, 3)
+        left = resident_pages(path, 0, os.path.getsize(path))
+        if direct:
+            assert model.store.disk.primary._fds[path][1] is not None  # an O_DIRECT descriptor was used
+            assert left == 0  # O_DIRECT never goes through the page cache
+        elif fadvise:
+            assert left == 0
+        else:
+            assert left > 0  # the control: without fadvise the pages stay
+
+
+def test_o_direct_reads_equal_buffered_reads(model_dir):
+    same(generate(model_dir, cap=1, direct_io=True), generate(model_dir, cap=1))
+
+
+# -- batch-union -------------------------------------------------------------------------
+def test_each_unique_expert_is_read_once_per_layer_and_batch(model_dir):
+    with colibri_core.load(model_dir, cap=SPEC.num_experts, history=False) as model:
+        cache = model.lm.new_cache(model.backend)
+        routing = []
+        model.lm.forward(np.asarray(PROMPT), cache, model.backend, routing=routing)
+        unique = sum(len(np.unique(indices)) for _, indices in routing)
+        tokens_times_k = sum(indices.size for _, indices in routing)
+        assert model.store.stats.misses == unique < tokens_times_k
+        # one merged read per expert, two when its matrices straddle two shards
+        expected_reads = sum(len({info.path for info in model.store.layouts[layer][e].values()})
+                             for layer, (_, indices) in enumerate(routing) for e in np.unique(indices))
+        assert model.store.disk.reads == expected_reads
+
+
+# -- routing history ---------------------------------------------------------------------
+def test_history_is_saved_atomically_and_counts_every_routed_token(model_dir):
+    with colibri_core.load(model_dir, history=True) as model:
+        model.generate(token_ids=PROMPT, max_tokens=6, ignore_eos=True)
+    saved = json.loads((model_dir / FILENAME).read_text())
+    assert saved["family"] == "olmoe" and saved["layers"] == SPEC.num_hidden_layers and saved["experts"] == SPEC.num_experts
+    counts = np.asarray(saved["counts"])
+    tokens = len(PROMPT) + 5  # the last generated token is never fed back
+    assert saved["tokens"] == tokens
+    assert np.all(counts.sum(axis=1) == tokens * SPEC.num_experts_per_tok)
+    assert not [p for p in model_dir.iterdir() if ".tmp-" in p.name]
+
+    with colibri_core.load(model_dir, history=True, history_decay=0.5) as model:
+        model.generate(token_ids=PROMPT, max_tokens=6, ignore_eos=True)
+    again = json.loads((model_dir / FILENAME).read_text())
+    assert again["tokens"] == tokens * 0.5 + tokens
+
+
+@pytest.mark.parametrize("content", ["", "{not json", json.dumps({"format": 1, "counts": "x", "tokens": 1}),
+                                     json.dumps({"format": 1, "family": "olmoe", "counts": [[-1] * 8] * 3, "tokens": 5})])
+def test_a_corrupt_history_is_ignored_with_a_warning(model_dir, content):
+    reference = generate(model_dir, cap=1)
+    (model_dir / FILENAME).write_text(content)
+    with pytest.warns(ColibriWarning, match="ignored"):
+        result = generate(model_dir, cap=1, history=True, pin="on")
+    same(result, reference)
+    assert json.loads((model_dir / FILENAME).read_text())["format"] == 1  # replaced by a valid one
+
+
+@pytest.mark.parametrize("family, shape", [("qwen3_moe", (3, 8)), ("olmoe", (4, 8)), ("olmoe", (3, 16))])
+def test_a_history_for_another_model_is_refused(model_dir, family, shape):
+    (model_dir / FILENAME).write_text(json.dumps({"format": 1, "family": family, "tokens": 100,
+                                                  "counts": np.ones(shape).tolist()}))
+    with pytest.warns(ColibriWarning, match="refused"):
+        history = RoutingHistory.open(model_dir, "olmoe", "olmoe", 3, 8)
+    assert history.total_tokens == 0
+
+
+def _make_immutable(path):
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], check=True)  # root ignores permission bits
+    else:
+        os.chmod(path, 0o555)
+
+
+def _make_mutable(path):
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    else:
+        os.chmod(path, 0o755)
+
+
+def test_a_read_only_model_dir_keeps_its_history_in_the_cache_dir(model_dir, tmp_path):
+    _make_immutable(model_dir)
+    try:
+        with pytest.raises(OSError):
+            (model_dir / "probe").write_text("x")
+        with colibri_core.load(model_dir, history=True) as model:
+            model.generate(token_ids=PROMPT, max_tokens=4, ignore_eos=True)
+        assert not (model_dir / FILENAME).exists()
+        saved = cache_path(model_dir)
+        assert saved.is_relative_to(tmp_path / "cache") and json.loads(saved.read_text())["tokens"] > 0
+        history = RoutingHistory.open(model_dir, "olmoe", "olmoe", SPEC.num_hidden_layers, SPEC.num_experts)
+        assert history.path == saved
+    finally:
+        _make_mutable(model_dir)
+
+
+# -- pinning -----------------------------------------------------------------------------
+def test_hottest_experts_are_pinned_and_serve_hits(model_dir):
+    with colibri_core.load(model_dir, history=True) as model:
+        for _ in range(4):
+            model.generate(token_ids=PROMPT, max_tokens=10, ignore_eos=True)
+    history = RoutingHistory.open(model_dir, "olmoe", "olmoe", SPEC.num_hidden_layers, SPEC.num_experts)
+    assert history.total_tokens >= 64  # enough for automatic pinning
+    with colibri_core.load(model_dir, cap=2, history=True) as model:  # pin="auto"
+        pinned = model.store.ram.pinned_set()
+        assert len(pinned) == model.placement.pinned == 3  # half of 2 experts x 3 layers
+        scores = history.scores()
+        coldest_pinned = min(scores[p] for p in pinned)
+        assert all(scores[le] <= coldest_pinned for le in np.ndindex(scores.shape) if le not in pinned)
+        result = model.generate(token_ids=PROMPT, max_tokens=10, ignore_eos=True)
+        assert result.stats.hits_pinned > 0 and result.stats.pinned_experts == 3
+        assert model.store.ram.pinned_set() == pinned  # LRU pressure never evicts the pinned set
+
+
+def test_live_repinning_swaps_only_past_the_margin(model_dir):
+    with colibri_core.load(model_dir, cap=2, pin="on", history=True) as model:
+        store = model.store
+        history = store.history
+        history.counts[:] = 0
+        history.counts[0, 0] = history.counts[1, 1] = history.counts[2, 2] = 10
+        store.ram._pinned = [{} for _ in range(SPEC.num_hidden_layers)]
+        store.ram.pinned_bytes = 0
+        store.apply_pins()
+        assert store.ram.pinned_set() == {(0, 0), (1, 1), (2, 2)}
+        history.counts[0, 5] = 12  # hotter, but not by the 1.25 margin
+        assert store.repin() == 0
+        history.counts[0, 5] = 13  # beats the coldest pinned (10) by more than 25%
+        history.counts[1, 6] = 20
+        assert store.repin() == 2
+        assert store.ram.pinned_set() == {(1, 6), (0, 5), (2, 2)} or store.ram.pinned_set() == {(1, 6), (0, 5), (1, 1)} \
+            or store.ram.pinned_set() == {(1, 6), (0, 5), (0, 0)}
+        assert len(store.ram.pinned_set()) == 3
+        history.counts[:, 7] = 100
+        assert store.repin() <= store.pin_policy.max_swaps
+
+
+# -- prefetch ----------------------------------------------------------------------------
+def test_prefetch_reads_ahead_and_reports_its_precision(model_dir):
+    reference = generate(model_dir, cap=2, max_tokens=16)
+    result = generate(model_dir, cap=2, max_tokens=16, prefetch=True)
+    same(result, reference)
+    s = result.stats
+    assert s.prefetch_issued > 0 and s.hits_prefetched > 0
+    assert 0 < s.prefetch_precision <= 1 and 0 < s.prefetch_recall <= 1
+    assert s.hits_prefetched <= s.prefetch_issued
+    assert s.expert_misses < reference.stats.expert_misses  # misses saved
