@@ -163,7 +163,7 @@ class Model:
 def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str = "cpu",
          preload: bool = False, progress: LoadProgress | None = None, direct_io: bool = False,
          mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5, prefetch: bool = False,
-         prefetch_slots: int | None = None, history: bool = True, history_decay: float = 1.0) -> Model:
+         prefetch_slots: int | None = None, history: bool | str = True, history_decay: float = 1.0) -> Model:
     """Load a Hugging Face model directory.
 
     ram: RAM budget for weights (bytes or "4G"); dense weights are resident and what is
@@ -178,11 +178,13 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          "on" or "off"; pin_share is the part of the expert budget they may take.
     prefetch: read the predicted experts of the next layer while this one computes;
          prefetch_slots experts per layer (default: the router's top-k).
-    history: read and save the routing history (colibri-usage.json); history_decay
-         multiplies the saved counts at each save.
+    history: True reads and saves the routing history (colibri-usage.json), "read" only
+         reads it, False ignores it; history_decay multiplies the saved counts at each save.
     """
     if pin not in ("auto", "on", "off"):
         raise UsageError(f"pin must be 'auto', 'on' or 'off', got {pin!r}")
+    if history not in (True, False, "read"):
+        raise UsageError(f"history must be True, False or 'read', got {history!r}")
     if not 0 < history_decay <= 1:
         raise UsageError(f"history_decay must be in (0, 1], got {history_decay}")
     started = time.perf_counter()
@@ -213,7 +215,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
             store = ExpertStore([d.matrices for d in moe], DiskTier(drives, bp.resolver, backend_obj),
                                 RamTier(len(moe), placement.slots), history=routing, pinned_capacity=placement.pinned,
                                 pin_policy=policy, prefetch_workers=2 if slots_ahead else 0,
-                                history_decay=history_decay)
+                                history_decay=history_decay, save_history=history is True)
             for experts in bp.lm.routed_experts():
                 experts.store = store
             if placement.pinned:

@@ -128,7 +128,7 @@ def test_cli_prints_a_mirror_warning_on_one_line(model_dir, tmp_path):
     victim = sorted(mirror.glob("*.safetensors"))[0]
     victim.write_bytes(victim.read_bytes() + b"\0")
     out = run_colibri("run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "2", "--mirror", mirror,
-                      "--no-history", "-q")
+                      "--history", "off", "-q")
     assert out.returncode == 0, out.stderr
     warnings_printed = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings_printed) == 1 and victim.name in warnings_printed[0]

@@ -75,6 +75,7 @@ class ExpertStore:
     pin_policy: PinPolicy = field(default_factory=PinPolicy)
     prefetch_workers: int = 0
     history_decay: float = 1.0
+    save_history: bool = True
     stats: StoreStats = field(default_factory=StoreStats)
 
     def __post_init__(self):
@@ -203,7 +204,7 @@ class ExpertStore:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self.history is not None:
+        if self.history is not None and self.save_history:
             self.history.save(self.history_decay)
         self.disk.close()
 
