@@ -28,7 +28,6 @@ from .experts.drives import Drive, MirrorSpec, measure_bandwidth, validate_mirro
 from .experts.history import RoutingHistory
 from .experts.prefetch import Prefetcher
 from .experts.store import ExpertStore, PinPolicy
-from .experts.tiers import DiskTier, RamTier
 from .generation import Generation, GenerationResult, TokenEvent
 from .nn.layers import CausalLM
 from .placement import Placement, plan
@@ -212,8 +211,9 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
 
         if moe:
             drives = _drives(bp, mirror_specs, direct_io)
-            store = ExpertStore([d.matrices for d in moe], DiskTier(drives, bp.resolver, backend_obj),
-                                RamTier(len(moe), placement.slots), history=routing, pinned_capacity=placement.pinned,
+            disk_tier, ram_tier = registry.get("tier", "disk").spec.load(), registry.get("tier", "ram").spec.load()
+            store = ExpertStore([d.matrices for d in moe], disk_tier(drives, bp.resolver, backend_obj),
+                                ram_tier(len(moe), placement.slots), history=routing, pinned_capacity=placement.pinned,
                                 pin_policy=policy, prefetch_workers=2 if slots_ahead else 0,
                                 history_decay=history_decay, save_history=history is True)
             for experts in bp.lm.routed_experts():

@@ -14,8 +14,10 @@ def colibri_register_quants(register):
 
 @hookimpl
 def colibri_register_tiers(register):
-    register(TierSpec("disk", "colibri_core.experts.tiers:DiskTier", "pread range reads from the safetensors shards"))
-    register(TierSpec("ram", "colibri_core.experts.tiers:RamTier", "per-layer LRU of decoded experts within the RAM budget"))
+    register(TierSpec("disk", "colibri_core.experts.tiers:DiskTier",
+                      "the shards on the primary drive and mirrors: merged preadv reads, fadvise or O_DIRECT"))
+    register(TierSpec("ram", "colibri_core.experts.tiers:RamTier",
+                      "decoded experts in RAM: pinned hot set + per-layer LRU, within the budget"))
 
 
 @hookimpl

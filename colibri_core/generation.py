@@ -26,8 +26,9 @@ class GenerationStats:
     decode_s: float = 0.0
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
-    hit_rate: float = 0.0  # expert lookups served from RAM (pinned or LRU) / all lookups
+    hit_rate: float = 0.0  # expert lookups served by a resident tier (device, pinned, LRU) / all lookups
     expert_hits: int = 0
+    hits_device: int = 0  # served by a device tier (a GPU backend's VRAM)
     hits_pinned: int = 0
     hits_lru: int = 0
     hits_prefetched: int = 0  # lookups served by an expert read ahead: misses prefetch saved
@@ -152,9 +153,10 @@ class Generation:
         s.decode_s = t_last - t_first
         s.decode_tok_s = (len(self.token_ids) - 1) / s.decode_s if len(self.token_ids) > 1 and s.decode_s > 0 else 0.0
         delta = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int)}
+        s.hits_device = delta.get("hits_device", 0)
         s.hits_pinned, s.hits_lru = delta.get("hits_pinned", 0), delta.get("hits_lru", 0)
         s.hits_prefetched, s.expert_misses = delta.get("hits_prefetched", 0), delta.get("misses", 0)
-        s.expert_hits = s.hits_pinned + s.hits_lru
+        s.expert_hits = s.hits_device + s.hits_pinned + s.hits_lru
         lookups = s.expert_hits + s.hits_prefetched + s.expert_misses
         s.hit_rate = s.expert_hits / lookups if lookups else 1.0
         s.bytes_read_by_drive = {name: n - before["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items()}

@@ -22,6 +22,7 @@ from .tiers import DiskTier, ExpertWeights, RamTier
 
 @dataclass
 class StoreStats:
+    hits_device: int = 0
     hits_pinned: int = 0
     hits_lru: int = 0
     hits_prefetched: int = 0  # lookups served by a prefetch: misses it saved
@@ -35,7 +36,7 @@ class StoreStats:
 
     @property
     def hits(self) -> int:
-        return self.hits_pinned + self.hits_lru
+        return self.hits_device + self.hits_pinned + self.hits_lru
 
     @property
     def lookups(self) -> int:
@@ -76,6 +77,7 @@ class ExpertStore:
     prefetch_workers: int = 0
     history_decay: float = 1.0
     save_history: bool = True
+    device: object = None  # a DeviceTier a GPU backend provides, consulted first
     stats: StoreStats = field(default_factory=StoreStats)
 
     def __post_init__(self):
@@ -86,6 +88,17 @@ class ExpertStore:
 
     # -- serving -----------------------------------------------------------------------
     def get(self, layer: int, expert: int) -> ExpertWeights:
+        if self.device is not None:
+            weights = self.device.get(layer, expert)
+            if weights is not None:
+                self.stats.hits_device += 1
+                return weights
+        weights = self._get_host(layer, expert)
+        if self.device is not None:
+            self.device.admit(layer, expert, weights)
+        return weights
+
+    def _get_host(self, layer: int, expert: int) -> ExpertWeights:
         weights = self.ram.pinned(layer, expert)
         if weights is not None:
             self.stats.hits_pinned += 1
@@ -198,6 +211,7 @@ class ExpertStore:
     # -- state -------------------------------------------------------------------------
     @property
     def resident_bytes(self) -> int:
+        """Bytes of experts held in host RAM (a device tier reports its own)."""
         return self.ram.resident_bytes
 
     def close(self) -> None:
