@@ -80,3 +80,67 @@ class Backend:
         ascending expert order: the reduction order may never depend on placement.
         """
         raise NotImplementedError
+
+    # -- MLA, DSA and interleaved RoPE (DeepSeek V3 / V3.2, Kimi K2, GLM) --------------
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> Array:
+        """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias
+        (biased variance, as torch.nn.LayerNorm)."""
+        raise NotImplementedError
+
+    def rope_interleaved(self, x: Array, cos: Array, sin: Array, rotary_dim: int) -> Array:
+        """RoPE on the first ``rotary_dim`` features of x (T, heads, dim) laid out as
+        interleaved pairs (x0, x1), (x2, x3), ...; pair i turns by the angle of column i of
+        cos/sin (T, rotary_dim, the usual cat(freqs, freqs) tables). The rotated features
+        come out de-interleaved (all first members, then all second members), exactly as
+        transformers' ``apply_rotary_pos_emb_interleave``; q and k rotated alike keep their
+        dot products."""
+        raise NotImplementedError
+
+    def mla_expand(self, q_nope: Array, q_rot: Array, latent: Array, k_rot: Array, kv_b: Array,
+                   nope_dim: int, v_dim: int) -> tuple[Array, Array, Array]:
+        """Multi-head latent attention, expanded form (prefill). q_nope (T, H, nope_dim) and
+        q_rot (T, H, rope_dim) are the query parts; latent (S, rank) and k_rot (S, rope_dim)
+        are every cached position. ``kv_b`` (H * (nope_dim + v_dim), rank) expands the
+        latent into per-head no-rope keys and values. Returns q (T, H, nope+rope), keys
+        (H, S, nope+rope) with k_rot shared by all heads, values (H, S, v_dim): the inputs
+        of ``attention`` / ``sparse_attention``."""
+        raise NotImplementedError
+
+    def mla_absorb_query(self, q_nope: Array, kv_b: Array, nope_dim: int, v_dim: int) -> Array:
+        """Fold the key up-projection into the query (absorbed MLA): for each head h,
+        q_nope[t, h] @ W_uk[h], where W_uk[h] (nope_dim, rank) are head h's key rows of
+        ``kv_b``. (T, H, nope_dim) -> (T, H, rank)."""
+        raise NotImplementedError
+
+    def mla_attention(self, q_lat: Array, q_rot: Array, latent: Array, k_rot: Array, start: int, scale: float,
+                      selected=None) -> Array:
+        """Causal attention in the latent space (absorbed MLA decode): score(t, h, s) =
+        (q_lat[t, h] . latent[s] + q_rot[t, h] . k_rot[s]) * scale, softmax over the
+        positions query t sees, output sum_s p * latent[s]. q_lat (T, H, rank), q_rot
+        (T, H, rope), latent (S, rank), k_rot (S, rope); the T queries sit at positions
+        start..start+T-1. ``selected`` (host int array (T, K), or None for all) restricts
+        each query to those key positions (DSA); causality still applies.
+        Returns (T, H, rank)."""
+        raise NotImplementedError
+
+    def mla_absorb_output(self, o_lat: Array, kv_b: Array, nope_dim: int, v_dim: int) -> Array:
+        """Apply the value up-projection after latent attention: for each head h,
+        W_uv[h] @ o_lat[t, h], where W_uv[h] (v_dim, rank) are head h's value rows of
+        ``kv_b``. (T, H, rank) -> (T, H, v_dim)."""
+        raise NotImplementedError
+
+    def sparse_attention(self, q: Array, k: Array, v: Array, start: int, scale: float, selected) -> Array:
+        """``attention`` restricted to selected keys: query t sees the key positions in
+        ``selected[t]`` (host int array (T, K)) that causality allows."""
+        raise NotImplementedError
+
+    def dsa_index_scores(self, q: Array, k: Array, weights: Array, scale: float, start: int) -> Array:
+        """The DSA lightning indexer's scores: score(t, s) = sum_h weights[t, h] *
+        relu(scale * q[t, h] . k[s]), with q (T, Hi, D), cached index keys k (S, D) and
+        per-head weights (T, Hi); positions a query cannot see are -inf. Returns (T, S)."""
+        raise NotImplementedError
+
+    def top_k(self, scores: Array, k: int):
+        """Indices (host int64 array (T, k)) of the k largest scores of each row, largest
+        first; among equal scores the lower index comes first."""
+        raise NotImplementedError

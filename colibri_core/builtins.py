@@ -10,6 +10,8 @@ def colibri_register_quants(register):
     register(QuantSpec("f32", "colibri_core.quant:F32", "32-bit float, stored as is", dtypes=("F32",)))
     register(QuantSpec("bf16", "colibri_core.quant:BF16", "bfloat16, widened to f32 for compute", dtypes=("BF16",)))
     register(QuantSpec("f16", "colibri_core.quant:F16", "IEEE half, widened to f32 for compute", dtypes=("F16",)))
+    register(QuantSpec("fp8-e4m3-b128", "colibri_core.quant_fp8:FP8E4M3Block",
+                       "float8 e4m3 with <name>_scale_inv block scales (DeepSeek, Kimi), dequantised to f32"))
 
 
 @hookimpl

@@ -84,3 +84,95 @@ class CpuBackend(Backend):
             y = self.swiglu_expert(x[rows], w["gate"], w["up"], w["down"])
             out[rows] += y * weights[rows, slots][:, None]
         return out
+
+    # -- MLA, DSA and interleaved RoPE --------------------------------------------------
+    def layer_norm(self, x, weight, bias, eps):
+        mean = np.mean(x, axis=-1, keepdims=True)
+        centred = x - mean
+        variance = np.mean(np.square(centred), axis=-1, keepdims=True)
+        y = centred / np.sqrt(variance + np.float32(eps))
+        if weight is not None:
+            y = y * weight
+        if bias is not None:
+            y = y + bias
+        return y
+
+    def rope_interleaved(self, x, cos, sin, rotary_dim):
+        half = rotary_dim // 2
+        cos = cos[:, None, :half]
+        sin = sin[:, None, :half]
+        first, second = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+        out = np.concatenate((first * cos - second * sin, second * cos + first * sin), axis=-1)
+        if rotary_dim == x.shape[-1]:
+            return out
+        return np.concatenate((out, x[..., rotary_dim:]), axis=-1)
+
+    def mla_expand(self, q_nope, q_rot, latent, k_rot, kv_b, nope_dim, v_dim):
+        t, h, _ = q_nope.shape
+        s, rope = k_rot.shape
+        kv = (latent @ kv_b.T).reshape(s, h, nope_dim + v_dim).transpose(1, 0, 2)  # (H, S, nope+v)
+        keys = np.empty((h, s, nope_dim + rope), dtype=np.float32)
+        keys[..., :nope_dim] = kv[..., :nope_dim]
+        keys[..., nope_dim:] = k_rot[None]
+        q = np.concatenate((q_nope, q_rot), axis=-1)
+        return q, keys, np.ascontiguousarray(kv[..., nope_dim:])
+
+    @staticmethod
+    def _kv_b_heads(kv_b, n_heads, nope_dim, v_dim):
+        return kv_b.reshape(n_heads, nope_dim + v_dim, kv_b.shape[-1])  # (H, nope+v, rank), a view
+
+    def mla_absorb_query(self, q_nope, kv_b, nope_dim, v_dim):
+        w = self._kv_b_heads(kv_b, q_nope.shape[1], nope_dim, v_dim)
+        out = np.matmul(q_nope.transpose(1, 0, 2), w[:, :nope_dim, :])  # (H, T, rank)
+        return np.ascontiguousarray(out.transpose(1, 0, 2))
+
+    def mla_attention(self, q_lat, q_rot, latent, k_rot, start, scale, selected=None):
+        t, h, rank = q_lat.shape
+        s = latent.shape[0]
+        scores = (np.matmul(q_lat, latent.T) + np.matmul(q_rot, k_rot.T)) * np.float32(scale)  # (T, H, S)
+        visible = self._visible(t, s, start, selected)
+        if visible is not None:
+            scores = np.where(visible[:, None, :], scores, np.float32(-np.inf))
+        return np.matmul(self.softmax(scores), latent)  # (T, H, rank)
+
+    def mla_absorb_output(self, o_lat, kv_b, nope_dim, v_dim):
+        w = self._kv_b_heads(kv_b, o_lat.shape[1], nope_dim, v_dim)
+        out = np.matmul(o_lat.transpose(1, 0, 2), w[:, nope_dim:, :].transpose(0, 2, 1))  # (H, T, v)
+        return np.ascontiguousarray(out.transpose(1, 0, 2))
+
+    @staticmethod
+    def _visible(t, s, start, selected=None):
+        """(T, S) bool: what each query may see (causal, and the selection if any); None
+        when every query sees every key."""
+        visible = None
+        if t > 1 or start + t < s:
+            visible = np.arange(s)[None, :] <= (start + np.arange(t))[:, None]
+        if selected is not None:
+            chosen = np.zeros((t, s), dtype=bool)
+            np.put_along_axis(chosen, np.asarray(selected, dtype=np.int64), True, axis=-1)
+            visible = chosen if visible is None else visible & chosen
+        return visible
+
+    def sparse_attention(self, q, k, v, start, scale, selected):
+        t, hq, d = q.shape
+        hkv, s, _ = k.shape
+        group = hq // hkv
+        qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
+        scores = np.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # (Hkv, G, T, S)
+        scores = np.where(self._visible(t, s, start, selected), scores, np.float32(-np.inf))
+        out = np.matmul(self.softmax(scores), v[:, None])  # (Hkv, G, T, Dv)
+        return out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1])
+
+    def dsa_index_scores(self, q, k, weights, scale, start):
+        t = q.shape[0]
+        s = k.shape[0]
+        per_head = np.maximum(np.matmul(q, k.T) * np.float32(scale), np.float32(0))  # (T, Hi, S)
+        scores = np.matmul(weights[:, None, :], per_head)[:, 0, :]  # (T, S)
+        visible = self._visible(t, s, start)
+        if visible is not None:
+            scores = np.where(visible, scores, np.float32(-np.inf))
+        return scores
+
+    def top_k(self, scores, k):
+        order = np.argsort(-scores, axis=-1, kind="stable")
+        return order[..., :k].astype(np.int64)

@@ -229,6 +229,10 @@ class CausalLM:
     def new_cache(self, backend) -> Cache:
         return Cache([layer.new_state(backend, self.max_context) for layer in self.layers])
 
+    def check_prompt(self, ids: list[int]) -> None:
+        """Refuse prompt tokens this model cannot take (raise UsageError); families
+        override it (Kimi K2.5 refuses its image and video placeholders)."""
+
     def routed_experts(self) -> list[RoutedExperts]:
         return [layer.mlp.experts for layer in self.layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]
 

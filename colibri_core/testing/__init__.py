@@ -3,6 +3,8 @@
 - ``registered_plugin``: register a plugin object in-process for the duration of a block.
 - ``colibri_core.testing.oracle``: tiny random transformers models as oracles, and
   ``FamilyOracleSuite``, the conformance base class every family test subclasses.
+- ``colibri_core.testing.fp8``: quantise a saved tiny model to fp8 block scales (an
+  ``OracleCase.rewrite`` hook), with the dequantised weights as transformers' reference.
 """
 
 from __future__ import annotations

@@ -37,6 +37,13 @@ class OracleCase:
     new_tokens: int = 32
     max_shard_size: str | None = None  # e.g. "20KB" saves several shards with an index
     perturb: float = 0.05  # added noise so constant-initialised tensors (norms) matter
+    # prepare(model): change the built model before it is saved (e.g. randomise buffers
+    # such as a router's score-correction bias, which perturbation leaves alone)
+    prepare: Callable[[Any], None] | None = None
+    # rewrite(path): change the saved checkpoint colibri loads (e.g. quantise it); may
+    # return the directory of a float32 checkpoint transformers should load as the reference
+    # instead (e.g. the dequantised weights)
+    rewrite: Callable[[Path], Path | None] | None = None
 
 
 @dataclass
@@ -61,8 +68,15 @@ def build_oracle(case: OracleCase, model_class: str, path: Path) -> OracleFixtur
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * case.perturb)
+    if case.prepare is not None:
+        with torch.no_grad():
+            case.prepare(model)
     kwargs = {"max_shard_size": case.max_shard_size} if case.max_shard_size else {}
     model.save_pretrained(path, **kwargs)
+    if case.rewrite is not None:
+        reference = case.rewrite(path)
+        if reference is not None:
+            model = cls.from_pretrained(reference, dtype=torch.float32, attn_implementation="eager").eval()
     prompt = torch.tensor([list(case.prompt)])
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=case.new_tokens, do_sample=False,
@@ -72,7 +86,9 @@ def build_oracle(case: OracleCase, model_class: str, path: Path) -> OracleFixtur
             raise AssertionError(f"transformers stopped after {len(tokens)} tokens: give the config an eos id outside the vocabulary")
         full = model(out.sequences[:, :-1]).logits[0].numpy()
     step_logits = torch.cat(out.logits, dim=0).numpy()
-    n_experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or getattr(config, "n_routed_experts", 0)
+    # wrapped models (vision-language) keep the expert count in their text config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_experts = next((n for n in (getattr(text, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts")) if n), 0)
     return OracleFixture(path, list(case.prompt), tokens, step_logits, full, int(n_experts))
 
 

@@ -1,0 +1,56 @@
+"""Routers beyond softmax top-k: the sigmoid, group-limited router of DeepSeek-V3
+(``topk_method: noaux_tc``), also used by Kimi K2 and the GLM-4.5+ MoE models."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .layers import Linear, Step, top_k_indices
+from .weights import Param
+
+
+class SigmoidGroupedTopKRouter:
+    """Sigmoid expert scores; ``e_score_correction_bias`` is added for *choosing* experts
+    only, never to the weights. Experts form ``n_group`` groups; a group's score is the
+    sum of its two best (biased) scores; only experts of the ``topk_group`` best groups
+    compete for the ``top_k`` slots. The chosen (unbiased) scores are renormalised to
+    sum to one when ``norm_topk_prob``, then multiplied by ``routed_scaling_factor``.
+
+    Routing is computed on the host in float32, like transformers' router.
+    """
+
+    def __init__(self, gate: Linear, top_k: int, *, bias: Param | None = None, n_group: int = 1,
+                 topk_group: int = 1, norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
+        n_experts = gate.out_features
+        if n_group < 1 or n_experts % n_group:
+            raise ValueError(f"{n_experts} experts cannot form {n_group} equal groups")
+        if not 1 <= topk_group <= n_group:
+            raise ValueError(f"topk_group {topk_group} must be within 1..n_group ({n_group})")
+        if n_group > 1 and n_experts // n_group < 2:
+            raise ValueError(f"groups of {n_experts // n_group} expert cannot be scored by their two best")
+        if not 1 <= top_k <= topk_group * (n_experts // n_group):
+            raise ValueError(f"top_k {top_k} exceeds the {topk_group * (n_experts // n_group)} experts of {topk_group} groups")
+        self.gate, self.bias, self.top_k = gate, bias, top_k
+        self.n_group, self.topk_group = n_group, topk_group
+        self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
+
+    def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        logits = step.ops.to_numpy(self.gate(x, step)).astype(np.float32, copy=False)
+        with np.errstate(over="ignore"):
+            scores = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
+        choice = scores if self.bias is None else scores + step.ops.to_numpy(self.bias.value).astype(np.float32)
+        if self.n_group > 1:
+            t, n = choice.shape
+            grouped = choice.reshape(t, self.n_group, n // self.n_group)
+            best_two = -np.sort(-grouped, axis=-1)[..., :2]
+            group_scores = best_two[..., 0] + best_two[..., 1]
+            groups = top_k_indices(group_scores, self.topk_group)
+            keep = np.zeros((t, self.n_group), dtype=bool)
+            np.put_along_axis(keep, groups, True, axis=-1)
+            choice = np.where(np.repeat(keep, n // self.n_group, axis=-1), choice, np.float32(-np.inf))
+        indices = top_k_indices(choice, self.top_k)
+        weights = np.take_along_axis(scores, indices, axis=-1)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+        weights = weights * np.float32(self.routed_scaling_factor)
+        return indices, weights.astype(np.float32)

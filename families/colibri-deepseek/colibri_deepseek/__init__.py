@@ -1,0 +1,31 @@
+"""colibri-deepseek: DeepSeek-V3 and DeepSeek-V3.2 (model_type ``deepseek_v3``, ``deepseek_v32``).
+
+Imports only colibri_core's light modules: the architecture loads when a model runs.
+"""
+
+from colibri_core import hookimpl
+from colibri_core.registry import FamilySpec
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def colibri_register_families(register):
+    register(
+        FamilySpec(
+            name="deepseek-v3",
+            model_types=("deepseek_v3",),
+            architectures=("DeepseekV3ForCausalLM",),
+            impl="colibri_deepseek.model:DeepseekV3",
+            description="DeepSeek-V3: MLA with a latent KV cache, sigmoid group-limited router, shared experts",
+        )
+    )
+    register(
+        FamilySpec(
+            name="deepseek-v32",
+            model_types=("deepseek_v32",),
+            architectures=("DeepseekV32ForCausalLM",),
+            impl="colibri_deepseek.model:DeepseekV32",
+            description="DeepSeek-V3.2: DeepSeek-V3 plus DSA sparse attention (lightning indexer)",
+        )
+    )

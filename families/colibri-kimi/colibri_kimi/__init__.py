@@ -1,0 +1,23 @@
+"""colibri-kimi: Kimi K2 (model_type ``kimi_k2``) and the text model of Kimi K2.5
+(``kimi_k25``), both the DeepSeek-V3 architecture.
+
+Imports only colibri_core's light modules: the architecture loads when a model runs.
+"""
+
+from colibri_core import hookimpl
+from colibri_core.registry import FamilySpec
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def colibri_register_families(register):
+    register(
+        FamilySpec(
+            name="kimi",
+            model_types=("kimi_k2", "kimi_k25"),
+            architectures=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"),
+            impl="colibri_kimi.model:Kimi",
+            description="Kimi K2 / K2.5 text model (DeepSeek-V3 architecture); K2.5 image and video input refused",
+        )
+    )
