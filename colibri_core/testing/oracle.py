@@ -65,14 +65,16 @@ def build_oracle(case: OracleCase, model_class: str, path: Path) -> OracleFixtur
     model.save_pretrained(path, **kwargs)
     prompt = torch.tensor([list(case.prompt)])
     with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=case.new_tokens, do_sample=False,
+        # an explicit mask: otherwise a prompt token equal to pad_token_id counts as padding
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=case.new_tokens, do_sample=False,
                              output_logits=True, return_dict_in_generate=True, pad_token_id=0)
         tokens = out.sequences[0, len(case.prompt):].tolist()
         if len(tokens) != case.new_tokens:
             raise AssertionError(f"transformers stopped after {len(tokens)} tokens: give the config an eos id outside the vocabulary")
         full = model(out.sequences[:, :-1]).logits[0].numpy()
     step_logits = torch.cat(out.logits, dim=0).numpy()
-    n_experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or getattr(config, "n_routed_experts", 0)
+    text = config.get_text_config()  # the config itself, or the text model's of a vision-language config
+    n_experts = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or getattr(text, "n_routed_experts", 0)
     return OracleFixture(path, list(case.prompt), tokens, step_logits, full, int(n_experts))
 
 
@@ -101,6 +103,7 @@ class FamilyOracleSuite:
     model_class: str = ""
     cases: dict[str, OracleCase] = {}
     tolerance: float = 1e-4
+    pieces_tolerance: float = 1e-5  # one sequence fed at once vs in pieces, through colibri alone
     placement_names = ("resident", "cap1", "between")
 
     def pytest_generate_tests(self, metafunc):
@@ -148,3 +151,53 @@ class FamilyOracleSuite:
             assert run.token_ids == reference.token_ids, name
             for a, b in zip(run.logits, reference.logits):
                 assert np.array_equal(a, b), f"{name}: logits are not bit-identical to all-resident"
+
+    def test_prompt_in_pieces_matches_prompt_at_once(self, case_name, tmp_path_factory):
+        """Feeding a sequence in pieces (a prefix, single tokens, a chunk, then decoding
+        token by token) gives the logits and per-layer state of feeding it at once: KV
+        caches and recurrent states carry everything between forward passes, and chunked
+        and stepwise forms of a layer agree."""
+        fx = self._fixture(case_name, tmp_path_factory)
+        ids = fx.prompt + fx.tokens
+        first = max(1, len(fx.prompt) // 3)
+        cuts = [first, first + 1, first + 2, first + 3, len(fx.prompt)] + list(range(len(fx.prompt) + 1, len(ids) + 1))
+        with colibri_core.load(fx.path) as model:
+            lm, ops = model.lm, model.backend
+            whole = lm.new_cache(ops)
+            at_once = lm.forward(np.asarray(ids), whole, ops, all_logits=True)
+            pieces, start, parts = lm.new_cache(ops), 0, []
+            for end in sorted(set(c for c in cuts if 0 < c <= len(ids))):
+                parts.append(lm.forward(np.asarray(ids[start:end]), pieces, ops, all_logits=True))
+                start = end
+            in_pieces = np.concatenate(parts, axis=0)
+            assert whole.length == pieces.length == len(ids)
+            worst = float(np.abs(in_pieces - at_once).max())
+            assert worst < self.pieces_tolerance, f"logits differ by {worst:.2e}"
+            for i, (a, b) in enumerate(zip(whole.layers, pieces.layers)):
+                for name, (x, y) in _state_pairs(a, b, ops).items():
+                    worst = float(np.abs(x - y).max()) if x.size else 0.0
+                    assert worst < self.pieces_tolerance, f"layer {i} {name}: state differs by {worst:.2e}"
+
+    def test_small_prefill_chunks_match_transformers(self, case_name, tmp_path_factory, monkeypatch):
+        """A prompt prefilled in many small chunks still gives transformers' tokens."""
+        from colibri_core import generation
+
+        monkeypatch.setattr(generation, "PREFILL_CHUNK", 5)
+        fx = self._fixture(case_name, tmp_path_factory)
+        with colibri_core.load(fx.path, cap=1) as model:
+            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
+            forced = model.logits(fx.prompt + fx.tokens[:-1])
+        assert result.token_ids == fx.tokens
+        worst = max(float(np.abs(np.stack(result.logits) - fx.step_logits).max()), float(np.abs(forced - fx.full_logits).max()))
+        assert worst < self.tolerance, f"logits differ by {worst:.2e}"
+
+
+def _state_pairs(a, b, ops) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Host arrays of two per-layer states of the same kind, by name."""
+    if hasattr(a, "arrays"):  # RecurrentState
+        return {name: (ops.to_numpy(a[name]), ops.to_numpy(b[name])) for name in a.arrays}
+    if hasattr(a, "_k"):  # KVCache
+        n = a.length
+        return {"keys": (ops.to_numpy(a._k[:, :n]), ops.to_numpy(b._k[:, :n])),
+                "values": (ops.to_numpy(a._v[:, :n]), ops.to_numpy(b._v[:, :n]))}
+    return {}
