@@ -87,24 +87,31 @@ class Weights:
     def optional(self, name: str, shape: tuple[int, ...]) -> Param | None:
         return self.param(name, shape) if name in self.checkpoint else None
 
-    def expert_layer(self, layer: int, count: int, matrices: dict[str, tuple[str, tuple[int, ...]]]) -> ExpertDecl:
+    def expert_layer(self, layer: int, count: int, matrices: dict[str, tuple]) -> ExpertDecl:
         """Locate ``count`` experts of one layer. ``matrices`` maps a role to (name
         template with ``{e}`` for the expert index, expected shape of one expert's matrix).
 
         A template without ``{e}`` names a fused tensor of shape (count, *shape) whose
-        slice e is one contiguous byte range (the layout transformers 5 uses)."""
+        slice e is one contiguous byte range (the layout transformers 5 uses). A third
+        item ``(part, parts)`` reads a fused tensor packing ``parts`` matrices along their
+        first axis, (count, parts * shape[0], *shape[1:]): the role is part ``part`` of each
+        expert's slice (``gate_up_proj``: gate is part 0 of 2, up part 1)."""
         per_expert: list[dict[str, TensorInfo]] = [dict() for _ in range(count)]
-        for role, (template, shape) in matrices.items():
+        for role, (template, shape, *packed) in matrices.items():
+            part, parts = packed[0] if packed else (0, 1)
             if "{e}" in template:
+                if parts != 1:
+                    raise ValueError(f"{role}: a per-expert template cannot be packed")
                 for e in range(count):
                     per_expert[e][role] = self._lookup(template.format(e=e), shape)
             else:
-                fused = self._lookup(template, (count, *shape))
+                fused = self._lookup(template, (count, parts * shape[0], *shape[1:]))
                 stride = fused.nbytes // count
+                piece = stride // parts
+                suffix = f"[{part}/{parts}]" if parts > 1 else ""
                 for e in range(count):
-                    per_expert[e][role] = TensorInfo(
-                        f"{template}[{e}]", fused.path, fused.dtype, tuple(shape), fused.offset + e * stride, stride
-                    )
+                    per_expert[e][role] = TensorInfo(f"{template}[{e}]{suffix}", fused.path, fused.dtype, tuple(shape),
+                                                     fused.offset + e * stride + part * piece, piece)
         decl = ExpertDecl(layer, count, per_expert)
         self.experts.append(decl)
         return decl
@@ -133,15 +140,25 @@ class Weights:
                       self.linear(f"{prefix}.down_proj", hidden, intermediate))
 
     def swiglu_experts(self, layer: int, prefix: str, count: int, hidden: int, intermediate: int):
-        """Routed SwiGLU experts stored as ``prefix.{e}.{gate,up,down}_proj.weight`` (the
-        layout most MoE checkpoints use); returns the ``RoutedExperts`` block."""
+        """Routed SwiGLU experts, in either layout the checkpoint has: one tensor per
+        expert, ``prefix.{e}.{gate,up,down}_proj.weight``, or fused as transformers 5 keeps
+        them, ``prefix.gate_up_proj`` (count, 2 * inter, hidden; gate rows first) and
+        ``prefix.down_proj`` (count, hidden, inter). Returns the ``RoutedExperts`` block."""
         from .layers import RoutedExperts
 
-        return RoutedExperts(self.expert_layer(layer, count, {
-            "gate": (f"{prefix}.{{e}}.gate_proj.weight", (intermediate, hidden)),
-            "up": (f"{prefix}.{{e}}.up_proj.weight", (intermediate, hidden)),
-            "down": (f"{prefix}.{{e}}.down_proj.weight", (hidden, intermediate)),
-        }))
+        if f"{prefix}.gate_up_proj" in self.checkpoint:
+            matrices = {
+                "gate": (f"{prefix}.gate_up_proj", (intermediate, hidden), (0, 2)),
+                "up": (f"{prefix}.gate_up_proj", (intermediate, hidden), (1, 2)),
+                "down": (f"{prefix}.down_proj", (hidden, intermediate)),
+            }
+        else:
+            matrices = {
+                "gate": (f"{prefix}.{{e}}.gate_proj.weight", (intermediate, hidden)),
+                "up": (f"{prefix}.{{e}}.up_proj.weight", (intermediate, hidden)),
+                "down": (f"{prefix}.{{e}}.down_proj.weight", (hidden, intermediate)),
+            }
+        return RoutedExperts(self.expert_layer(layer, count, matrices))
 
     def attention_projections(self, prefix: str, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
                               qkv_bias: bool = False, o_bias: bool = False, q_per_head: int = 1) -> dict:

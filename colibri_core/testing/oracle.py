@@ -14,6 +14,8 @@ torch and transformers are imported only when a case is built.
 
 from __future__ import annotations
 
+import re
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +106,7 @@ class FamilyOracleSuite:
     cases: dict[str, OracleCase] = {}
     tolerance: float = 1e-4
     pieces_tolerance: float = 1e-5  # one sequence fed at once vs in pieces, through colibri alone
+    fused_case: str | None = None  # a case whose experts are also checked in the fused layout
     placement_names = ("resident", "cap1", "between")
 
     def pytest_generate_tests(self, metafunc):
@@ -190,6 +193,66 @@ class FamilyOracleSuite:
         assert result.token_ids == fx.tokens
         worst = max(float(np.abs(np.stack(result.logits) - fx.step_logits).max()), float(np.abs(forced - fx.full_logits).max()))
         assert worst < self.tolerance, f"logits differ by {worst:.2e}"
+
+    def test_fused_expert_layout_matches_transformers(self, tmp_path_factory):
+        """The experts of ``fused_case`` rewritten as transformers 5 keeps them in memory
+        (``experts.gate_up_proj`` / ``experts.down_proj``, the layout some published
+        checkpoints use): transformers loads them to the same logits, and colibri, streaming
+        one cached expert per layer, gives its tokens and logits."""
+        import pytest
+
+        if self.fused_case is None:
+            pytest.skip("no fused_case")
+        import torch
+        import transformers
+
+        fx = self._fixture(self.fused_case, tmp_path_factory)
+        fused = tmp_path_factory.mktemp("fused") / "model"
+        assert fuse_experts(fx.path, fused) > 0
+        reference = getattr(transformers, self.model_class).from_pretrained(fused, dtype=torch.float32,
+                                                                          attn_implementation="eager").eval()
+        with torch.no_grad():
+            full = reference(torch.tensor([fx.prompt + fx.tokens[:-1]])).logits[0].numpy()
+        worst = float(np.abs(full - fx.full_logits).max())  # a layout mistake shows as O(1)
+        assert worst < self.tolerance, f"transformers reads the fused checkpoint differently: {worst:.2e}"
+        with colibri_core.load(fused, cap=1) as model:
+            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
+        assert result.token_ids == fx.tokens
+        worst = float(np.abs(np.stack(result.logits) - fx.step_logits).max())
+        assert worst < self.tolerance, f"logits differ by {worst:.2e}"
+
+
+def fuse_experts(src: Path, dst: Path) -> int:
+    """Copy a saved model, rewriting per-expert ``...experts.{e}.{gate,up,down}_proj.weight``
+    into fused ``...experts.gate_up_proj`` (E, 2I, H; gate rows first) and
+    ``...experts.down_proj`` (E, H, I), all in one safetensors file. Returns the number of
+    expert layers fused."""
+    from safetensors.numpy import load_file
+
+    from colibri_core.safetensors_file import write_safetensors
+
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    pattern = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+    groups: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    out = {}
+    for name, t in tensors.items():
+        m = pattern.match(name)
+        if m:
+            groups.setdefault(m[1], {}).setdefault(m[3], {})[int(m[2])] = t
+        else:
+            out[name] = t
+    for prefix, roles in groups.items():
+        n = len(roles["down"])
+        out[f"{prefix}.gate_up_proj"] = np.stack([np.concatenate([roles["gate"][e], roles["up"][e]]) for e in range(n)])
+        out[f"{prefix}.down_proj"] = np.stack([roles["down"][e] for e in range(n)])
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
+            shutil.copy(f, dst / f.name)
+    write_safetensors(dst / "model.safetensors", out, {"format": "pt"})
+    return len(groups)
 
 
 def _state_pairs(a, b, ops) -> dict[str, tuple[np.ndarray, np.ndarray]]:

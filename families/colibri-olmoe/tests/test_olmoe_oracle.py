@@ -14,6 +14,7 @@ def config(**overrides):
 
 class TestOlmoeOracle(FamilyOracleSuite):
     model_class = "OlmoeForCausalLM"
+    fused_case = "sharded_gqa_norm_topk"
     cases = {
         "base": OracleCase(config()),
         "sharded_gqa_norm_topk": OracleCase(

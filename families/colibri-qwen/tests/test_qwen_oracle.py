@@ -37,6 +37,7 @@ def config(cls, **overrides):
 
 class TestQwen2MoeOracle(FamilyOracleSuite):
     model_class = "Qwen2MoeForCausalLM"
+    fused_case = "dense_layer_shared_expert"
     base = dict(intermediate_size=48, shared_expert_intermediate_size=24, num_hidden_layers=3)
     cases = {
         "dense_layer_shared_expert": OracleCase(config(Qwen2MoeConfig, **base, mlp_only_layers=[1]), prompt=LONG),
@@ -52,6 +53,7 @@ class TestQwen2MoeOracle(FamilyOracleSuite):
 
 class TestQwen3MoeOracle(FamilyOracleSuite):
     model_class = "Qwen3MoeForCausalLM"
+    fused_case = "dense_layer_head_dim"
     base = dict(intermediate_size=48, num_hidden_layers=3, head_dim=16)
     cases = {
         "dense_layer_head_dim": OracleCase(config(Qwen3MoeConfig, **base, mlp_only_layers=[1]), prompt=LONG),
@@ -109,6 +111,7 @@ def run_layer(delta, index, x, cuts, ops, n_layers):
 
 class TestQwen3NextOracle(HybridSuite):
     model_class = "Qwen3NextForCausalLM"
+    fused_case = "hybrid_dense_layer"
     cases = {
         # layers: linear (dense MLP), linear, linear, full
         "hybrid_dense_layer": OracleCase(
@@ -138,6 +141,7 @@ def vl_config(**text):
 
 class TestQwen3_5MoeOracle(HybridSuite):
     model_class = "Qwen3_5MoeForConditionalGeneration"
+    fused_case = "hybrid"  # Qwen3.5/3.6-35B-A3B ship fused experts.gate_up_proj / down_proj
     cases = {
         "hybrid": OracleCase(vl_config(), prompt=LONG),
         "sharded_tied_interval2": OracleCase(
