@@ -143,4 +143,45 @@ class Backend:
     def top_k(self, scores: Array, k: int):
         """Indices (host int64 array (T, k)) of the k largest scores of each row, largest
         first; among equal scores the lower index comes first."""
+
+    # -- recurrent (linear-attention) layers -------------------------------------------
+    def silu(self, x: Array) -> Array:
+        """x * sigmoid(x), elementwise."""
+        raise NotImplementedError
+
+    def softplus(self, x: Array) -> Array:
+        """log(1 + exp(x)) elementwise; x itself above 20 (PyTorch's threshold)."""
+        raise NotImplementedError
+
+    def l2_norm(self, x: Array, eps: float) -> Array:
+        """x / sqrt(sum(x^2) + eps) over the last axis."""
+        raise NotImplementedError
+
+    def causal_conv1d(self, x: Array, weight: Array, state: Array) -> tuple[Array, Array]:
+        """Depthwise causal convolution over time, without bias or activation.
+
+        x (T, C) are the new positions, weight (C, K) one filter per channel, state (K-1, C)
+        the inputs of the K-1 positions before x (zeros at the start of a sequence).
+        Returns the output (T, C), out[t, c] = sum_j weight[c, j] * [state; x][t + j, c],
+        and the new state: the last K-1 rows of [state; x]."""
+        raise NotImplementedError
+
+    def gated_delta_chunked(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array,
+                            chunk_size: int) -> tuple[Array, Array]:
+        """The gated delta rule over T positions, computed chunk by chunk (prefill).
+
+        q, k (T, Hk, Dk) (already normalised and scaled), v (T, Hv, Dv), g (T, Hv) the
+        log-decay (<= 0), beta (T, Hv) the write strength, state (Hv, Dk, Dv) the recurrent
+        state before the first position. Key head h serves value heads h*r .. h*r+r-1
+        (r = Hv / Hk). Per position and value head:
+            S = exp(g) * S;  S += k (beta * (v - k^T S))^T;  out = q^T S
+        Positions are grouped in chunks of ``chunk_size`` counted from the first of these T
+        (the WY/UT form of transformers' torch_chunk_gated_delta_rule); mathematically
+        identical to ``gated_delta_step``. Returns out (T, Hv, Dv) and the new state."""
+        raise NotImplementedError
+
+    def gated_delta_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array,
+                         state: Array) -> tuple[Array, Array]:
+        """The gated delta rule position by position (decode); same arguments, results and
+        recurrence as ``gated_delta_chunked`` (transformers' torch_recurrent_gated_delta_rule)."""
         raise NotImplementedError

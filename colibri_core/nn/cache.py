@@ -1,5 +1,9 @@
-"""Per-sequence state: one entry per layer (a KV cache for attention layers; other
-layer kinds bring their own state objects) plus the number of positions seen."""
+"""Per-sequence state: one entry per layer plus the number of positions seen.
+
+Attention layers keep a ``KVCache``, which grows with every position; recurrent layers
+(linear attention, state-space models) keep a ``RecurrentState``, whose size is fixed.
+Any layer may bring its own state object: ``Cache`` only asks each for ``nbytes`` and
+``bytes_per_token()``."""
 
 from __future__ import annotations
 
@@ -46,8 +50,37 @@ class KVCache:
         return h * (dk + dv) * 4
 
 
+class RecurrentState:
+    """The fixed-size state of one recurrent layer: named arrays (e.g. a convolution's
+    last inputs and a recurrent matrix per head), zeros at the start of a sequence and
+    replaced as positions are absorbed. Its size never depends on the sequence length."""
+
+    def __init__(self, backend, shapes: dict[str, tuple[int, ...]]):
+        self.backend = backend
+        self.arrays = {name: backend.zeros(tuple(shape)) for name, shape in shapes.items()}
+        self.length = 0  # positions absorbed
+
+    def __getitem__(self, name: str):
+        return self.arrays[name]
+
+    def update(self, positions: int, **arrays) -> None:
+        """Replace the named arrays (same shapes) after absorbing ``positions`` more."""
+        for name, value in arrays.items():
+            if tuple(value.shape) != tuple(self.arrays[name].shape):
+                raise ValueError(f"recurrent state {name!r}: shape {tuple(value.shape)} != {tuple(self.arrays[name].shape)}")
+            self.arrays[name] = value
+        self.length += positions
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.backend.nbytes(a) for a in self.arrays.values())
+
+    def bytes_per_token(self) -> int:
+        return 0
+
+
 class Cache:
-    """The state of one sequence across all layers."""
+    """The state of one sequence across all layers (KV caches, recurrent states, ...)."""
 
     def __init__(self, layers: list):
         self.layers = layers

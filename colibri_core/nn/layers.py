@@ -77,7 +77,9 @@ class SwiGLU:
 
 class Attention:
     """Multi-head attention with grouped KV heads, RoPE and the common options:
-    q/k RMSNorm over the whole projection (OLMoE) or per head (Qwen3), clipping."""
+    q/k RMSNorm over the whole projection (OLMoE) or per head (Qwen3), clipping, and an
+    output gate (Qwen3-Next: q_proj yields per head [query, gate]; the attention output
+    is multiplied by sigmoid(gate) before o_proj)."""
 
     def __init__(
         self,
@@ -96,6 +98,7 @@ class Attention:
         qk_norm_per_head: bool = False,
         clip_qkv: float | None = None,
         scale: float | None = None,
+        output_gate: bool = False,
     ):
         self.layer = layer
         self.q, self.k, self.v, self.o = q, k, v, o
@@ -104,6 +107,7 @@ class Attention:
         self.q_norm, self.k_norm, self.qk_norm_per_head = q_norm, k_norm, qk_norm_per_head
         self.clip_qkv = clip_qkv
         self.scale = head_dim**-0.5 if scale is None else scale
+        self.output_gate = output_gate
 
     def new_state(self, backend, max_len: int) -> KVCache:
         return KVCache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len)
@@ -112,6 +116,10 @@ class Attention:
         ops = step.ops
         t = x.shape[0]
         q, k, v = self.q(x, step), self.k(x, step), self.v(x, step)
+        gate = None
+        if self.output_gate:
+            q = q.reshape(t, self.n_heads, 2 * self.head_dim)
+            q, gate = q[..., : self.head_dim], q[..., self.head_dim :].reshape(t, self.n_heads * self.head_dim)
         if self.q_norm is not None and not self.qk_norm_per_head:
             q, k = self.q_norm(q, step), self.k_norm(k, step)
         if self.clip_qkv is not None:
@@ -126,8 +134,10 @@ class Attention:
             q = ops.rope(q, cos, sin, self.rope.rotary_dim)
             k = ops.rope(k, cos, sin, self.rope.rotary_dim)
         keys, values = step.cache.layers[self.layer].append(k, v)
-        out = ops.attention(q, keys, values, step.start, self.scale)
-        return self.o(out.reshape(t, self.n_heads * self.head_dim), step)
+        out = ops.attention(q, keys, values, step.start, self.scale).reshape(t, self.n_heads * self.head_dim)
+        if gate is not None:
+            out = out * ops.sigmoid(gate)
+        return self.o(out, step)
 
 
 def rope_tables(rope: RoPE, step: Step):
@@ -202,7 +212,8 @@ class SparseMoE:
 
 
 class DecoderLayer:
-    """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h))."""
+    """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h)). ``attn`` is any
+    token mixer with ``new_state`` (attention, a recurrent layer such as GatedDeltaNet)."""
 
     def __init__(self, attn_norm: RMSNorm, attn: Attention, mlp_norm: RMSNorm, mlp):
         self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
@@ -220,18 +231,29 @@ class DecoderLayer:
 class CausalLM:
     """Token embeddings, decoder layers, final norm and the LM head."""
 
-    def __init__(self, *, embed: Embedding, layers: list, norm: RMSNorm, lm_head: Linear, vocab_size: int, max_context: int):
+    def __init__(self, *, embed: Embedding, layers: list, norm: RMSNorm, lm_head: Linear, vocab_size: int, max_context: int,
+                 refused_tokens: dict[int, str] | None = None):
         self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
         self.vocab_size = vocab_size
         self.max_context = max_context
         self.prefetcher = None  # set when the model is placed with prefetch on
+        # token id -> why a prompt may not contain it (e.g. the image placeholder of a
+        # vision-language checkpoint whose text model is all colibri runs)
+        self.refused_tokens = dict(refused_tokens or {})
+
+    def check_prompt(self, ids) -> None:
+        """Refuse prompts this model cannot honour (see ``refused_tokens``)."""
+        if not self.refused_tokens:
+            return
+        for t in ids:
+            reason = self.refused_tokens.get(int(t))
+            if reason is not None:
+                from ..errors import UnsupportedModelError
+
+                raise UnsupportedModelError(f"the prompt contains token {int(t)}: {reason}")
 
     def new_cache(self, backend) -> Cache:
         return Cache([layer.new_state(backend, self.max_context) for layer in self.layers])
-
-    def check_prompt(self, ids: list[int]) -> None:
-        """Refuse prompt tokens this model cannot take (raise UsageError); families
-        override it (Kimi K2.5 refuses its image and video placeholders)."""
 
     def routed_experts(self) -> list[RoutedExperts]:
         return [layer.mlp.experts for layer in self.layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]

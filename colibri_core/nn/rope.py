@@ -48,6 +48,8 @@ def rope_parameters(config: dict[str, Any], source: str = "config.json") -> dict
     params = dict(params)
     params.setdefault("rope_type", params.get("type", "default"))
     params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    if config.get("partial_rotary_factor") is not None:  # older configs keep it at the top level
+        params.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
     return params
 
 

@@ -17,13 +17,19 @@ from ..safetensors_file import TensorInfo
 
 
 class Param:
-    """A dense weight: its location now, its backend array after ``load_dense``."""
+    """A dense weight: its location now, its backend array after ``load_dense``.
 
-    __slots__ = ("info", "value")
+    ``transform`` (optional) maps the decoded float32 host array to the array the model
+    computes with, once at load: a reshape, a row regrouping, ``1 + w`` for norms stored
+    as offsets. Only exact or reference-defined arithmetic belongs there: it runs on the
+    host, the same for every backend and placement."""
 
-    def __init__(self, info: TensorInfo):
+    __slots__ = ("info", "value", "transform")
+
+    def __init__(self, info: TensorInfo, transform: Callable | None = None):
         self.info = info
         self.value = None
+        self.transform = transform
 
     @property
     def name(self) -> str:
@@ -69,34 +75,43 @@ class Weights:
             )
         return info
 
-    def param(self, name: str, shape: tuple[int, ...]) -> Param:
+    def param(self, name: str, shape: tuple[int, ...], transform: Callable | None = None) -> Param:
         if name not in self.params:
-            self.params[name] = Param(self._lookup(name, shape))
+            self.params[name] = Param(self._lookup(name, shape), transform)
         elif self.params[name].info.shape != tuple(shape):
             raise ModelFormatError(f"tensor {name!r} is declared with two shapes")
+        elif self.params[name].transform is not transform:
+            raise ValueError(f"tensor {name!r} is declared with two different load transforms")
         return self.params[name]
 
     def optional(self, name: str, shape: tuple[int, ...]) -> Param | None:
         return self.param(name, shape) if name in self.checkpoint else None
 
-    def expert_layer(self, layer: int, count: int, matrices: dict[str, tuple[str, tuple[int, ...]]]) -> ExpertDecl:
+    def expert_layer(self, layer: int, count: int, matrices: dict[str, tuple]) -> ExpertDecl:
         """Locate ``count`` experts of one layer. ``matrices`` maps a role to (name
         template with ``{e}`` for the expert index, expected shape of one expert's matrix).
 
         A template without ``{e}`` names a fused tensor of shape (count, *shape) whose
-        slice e is one contiguous byte range (the layout transformers 5 uses)."""
+        slice e is one contiguous byte range (the layout transformers 5 uses). A third
+        item ``(part, parts)`` reads a fused tensor packing ``parts`` matrices along their
+        first axis, (count, parts * shape[0], *shape[1:]): the role is part ``part`` of each
+        expert's slice (``gate_up_proj``: gate is part 0 of 2, up part 1)."""
         per_expert: list[dict[str, TensorInfo]] = [dict() for _ in range(count)]
-        for role, (template, shape) in matrices.items():
+        for role, (template, shape, *packed) in matrices.items():
+            part, parts = packed[0] if packed else (0, 1)
             if "{e}" in template:
+                if parts != 1:
+                    raise ValueError(f"{role}: a per-expert template cannot be packed")
                 for e in range(count):
                     per_expert[e][role] = self._lookup(template.format(e=e), shape)
             else:
-                fused = self._lookup(template, (count, *shape))
+                fused = self._lookup(template, (count, parts * shape[0], *shape[1:]))
                 stride = fused.nbytes // count
+                piece = stride // parts
+                suffix = f"[{part}/{parts}]" if parts > 1 else ""
                 for e in range(count):
-                    per_expert[e][role] = TensorInfo(
-                        f"{template}[{e}]", fused.path, fused.dtype, tuple(shape), fused.offset + e * stride, stride
-                    )
+                    per_expert[e][role] = TensorInfo(f"{template}[{e}]{suffix}", fused.path, fused.dtype, tuple(shape),
+                                                     fused.offset + e * stride + part * piece, piece)
         decl = ExpertDecl(layer, count, per_expert)
         self.experts.append(decl)
         return decl
@@ -109,10 +124,52 @@ class Weights:
         b = self.param(f"{prefix}.bias", (out_features,)) if bias else None
         return Linear(self.param(f"{prefix}.weight", (out_features, in_features)), b)
 
-    def rms_norm(self, prefix: str, dim: int, eps: float):
+    def rms_norm(self, prefix: str, dim: int, eps: float, *, offset: bool = False):
+        """``prefix.weight`` (dim,). With ``offset`` the checkpoint stores w and the norm
+        scales by (1 + w) (Gemma, Qwen3-Next): 1 + w is computed once at load, in float32,
+        exactly as the reference computes it on every call."""
         from .layers import RMSNorm
 
-        return RMSNorm(self.param(f"{prefix}.weight", (dim,)), eps)
+        return RMSNorm(self.param(f"{prefix}.weight", (dim,), _plus_one if offset else None), eps)
+
+    def swiglu(self, prefix: str, hidden: int, intermediate: int):
+        """A dense SwiGLU MLP stored as ``prefix.{gate,up,down}_proj.weight``."""
+        from .layers import SwiGLU
+
+        return SwiGLU(self.linear(f"{prefix}.gate_proj", intermediate, hidden), self.linear(f"{prefix}.up_proj", intermediate, hidden),
+                      self.linear(f"{prefix}.down_proj", hidden, intermediate))
+
+    def swiglu_experts(self, layer: int, prefix: str, count: int, hidden: int, intermediate: int):
+        """Routed SwiGLU experts, in either layout the checkpoint has: one tensor per
+        expert, ``prefix.{e}.{gate,up,down}_proj.weight``, or fused as transformers 5 keeps
+        them, ``prefix.gate_up_proj`` (count, 2 * inter, hidden; gate rows first) and
+        ``prefix.down_proj`` (count, hidden, inter). Returns the ``RoutedExperts`` block."""
+        from .layers import RoutedExperts
+
+        if f"{prefix}.gate_up_proj" in self.checkpoint:
+            matrices = {
+                "gate": (f"{prefix}.gate_up_proj", (intermediate, hidden), (0, 2)),
+                "up": (f"{prefix}.gate_up_proj", (intermediate, hidden), (1, 2)),
+                "down": (f"{prefix}.down_proj", (hidden, intermediate)),
+            }
+        else:
+            matrices = {
+                "gate": (f"{prefix}.{{e}}.gate_proj.weight", (intermediate, hidden)),
+                "up": (f"{prefix}.{{e}}.up_proj.weight", (intermediate, hidden)),
+                "down": (f"{prefix}.{{e}}.down_proj.weight", (hidden, intermediate)),
+            }
+        return RoutedExperts(self.expert_layer(layer, count, matrices))
+
+    def attention_projections(self, prefix: str, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
+                              qkv_bias: bool = False, o_bias: bool = False, q_per_head: int = 1) -> dict:
+        """``prefix.{q,k,v,o}_proj`` as keyword arguments of ``Attention``. ``q_per_head``
+        = 2 when q_proj also produces an output gate per head (Qwen3-Next)."""
+        return {
+            "q": self.linear(f"{prefix}.q_proj", n_heads * head_dim * q_per_head, hidden, bias=qkv_bias),
+            "k": self.linear(f"{prefix}.k_proj", n_kv_heads * head_dim, hidden, bias=qkv_bias),
+            "v": self.linear(f"{prefix}.v_proj", n_kv_heads * head_dim, hidden, bias=qkv_bias),
+            "o": self.linear(f"{prefix}.o_proj", hidden, n_heads * head_dim, bias=o_bias),
+        }
 
     @property
     def dense_numel(self) -> int:
@@ -129,7 +186,8 @@ class Weights:
             if p is None or batch_bytes + p.info.nbytes > (64 << 20) and batch:
                 decoded = resolver.read_decoded(self.checkpoint, [q.info for q in batch])
                 for q in batch:
-                    q.value = backend.asarray(decoded[q.name])
+                    host = decoded[q.name]
+                    q.value = backend.asarray(q.transform(host) if q.transform is not None else host)
                     read += q.info.nbytes
                     if progress:
                         progress(q.info.nbytes)
@@ -138,3 +196,7 @@ class Weights:
                 batch.append(p)
                 batch_bytes += p.info.nbytes
         return read
+
+
+def _plus_one(w):
+    return w + w.dtype.type(1.0)

@@ -14,6 +14,8 @@ torch and transformers are imported only when a case is built.
 
 from __future__ import annotations
 
+import re
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +81,8 @@ def build_oracle(case: OracleCase, model_class: str, path: Path) -> OracleFixtur
             model = cls.from_pretrained(reference, dtype=torch.float32, attn_implementation="eager").eval()
     prompt = torch.tensor([list(case.prompt)])
     with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=case.new_tokens, do_sample=False,
+        # an explicit mask: otherwise a prompt token equal to pad_token_id counts as padding
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=case.new_tokens, do_sample=False,
                              output_logits=True, return_dict_in_generate=True, pad_token_id=0)
         tokens = out.sequences[0, len(case.prompt):].tolist()
         if len(tokens) != case.new_tokens:
@@ -118,6 +121,7 @@ class FamilyOracleSuite:
     model_class: str = ""
     cases: dict[str, OracleCase] = {}
     tolerance: float = 1e-4
+    pieces_tolerance: float = 1e-5  # one sequence fed at once vs in pieces, through colibri alone
     placement_names = ("resident", "cap1", "between")
 
     def pytest_generate_tests(self, metafunc):
@@ -199,3 +203,115 @@ class FamilyOracleSuite:
             assert run.token_ids == reference.token_ids, name
             for a, b in zip(run.logits, reference.logits):
                 assert np.array_equal(a, b), f"{name}: logits are not bit-identical to all-resident"
+
+    def test_prompt_in_pieces_matches_prompt_at_once(self, case_name, tmp_path_factory):
+        """Feeding a sequence in pieces (a prefix, single tokens, a chunk, then decoding
+        token by token) gives the logits and per-layer state of feeding it at once: KV
+        caches and recurrent states carry everything between forward passes, and chunked
+        and stepwise forms of a layer agree."""
+        fx = self._fixture(case_name, tmp_path_factory)
+        ids = fx.prompt + fx.tokens
+        first = max(1, len(fx.prompt) // 3)
+        cuts = [first, first + 1, first + 2, first + 3, len(fx.prompt)] + list(range(len(fx.prompt) + 1, len(ids) + 1))
+        with colibri_core.load(fx.path, history=False) as model:
+            lm, ops = model.lm, model.backend
+            whole = lm.new_cache(ops)
+            at_once = lm.forward(np.asarray(ids), whole, ops, all_logits=True)
+            pieces, start, parts = lm.new_cache(ops), 0, []
+            for end in sorted(set(c for c in cuts if 0 < c <= len(ids))):
+                parts.append(lm.forward(np.asarray(ids[start:end]), pieces, ops, all_logits=True))
+                start = end
+            in_pieces = np.concatenate(parts, axis=0)
+            assert whole.length == pieces.length == len(ids)
+            worst = float(np.abs(in_pieces - at_once).max())
+            assert worst < self.pieces_tolerance, f"logits differ by {worst:.2e}"
+            for i, (a, b) in enumerate(zip(whole.layers, pieces.layers)):
+                for name, (x, y) in _state_pairs(a, b, ops).items():
+                    worst = float(np.abs(x - y).max()) if x.size else 0.0
+                    assert worst < self.pieces_tolerance, f"layer {i} {name}: state differs by {worst:.2e}"
+
+    def test_small_prefill_chunks_match_transformers(self, case_name, tmp_path_factory, monkeypatch):
+        """A prompt prefilled in many small chunks still gives transformers' tokens."""
+        from colibri_core import generation
+
+        monkeypatch.setattr(generation, "PREFILL_CHUNK", 5)
+        fx = self._fixture(case_name, tmp_path_factory)
+        with colibri_core.load(fx.path, cap=1, history=False) as model:
+            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
+            forced = model.logits(fx.prompt + fx.tokens[:-1])
+        assert result.token_ids == fx.tokens
+        worst = max(float(np.abs(np.stack(result.logits) - fx.step_logits).max()), float(np.abs(forced - fx.full_logits).max()))
+        assert worst < self.tolerance, f"logits differ by {worst:.2e}"
+
+class FusedLayoutCheck:
+    """Mix into a FamilyOracleSuite whose model type also ships (or transformers saves)
+    fused experts; set ``fused_case`` to the case to rewrite in that layout."""
+
+    fused_case: str = ""
+
+    def test_fused_expert_layout_matches_transformers(self, tmp_path_factory):
+        """The experts of ``fused_case`` rewritten as transformers 5 keeps them in memory
+        (``experts.gate_up_proj`` / ``experts.down_proj``, the layout some published
+        checkpoints use): transformers loads them to the same logits, and colibri, streaming
+        one cached expert per layer, gives its tokens and logits."""
+        import torch
+        import transformers
+
+        fx = self._fixture(self.fused_case, tmp_path_factory)
+        fused = tmp_path_factory.mktemp("fused") / "model"
+        assert fuse_experts(fx.path, fused) > 0
+        reference = getattr(transformers, self.model_class).from_pretrained(fused, dtype=torch.float32,
+                                                                          attn_implementation="eager").eval()
+        with torch.no_grad():
+            full = reference(torch.tensor([fx.prompt + fx.tokens[:-1]])).logits[0].numpy()
+        worst = float(np.abs(full - fx.full_logits).max())  # a layout mistake shows as O(1)
+        assert worst < self.tolerance, f"transformers reads the fused checkpoint differently: {worst:.2e}"
+        with colibri_core.load(fused, cap=1, history=False) as model:
+            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
+        assert result.token_ids == fx.tokens
+        worst = float(np.abs(np.stack(result.logits) - fx.step_logits).max())
+        assert worst < self.tolerance, f"logits differ by {worst:.2e}"
+
+
+def fuse_experts(src: Path, dst: Path) -> int:
+    """Copy a saved model, rewriting per-expert ``...experts.{e}.{gate,up,down}_proj.weight``
+    into fused ``...experts.gate_up_proj`` (E, 2I, H; gate rows first) and
+    ``...experts.down_proj`` (E, H, I), all in one safetensors file. Returns the number of
+    expert layers fused."""
+    from safetensors.numpy import load_file
+
+    from colibri_core.safetensors_file import write_safetensors
+
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    pattern = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+    groups: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    out = {}
+    for name, t in tensors.items():
+        m = pattern.match(name)
+        if m:
+            groups.setdefault(m[1], {}).setdefault(m[3], {})[int(m[2])] = t
+        else:
+            out[name] = t
+    for prefix, roles in groups.items():
+        n = len(roles["down"])
+        out[f"{prefix}.gate_up_proj"] = np.stack([np.concatenate([roles["gate"][e], roles["up"][e]]) for e in range(n)])
+        out[f"{prefix}.down_proj"] = np.stack([roles["down"][e] for e in range(n)])
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
+            shutil.copy(f, dst / f.name)
+    write_safetensors(dst / "model.safetensors", out, {"format": "pt"})
+    return len(groups)
+
+
+def _state_pairs(a, b, ops) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Host arrays of two per-layer states of the same kind, by name."""
+    if hasattr(a, "arrays"):  # RecurrentState
+        return {name: (ops.to_numpy(a[name]), ops.to_numpy(b[name])) for name in a.arrays}
+    if hasattr(a, "_k"):  # KVCache
+        n = a.length
+        return {"keys": (ops.to_numpy(a._k[:, :n]), ops.to_numpy(b._k[:, :n])),
+                "values": (ops.to_numpy(a._v[:, :n]), ops.to_numpy(b._v[:, :n]))}
+    return {}

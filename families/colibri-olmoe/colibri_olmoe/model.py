@@ -7,9 +7,7 @@ from dataclasses import dataclass
 from colibri_core.config import ModelArgs
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.family import Family
-from colibri_core.nn import (
-    Attention, CausalLM, DecoderLayer, Embedding, Linear, RoutedExperts, SoftmaxTopKRouter, SparseMoE, build_rope,
-)
+from colibri_core.nn import Attention, CausalLM, DecoderLayer, Embedding, Linear, SoftmaxTopKRouter, SparseMoE, build_rope
 
 
 @dataclass
@@ -55,24 +53,17 @@ class Olmoe(Family):
             p = f"model.layers.{i}"
             attn = Attention(
                 layer=i,
-                q=w.linear(f"{p}.self_attn.q_proj", heads * head_dim, hidden, bias=a.attention_bias),
-                k=w.linear(f"{p}.self_attn.k_proj", kv_heads * head_dim, hidden, bias=a.attention_bias),
-                v=w.linear(f"{p}.self_attn.v_proj", kv_heads * head_dim, hidden, bias=a.attention_bias),
-                o=w.linear(f"{p}.self_attn.o_proj", hidden, heads * head_dim, bias=a.attention_bias),
+                **w.attention_projections(f"{p}.self_attn", hidden, heads, kv_heads, head_dim,
+                                          qkv_bias=a.attention_bias, o_bias=a.attention_bias),
                 n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, rope=rope,
                 # OLMoE normalises q and k over the whole projection, before splitting heads
                 q_norm=w.rms_norm(f"{p}.self_attn.q_norm", heads * head_dim, a.rms_norm_eps),
                 k_norm=w.rms_norm(f"{p}.self_attn.k_norm", kv_heads * head_dim, a.rms_norm_eps),
                 clip_qkv=a.clip_qkv,
             )
-            experts = w.expert_layer(i, a.num_experts, {
-                "gate": (f"{p}.mlp.experts.{{e}}.gate_proj.weight", (a.intermediate_size, hidden)),
-                "up": (f"{p}.mlp.experts.{{e}}.up_proj.weight", (a.intermediate_size, hidden)),
-                "down": (f"{p}.mlp.experts.{{e}}.down_proj.weight", (hidden, a.intermediate_size)),
-            })
             moe = SparseMoE(
                 SoftmaxTopKRouter(w.linear(f"{p}.mlp.gate", a.num_experts, hidden), a.num_experts_per_tok, a.norm_topk_prob),
-                RoutedExperts(experts),
+                w.swiglu_experts(i, f"{p}.mlp.experts", a.num_experts, hidden, a.intermediate_size),
             )
             layers.append(DecoderLayer(w.rms_norm(f"{p}.input_layernorm", hidden, a.rms_norm_eps), attn,
                                        w.rms_norm(f"{p}.post_attention_layernorm", hidden, a.rms_norm_eps), moe))

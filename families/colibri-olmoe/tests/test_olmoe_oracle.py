@@ -1,6 +1,6 @@
 """OLMoE against transformers' OlmoeForCausalLM: tokens and logits under every placement."""
 
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, FusedLayoutCheck, OracleCase
 from transformers import OlmoeConfig
 
 
@@ -12,8 +12,9 @@ def config(**overrides):
     return lambda: OlmoeConfig(**base)
 
 
-class TestOlmoeOracle(FamilyOracleSuite):
+class TestOlmoeOracle(FamilyOracleSuite, FusedLayoutCheck):
     model_class = "OlmoeForCausalLM"
+    fused_case = "sharded_gqa_norm_topk"
     cases = {
         "base": OracleCase(config()),
         "sharded_gqa_norm_topk": OracleCase(

@@ -1,0 +1,102 @@
+"""Gated DeltaNet: linear attention with a recurrent state (Qwen3-Next, Qwen3.5).
+
+Per token, the layer projects the input to q, k, v (passed through a depthwise causal
+conv1d and silu), an output gate z, a write strength beta = sigmoid(b) and a decay
+g = -exp(A_log) * softplus(a + dt_bias). q and k are L2-normalised (q also scaled by
+1/sqrt(d_k)); each value head keeps a (d_k, d_v) matrix S updated by the gated delta
+rule (see ``Backend.gated_delta_chunked``); the output, RMS-normalised and gated by
+silu(z), goes through out_proj.
+
+The state of a sequence is a ``RecurrentState`` of fixed size: the conv's last K-1
+inputs and S per value head. Prompts (several positions) go through the chunked form of
+the rule, single decoded tokens through the stepwise form, as in transformers; the two
+agree to float32 rounding, so a prompt fed in pieces gives the state fed at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .cache import RecurrentState
+from .layers import Linear, Step
+from .norms import GatedRMSNorm
+from .weights import Param
+
+CHUNK_SIZE = 64  # transformers' torch_chunk_gated_delta_rule default
+L2_EPS = 1e-6  # transformers' l2norm (use_qk_l2norm_in_kernel)
+
+
+class GatedDeltaNet:
+    """``projections``: Linears whose outputs, concatenated, are
+    [q (Hk*Dk), k (Hk*Dk), v (Hv*Dv) | z (Hv*Dv) | b (Hv) | a (Hv)], with each of the four
+    groups (qkv, z, b, a) inside one projection, e.g. [in_proj_qkv, in_proj_z, in_proj_b,
+    in_proj_a] (Qwen3.5) or [in_proj_qkvz, in_proj_ba] with rows regrouped at load
+    (Qwen3-Next). ``conv_weight`` is (Hk*Dk*2 + Hv*Dv, K); ``a_neg`` holds -exp(A_log)."""
+
+    def __init__(self, *, layer: int, projections: list[Linear], conv_weight: Param, a_neg: Param, dt_bias: Param,
+                 norm: GatedRMSNorm, out: Linear, n_k_heads: int, n_v_heads: int, k_head_dim: int, v_head_dim: int,
+                 chunk_size: int = CHUNK_SIZE):
+        if n_v_heads % n_k_heads:
+            raise ValueError(f"value heads {n_v_heads} are not a multiple of key heads {n_k_heads}")
+        self.layer = layer
+        self.projections, self.conv_weight, self.a_neg, self.dt_bias = projections, conv_weight, a_neg, dt_bias
+        self.norm, self.out = norm, out
+        self.n_k_heads, self.n_v_heads, self.k_head_dim, self.v_head_dim = n_k_heads, n_v_heads, k_head_dim, v_head_dim
+        self.key_dim, self.value_dim = n_k_heads * k_head_dim, n_v_heads * v_head_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.chunk_size = chunk_size
+        self.sizes = (self.conv_dim, self.value_dim, n_v_heads, n_v_heads)
+
+    @property
+    def conv_kernel(self) -> int:
+        return self.conv_weight.info.shape[-1]
+
+    def new_state(self, backend, max_len: int) -> RecurrentState:
+        return RecurrentState(backend, {
+            "conv": (self.conv_kernel - 1, self.conv_dim),
+            "recurrent": (self.n_v_heads, self.k_head_dim, self.v_head_dim),
+        })
+
+    def _project(self, x, step: Step):
+        """[qkv, z, b, a] sliced from the projections' outputs."""
+        parts, sizes = [], list(self.sizes)
+        for proj in self.projections:
+            y, start = proj(x, step), 0
+            while start < y.shape[1]:
+                size = sizes.pop(0)
+                parts.append(y[:, start : start + size])
+                start += size
+        if sizes or len(parts) != 4:
+            raise ValueError("GatedDeltaNet projections do not split into qkv, z, b, a")
+        return parts
+
+    def __call__(self, x, step: Step):
+        ops = step.ops
+        t = x.shape[0]
+        hk, hv, dk, dv = self.n_k_heads, self.n_v_heads, self.k_head_dim, self.v_head_dim
+        state: RecurrentState = step.cache.layers[self.layer]
+        qkv, z, b, a = self._project(x, step)
+        qkv, conv = ops.causal_conv1d(qkv, self.conv_weight.value, state["conv"])
+        qkv = ops.silu(qkv)
+        q = ops.l2_norm(qkv[:, : self.key_dim].reshape(t, hk, dk), L2_EPS) * np.float32(dk**-0.5)
+        k = ops.l2_norm(qkv[:, self.key_dim : 2 * self.key_dim].reshape(t, hk, dk), L2_EPS)
+        v = qkv[:, 2 * self.key_dim :].reshape(t, hv, dv)
+        beta = ops.sigmoid(b)
+        g = self.a_neg.value * ops.softplus(a + self.dt_bias.value)
+        if t == 1 and state.length > 0:
+            out, recurrent = ops.gated_delta_step(q, k, v, g, beta, state["recurrent"])
+        else:
+            out, recurrent = ops.gated_delta_chunked(q, k, v, g, beta, state["recurrent"], self.chunk_size)
+        state.update(t, conv=conv, recurrent=recurrent)
+        out = self.norm(out.reshape(t * hv, dv), z.reshape(t * hv, dv), step)
+        return self.out(out.reshape(t, hv * dv), step)
+
+
+def conv_weight_2d(w):
+    """Load transform: a Conv1d weight (C, 1, K) as (C, K)."""
+    return np.ascontiguousarray(w.reshape(w.shape[0], w.shape[-1]))
+
+
+def neg_exp(w):
+    """Load transform: A_log -> -exp(A_log) (float32, as transformers computes it)."""
+    return -np.exp(w.astype(np.float32))

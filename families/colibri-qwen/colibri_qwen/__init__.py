@@ -1,0 +1,31 @@
+"""colibri-qwen: the Qwen MoE families (Hugging Face model_type ``qwen2_moe``,
+``qwen3_moe``, ``qwen3_next`` and ``qwen3_5_moe``).
+
+Imports only colibri_core's light modules: the architectures load when a model runs.
+"""
+
+from colibri_core import hookimpl
+from colibri_core.registry import FamilySpec
+
+__version__ = "0.1.0"
+
+FAMILIES = (
+    FamilySpec(name="qwen2_moe", model_types=("qwen2_moe",), architectures=("Qwen2MoeForCausalLM",),
+               impl="colibri_qwen.model:Qwen2Moe",
+               description="Qwen1.5/Qwen2 MoE: GQA with q/k/v bias, shared expert with a sigmoid gate, dense mlp_only_layers"),
+    FamilySpec(name="qwen3_moe", model_types=("qwen3_moe",), architectures=("Qwen3MoeForCausalLM",),
+               impl="colibri_qwen.model:Qwen3Moe",
+               description="Qwen3 MoE: GQA with per-head q/k RMSNorm, norm_topk_prob"),
+    FamilySpec(name="qwen3_next", model_types=("qwen3_next",), architectures=("Qwen3NextForCausalLM",),
+               impl="colibri_qwen.model:Qwen3Next",
+               description="Qwen3-Next: Gated DeltaNet + gated full attention (3:1), (1+w) RMSNorms, shared expert"),
+    FamilySpec(name="qwen3_5_moe", model_types=("qwen3_5_moe",), architectures=("Qwen3_5MoeForConditionalGeneration",),
+               impl="colibri_qwen.model:Qwen3_5Moe",
+               description="Qwen3.5/3.6 MoE: the text model of the vision-language checkpoint (images refused)"),
+)
+
+
+@hookimpl
+def colibri_register_families(register):
+    for spec in FAMILIES:
+        register(spec)
