@@ -193,7 +193,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     budget = parse_size(ram) if ram is not None else None
     mirror_specs = [m if isinstance(m, MirrorSpec) else MirrorSpec.parse(str(m)) for m in mirrors]
 
-    bp = inspect_model(model_dir)
+    bp = inspect_model(model_dir, backend_obj)
     store = None
     try:
         moe = bp.moe

@@ -31,13 +31,20 @@ class Backend:
     def nbytes(self, x: Array) -> int:
         return int(x.nbytes)
 
+    def has_kernel(self, kind: str) -> bool:
+        """Whether ``linear`` computes directly with weights kept in this stored form
+        (a ``colibri_core.quant.QuantTensor`` of that kind: "q8", "q4", "mxfp4", "fp8",
+        "bf16"). Weights whose kind has no kernel are decoded to float32 at load."""
+        return False
+
     # -- operations --------------------------------------------------------------------
     def embedding(self, table: Array, ids) -> Array:
         """Rows of ``table`` for integer ``ids`` (numpy int array)."""
         raise NotImplementedError
 
     def linear(self, x: Array, weight: Array, bias: Array | None = None) -> Array:
-        """x (T, in) @ weight.T, weight stored (out, in) as in PyTorch checkpoints."""
+        """x (T, in) @ weight.T, weight stored (out, in) as in PyTorch checkpoints; the
+        weight may be a QuantTensor of a kind ``has_kernel`` accepts."""
         raise NotImplementedError
 
     def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:

@@ -19,8 +19,6 @@ from .plugins import get_registry
 from .quant import FormatResolver
 from .registry import Entry
 
-BACKEND_BYTES_PER_PARAM = 4  # the CPU backend computes in float32
-
 
 @dataclass
 class Blueprint:
@@ -31,6 +29,7 @@ class Blueprint:
     weights: Weights
     lm: CausalLM
     resolver: FormatResolver
+    backend: object  # sizes are as the backend will hold the weights
 
     @property
     def moe(self):
@@ -42,8 +41,9 @@ class Blueprint:
 
     @property
     def expert_bytes(self) -> int:
-        """One expert as resident in memory (float32 on the CPU backend)."""
-        return max((d.numel_per_expert for d in self.moe), default=0) * BACKEND_BYTES_PER_PARAM
+        """One expert as resident in memory on the backend (packed, or float32)."""
+        return max((sum(self.resolver.resident_nbytes(i, self.backend, True) for i in d.matrices[0].values())
+                    for d in self.moe), default=0)
 
     @property
     def expert_disk_bytes(self) -> int:
@@ -51,7 +51,12 @@ class Blueprint:
 
     @property
     def dense_bytes(self) -> int:
-        return self.weights.dense_numel * BACKEND_BYTES_PER_PARAM
+        """The dense weights as resident in memory on the backend."""
+        return self.weights.resident_bytes(self.resolver, self.backend)
+
+    @property
+    def expert_params(self) -> int:
+        return max((sum(_numel(self.resolver.logical_shape(i)) for i in d.matrices[0].values()) for d in self.moe), default=0)
 
     @property
     def dense_disk_bytes(self) -> int:
@@ -73,7 +78,14 @@ class Blueprint:
         self.checkpoint.close()
 
 
-def inspect_model(model_dir: str | Path) -> Blueprint:
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def inspect_model(model_dir: str | Path, backend=None) -> Blueprint:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelFormatError(f"{model_dir}: not a directory")
@@ -88,9 +100,9 @@ def inspect_model(model_dir: str | Path) -> Blueprint:
     family_entry = registry.family_for(model_type, architectures)
     checkpoint = Checkpoint(model_dir)
     try:
-        weights = Weights(checkpoint)
-        lm = family_entry.spec.load()().build(config, weights)
         resolver = FormatResolver(registry, checkpoint, config)
+        weights = Weights(checkpoint, resolver)
+        lm = family_entry.spec.load()().build(config, weights)
         for p in weights.params.values():
             resolver.format_for(p.info)
         for decl in weights.experts:
@@ -101,4 +113,8 @@ def inspect_model(model_dir: str | Path) -> Blueprint:
     except BaseException:
         checkpoint.close()
         raise
-    return Blueprint(model_dir, config, family_entry, checkpoint, weights, lm, resolver)
+    if backend is None:
+        from .backends.cpu import CpuBackend
+
+        backend = CpuBackend()
+    return Blueprint(model_dir, config, family_entry, checkpoint, weights, lm, resolver, backend)

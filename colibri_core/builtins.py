@@ -8,10 +8,17 @@ from .registry import BackendSpec, QuantSpec, TierSpec
 @hookimpl
 def colibri_register_quants(register):
     register(QuantSpec("f32", "colibri_core.quant:F32", "32-bit float, stored as is", dtypes=("F32",)))
-    register(QuantSpec("bf16", "colibri_core.quant:BF16", "bfloat16, widened to f32 for compute", dtypes=("BF16",)))
+    register(QuantSpec("bf16", "colibri_core.quant:BF16", "bfloat16; computed as is by the CPU kernels", dtypes=("BF16",)))
     register(QuantSpec("f16", "colibri_core.quant:F16", "IEEE half, widened to f32 for compute", dtypes=("F16",)))
     register(QuantSpec("fp8-e4m3-b128", "colibri_core.quant_fp8:FP8E4M3Block",
-                       "float8 e4m3 with <name>_scale_inv block scales (DeepSeek, Kimi), dequantised to f32"))
+                       "float8 e4m3 with <name>_scale_inv 128x128 block scales (DeepSeek, Kimi, GLM), read natively",
+                       storage="F8_E4M3 + <name>_scale_inv"))
+    register(QuantSpec("int8-row", "colibri_core.quant_int:Int8Row", "int8, one scale per output row (colibri container)",
+                       storage="I8 + <name>.qs F32"))
+    register(QuantSpec("int4-gs64", "colibri_core.quant_int:Int4GS64",
+                       "int4, one scale per 64 inputs (colibri container; the default for experts)", storage="U8 + <name>.qs F32"))
+    register(QuantSpec("mxfp4", "colibri_core.quant_int:MXFP4", "e2m1 values, one UE8M0 exponent per 32 inputs "
+                       "(colibri container)", storage="U8 + <name>.qs U8"))
 
 
 @hookimpl
@@ -29,6 +36,6 @@ def colibri_register_backends(register):
             "cpu",
             "colibri_core.backends.cpu:CpuBackend",
             probe="colibri_core.backends.probe:cpu_unavailable_reason",
-            description="numpy reference backend (float32, BLAS matmuls)",
+            description="numpy float32 with BLAS, plus compiled kernels for packed weights",
         )
     )

@@ -105,6 +105,10 @@ class Checkpoint:
         except KeyError:
             raise ModelFormatError(f"{self.model_dir}: missing tensor {name!r}") from None
 
+    def metadata_for(self, path: str) -> dict[str, str]:
+        """The ``__metadata__`` of the shard at ``path``."""
+        return self._by_path[path].metadata
+
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())

@@ -122,12 +122,12 @@ def _simple_listing(kind: str, title: str, extra=None):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_quants(as_json):
     """Weight formats colibri can read."""
-    rows = _simple_listing("quant", "Weight formats", lambda s: {"dtypes": list(s.dtypes)})
+    rows = _simple_listing("quant", "Weight formats", lambda s: {"dtypes": list(s.dtypes), "storage": s.storage or ", ".join(s.dtypes)})
     if as_json:
         _emit_json(rows)
     else:
         _console().print(_table("Weight formats", ["format", "stored as", "plugin", "description"],
-                                [[r["name"], ", ".join(r["dtypes"]), r["plugin"], r["description"]] for r in rows]))
+                                [[r["name"], r["storage"], r["plugin"], r["description"]] for r in rows]))
     _warn_plugin_problems()
 
 

@@ -189,7 +189,7 @@ def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json):
 
     console = _stderr_console()
     path = ensure_demo_model(demo_dir or default_demo_dir(), DEFAULT_SPEC, rebuild=rebuild, console=console, quiet=as_json)
-    budget = ram if ram is not None else DEFAULT_SPEC.default_budget()
+    budget = ram if ram is not None else DEFAULT_SPEC.default_budget(path)
     model = load_with_progress(path, quiet=as_json, ram=budget)
     with model:
         generation = model.stream(prompt, max_tokens=max_tokens, seed=0)

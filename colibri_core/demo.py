@@ -82,9 +82,15 @@ class DemoSpec:
         """Weight bytes on disk (bf16)."""
         return 2 * (self.dense_numel + self.num_hidden_layers * self.num_experts * self.expert_numel)
 
-    def default_budget(self) -> int:
-        """Dense weights plus a quarter of the experts, as computed (float32)."""
-        return 4 * (self.dense_numel + self.cached_experts_per_layer * self.num_hidden_layers * self.expert_numel)
+    def default_budget(self, model_dir) -> int:
+        """Dense weights plus a quarter of the experts, as the backend will hold them."""
+        from .blueprint import inspect_model
+
+        bp = inspect_model(model_dir)
+        try:
+            return bp.dense_bytes + self.cached_experts_per_layer * len(bp.moe) * bp.expert_bytes
+        finally:
+            bp.close()
 
     def digest(self) -> str:
         blob = json.dumps({"format": FORMAT_VERSION, **asdict(self)}, sort_keys=True).encode()

@@ -114,7 +114,7 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
 
     lookups = top_k * moe_layers
     missed_bytes = (1 - hit) * lookups * bp.expert_disk_bytes
-    active_params = bp.weights.dense_numel + lookups * (bp.expert_bytes // 4)
+    active_params = bp.weights.dense_numel + lookups * bp.expert_params
     disk_s = missed_bytes / disk_bw
     memory_s = (bp.dense_bytes + lookups * bp.expert_bytes) / memory_bw
     compute_s = 2 * active_params / flops

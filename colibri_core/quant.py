@@ -14,10 +14,31 @@ import numpy as np
 from .safetensors_file import TensorInfo
 
 
+@dataclass
+class QuantTensor:
+    """A weight kept in its stored (quantised) form for a backend kernel: ``kind`` names
+    the kernel ("q8", "q4", "mxfp4", "fp8", "bf16"), ``shape`` the logical (rows, cols)."""
+
+    kind: str
+    data: np.ndarray
+    scales: np.ndarray | None
+    shape: tuple[int, int]
+    block: tuple[int, int] = (128, 128)  # fp8 scale blocks
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + (self.scales.nbytes if self.scales is not None else 0))
+
+
 class QuantFormat:
-    """Base class of weight formats."""
+    """Base class of weight formats.
+
+    ``kernel`` names the backend kernel that computes with the stored form directly
+    (None: the weight is decoded to float32 at load). A backend that has the kernel keeps
+    such weights in their stored form in memory (``QuantTensor``)."""
 
     name = "base"
+    kernel: str | None = None
 
     def matches(self, info: TensorInfo, context: "FormatContext") -> bool:
         """Claim a tensor from checkpoint evidence (quantization_config in
@@ -29,9 +50,22 @@ class QuantFormat:
         """Extra tensors (scales) this weight needs, found with ``lookup(name)``."""
         return []
 
+    def logical_shape(self, info: TensorInfo, context: "FormatContext") -> tuple[int, ...]:
+        """The shape the model sees (packed formats store another)."""
+        return info.shape
+
     def decode(self, info: TensorInfo, raw: np.ndarray, companions: dict[str, np.ndarray]) -> np.ndarray:
-        """Return the weight as a float32 array of ``info.shape``."""
+        """Return the weight as a float32 array of its logical shape."""
         raise NotImplementedError
+
+    def quantized(self, info: TensorInfo, raw: np.ndarray, companions: dict[str, np.ndarray]) -> QuantTensor:
+        """The stored form for ``kernel`` (formats with a kernel implement it)."""
+        raise NotImplementedError
+
+    def encode(self, name: str, weight: np.ndarray) -> dict[str, tuple[str, np.ndarray]]:
+        """Quantise a float32 (rows, cols) weight for a colibri container: returns the
+        tensors to write (the packed weight under ``name``, scales under ``name.qs``)."""
+        raise NotImplementedError(f"the {self.name} format cannot encode")
 
 
 class F32(QuantFormat):
@@ -50,9 +84,13 @@ class F16(QuantFormat):
 
 class BF16(QuantFormat):
     name = "bf16"
+    kernel = "bf16"
 
     def decode(self, info, raw, companions):
         return bf16_to_f32(raw)
+
+    def quantized(self, info, raw, companions):
+        return QuantTensor("bf16", np.ascontiguousarray(raw), None, tuple(info.shape))
 
 
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -119,6 +157,28 @@ class FormatResolver:
             )
         self._chosen[info.name] = fmt
         return fmt
+
+    def logical_shape(self, info: TensorInfo) -> tuple[int, ...]:
+        return tuple(self.format_for(info).logical_shape(info, self._context))
+
+    def resident(self, info: TensorInfo, raw: np.ndarray, companions: dict[str, np.ndarray], backend,
+                 keep_stored: bool):
+        """The backend array a weight lives in: its stored form when the backend has the
+        format's kernel and ``keep_stored`` (the weight is only ever used by ``linear``),
+        else float32."""
+        fmt = self.format_for(info)
+        if keep_stored and fmt.kernel is not None and backend.has_kernel(fmt.kernel):
+            return fmt.quantized(info, raw, companions)
+        return backend.asarray(fmt.decode(info, raw, companions))
+
+    def resident_nbytes(self, info: TensorInfo, backend, keep_stored: bool) -> int:
+        fmt = self.format_for(info)
+        if keep_stored and fmt.kernel is not None and backend.has_kernel(fmt.kernel):
+            return info.nbytes + sum(t.nbytes for t in self.companions(info))
+        n = 1
+        for d in self.logical_shape(info):
+            n *= d
+        return 4 * n
 
     def companions(self, info: TensorInfo) -> list[TensorInfo]:
         checkpoint = self._context.checkpoint

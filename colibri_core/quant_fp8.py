@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from .errors import ModelFormatError, UnsupportedModelError
-from .quant import QuantFormat, bf16_to_f32
+from .quant import QuantFormat, QuantTensor, bf16_to_f32
 from .safetensors_file import TensorInfo
 
 SCALE_SUFFIX = "_scale_inv"
@@ -97,6 +97,7 @@ class FP8E4M3Block(QuantFormat):
     """float8 e4m3 weights with float32 block scales in ``<name>_scale_inv``."""
 
     name = "fp8-e4m3-b128"
+    kernel = "fp8"
 
     def __init__(self):
         self._blocks: dict[str, tuple[int, int]] = {}
@@ -140,6 +141,11 @@ class FP8E4M3Block(QuantFormat):
     def decode(self, info, raw, companions):
         scale = scales_to_f32(companions[info.name + SCALE_SUFFIX])
         return dequantize(e4m3_to_f32(raw), scale, self._blocks.get(info.name, DEFAULT_BLOCK))
+
+    def quantized(self, info, raw, companions):
+        scale = np.ascontiguousarray(scales_to_f32(companions[info.name + SCALE_SUFFIX]), dtype=np.float32)
+        return QuantTensor("fp8", np.ascontiguousarray(raw), scale, tuple(info.shape),
+                           self._blocks.get(info.name, DEFAULT_BLOCK))
 
 
 def scales_to_f32(raw: np.ndarray) -> np.ndarray:

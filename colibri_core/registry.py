@@ -50,6 +50,7 @@ class QuantSpec:
     impl: str
     description: str = ""
     dtypes: tuple[str, ...] = ()  # safetensors dtypes this format reads directly
+    storage: str = ""  # how a claimed tensor is stored, for listings (formats claimed by evidence)
 
     def load(self) -> Any:
         return import_object(self.impl)

@@ -7,7 +7,6 @@ import pytest
 
 import colibri_core
 from colibri_core.demo import DEFAULT_SPEC, MARKER, DemoSpec, ensure_demo_model, is_complete
-from colibri_core.placement import plan
 
 from conftest import run_colibri
 
@@ -15,12 +14,8 @@ TINY = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_
                 intermediate_size=16, tokenizer_vocab=300, shard_bytes=30_000, cached_experts_per_layer=2)
 
 
-def test_default_demo_is_at_least_a_gigabyte_and_its_budget_forces_streaming():
-    spec = DEFAULT_SPEC
-    assert spec.disk_bytes >= 1_000_000_000
-    p = plan(dense_bytes=4 * spec.dense_numel, expert_bytes=4 * spec.expert_numel, moe_layers=spec.num_hidden_layers,
-             experts_per_layer=spec.num_experts, ram=spec.default_budget(), cap=None)
-    assert 0 < p.slots < spec.num_experts // 2
+def test_default_demo_is_at_least_a_gigabyte():
+    assert DEFAULT_SPEC.disk_bytes >= 1_000_000_000
 
 
 def test_demo_model_is_built_once_and_reused(tmp_path):
@@ -55,7 +50,7 @@ def test_an_interrupted_build_leaves_nothing_usable_behind(tmp_path, monkeypatch
 
 def test_demo_model_runs_and_its_text_is_decodable(tmp_path):
     path = ensure_demo_model(tmp_path / "demo", TINY)
-    with colibri_core.load(path, ram=TINY.default_budget()) as model:
+    with colibri_core.load(path, ram=TINY.default_budget(path), history=False) as model:
         assert model.placement.slots == TINY.cached_experts_per_layer
         result = model.generate("Once upon a time", max_tokens=8, ignore_eos=True)
     assert isinstance(result.text, str) and len(result.token_ids) == 8

@@ -1,14 +1,63 @@
-"""The numpy reference backend: float32 throughout, matmuls through BLAS."""
+"""The CPU backend: numpy float32 activations, BLAS matmuls for float32 weights, and
+colibri's compiled kernels (``colibri_core._kernels``) for weights kept in a packed form
+(int8, int4, MXFP4, fp8, bf16). Without the compiled kernels every weight is decoded to
+float32 at load and the backend is pure numpy."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..backend import Backend
+from ..quant import QuantTensor
+
+try:
+    from .. import _kernels
+except ImportError:  # built without a C compiler: pure numpy
+    _kernels = None
+
+KERNEL_KINDS = frozenset({"q8", "q4", "mxfp4", "fp8", "bf16"})
+DEQUANT_ROWS = 512  # prefill dequantises this many weight rows at a time into a reused buffer
+_NO_SCALES = np.zeros(1, dtype=np.float32)
 
 
 class CpuBackend(Backend):
     name = "cpu"
+
+    def __init__(self, kernels: bool = True):
+        self.kernels = _kernels if kernels else None
+        self._scratch: dict[tuple[int, int], np.ndarray] = {}  # (rows, K) float32 buffers, reused
+
+    def has_kernel(self, kind: str) -> bool:
+        return self.kernels is not None and kind in KERNEL_KINDS
+
+    def _quant_linear(self, x, w: QuantTensor):
+        n, k = w.shape
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        m = x.shape[0]
+        scales = w.scales if w.scales is not None else _NO_SCALES
+        out = np.empty((m, n), dtype=np.float32)
+        if m <= self.kernels.MAX_ROWS:  # decode: one pass over the packed weight
+            self.kernels.matmul(w.kind, x, w.data, scales, out, n, k, *w.block)
+            return out
+        # many rows (prefill): dequantise a block of rows at a time and let BLAS multiply
+        step = DEQUANT_ROWS
+        if w.kind == "fp8":  # whole blocks of rows, so each slice starts on a scale block
+            step = max(w.block[0], DEQUANT_ROWS // w.block[0] * w.block[0])
+        scratch = self._scratch.get((step, k))
+        if scratch is None:
+            scratch = self._scratch[(step, k)] = np.empty((step, k), dtype=np.float32)
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            block = scratch[: r1 - r0]
+            if w.kind == "fp8":  # scales cover (bm x bn) blocks: pass the rows' block rows
+                sc = scales[r0 // w.block[0] : -(-r1 // w.block[0])]
+            elif w.scales is None:
+                sc = scales
+            else:
+                sc = scales[r0:r1]
+            self.kernels.dequantize(w.kind, w.data[r0:r1], sc, block, r1 - r0, k, *w.block)
+            np.matmul(x, block.T, out=out[:, r0:r1])
+        return out
 
     def asarray(self, host_f32):
         return np.ascontiguousarray(host_f32, dtype=np.float32)
@@ -23,7 +72,7 @@ class CpuBackend(Backend):
         return table[np.asarray(ids, dtype=np.int64)]
 
     def linear(self, x, weight, bias=None):
-        y = x @ weight.T
+        y = self._quant_linear(x, weight) if isinstance(weight, QuantTensor) else x @ weight.T
         if bias is not None:
             y += bias
         return y

@@ -73,8 +73,11 @@ class DiskTier:
                 raise
             self._disable(drive, exc)
             raw = self._read(self.primary, wanted)
-        decoded = self.resolver.decode_all(infos, {t.name: as_array(t, raw[t.name]) for t in wanted})
-        arrays = {role: self.backend.asarray(decoded[info.name]) for role, info in matrices.items()}
+        typed = {t.name: as_array(t, raw[t.name]) for t in wanted}
+        arrays = {}
+        for role, info in matrices.items():
+            companions = {t.name: typed[t.name] for t in self.resolver.companions(info)}
+            arrays[role] = self.resolver.resident(info, typed[info.name], companions, self.backend, keep_stored=True)
         with self._lock:
             self.seconds += time.perf_counter() - started
         return ExpertWeights(arrays, sum(self.backend.nbytes(a) for a in arrays.values()))

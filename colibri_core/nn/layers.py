@@ -155,6 +155,7 @@ class SoftmaxTopKRouter:
 
     def __init__(self, gate: Linear, top_k: int, norm_topk_prob: bool):
         self.gate, self.top_k, self.norm_topk_prob = gate, top_k, norm_topk_prob
+        gate.weight.role = "router"  # routing decisions stay at the stored precision
 
     def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
         logits = step.ops.to_numpy(self.gate(x, step)).astype(np.float32, copy=False)

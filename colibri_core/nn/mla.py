@@ -146,6 +146,7 @@ class MLAttention:
         self.layer = layer
         self.q, self.q_a, self.q_a_norm, self.q_b = q, q_a, q_a_norm, q_b
         self.kv_a, self.kv_a_norm, self.kv_b, self.o = kv_a, kv_a_norm, kv_b, o
+        kv_b.weight.role = "plain"  # the absorbed form reads it per head, as an array
         self.n_heads, self.kv_lora_rank = n_heads, kv_lora_rank
         self.nope_dim, self.rope_dim, self.v_dim = nope_dim, rope_dim, v_dim
         self.rope, self.scale, self.rope_interleave = rope, scale, rope_interleave

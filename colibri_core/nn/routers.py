@@ -31,6 +31,7 @@ class SigmoidGroupedTopKRouter:
         if not 1 <= top_k <= topk_group * (n_experts // n_group):
             raise ValueError(f"top_k {top_k} exceeds the {topk_group * (n_experts // n_group)} experts of {topk_group} groups")
         self.gate, self.bias, self.top_k = gate, bias, top_k
+        gate.weight.role = "router"  # routing decisions stay at the stored precision
         self.n_group, self.topk_group = n_group, topk_group
         self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
 

@@ -24,12 +24,17 @@ class Param:
     as offsets. Only exact or reference-defined arithmetic belongs there: it runs on the
     host, the same for every backend and placement."""
 
-    __slots__ = ("info", "value", "transform")
+    __slots__ = ("info", "value", "transform", "shape", "role")
 
-    def __init__(self, info: TensorInfo, transform: Callable | None = None):
+    def __init__(self, info: TensorInfo, transform: Callable | None = None, shape: tuple[int, ...] | None = None):
         self.info = info
         self.value = None
         self.transform = transform
+        self.shape = tuple(shape) if shape is not None else info.shape  # logical (packed formats store another)
+        # "linear": only ever multiplied through ops.linear, so a backend may keep it in
+        # its stored (quantised) form; "router": a linear whose precision steers routing;
+        # "plain": used as an array (embeddings, norms, matrices some block reads itself)
+        self.role = "plain"
 
     @property
     def name(self) -> str:
@@ -37,7 +42,15 @@ class Param:
 
     @property
     def numel(self) -> int:
-        return self.info.numel
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def keep_stored(self) -> bool:
+        """May the backend keep this weight in its stored form (a kernel computes with it)?"""
+        return self.role == "linear" and self.transform is None
 
 
 @dataclass
@@ -49,16 +62,16 @@ class ExpertDecl:
     matrices: list[dict[str, TensorInfo]]  # per expert: role -> tensor
     moe_index: int = -1  # index among MoE layers, set when the store is built
 
-    @property
-    def numel_per_expert(self) -> int:
-        return sum(info.numel for info in self.matrices[0].values())
-
 
 @dataclass
 class Weights:
     checkpoint: Checkpoint
+    resolver: object = None  # FormatResolver: the logical shapes of packed formats
     params: dict[str, Param] = field(default_factory=dict)
     experts: list[ExpertDecl] = field(default_factory=list)
+
+    def shape_of(self, info: TensorInfo) -> tuple[int, ...]:
+        return self.resolver.logical_shape(info) if self.resolver is not None else info.shape
 
     @property
     def config_source(self) -> str:
@@ -69,16 +82,17 @@ class Weights:
         if name not in self.checkpoint:
             raise ModelFormatError(f"{self.checkpoint.model_dir}: missing tensor {name!r}")
         info = self.checkpoint.info(name)
-        if info.shape != tuple(shape):
+        if self.shape_of(info) != tuple(shape):
             raise ModelFormatError(
-                f"{info.path}: tensor {name!r} has shape {list(info.shape)}, but config.json implies {list(shape)}"
+                f"{info.path}: tensor {name!r} has shape {list(self.shape_of(info))}, but config.json implies {list(shape)}"
             )
         return info
 
     def param(self, name: str, shape: tuple[int, ...], transform: Callable | None = None) -> Param:
         if name not in self.params:
-            self.params[name] = Param(self._lookup(name, shape), transform)
-        elif self.params[name].info.shape != tuple(shape):
+            info = self._lookup(name, shape)
+            self.params[name] = Param(info, transform, self.shape_of(info))
+        elif self.params[name].shape != tuple(shape):
             raise ModelFormatError(f"tensor {name!r} is declared with two shapes")
         elif self.params[name].transform is not transform:
             raise ValueError(f"tensor {name!r} is declared with two different load transforms")
@@ -122,7 +136,9 @@ class Weights:
         from .layers import Linear
 
         b = self.param(f"{prefix}.bias", (out_features,)) if bias else None
-        return Linear(self.param(f"{prefix}.weight", (out_features, in_features)), b)
+        weight = self.param(f"{prefix}.weight", (out_features, in_features))
+        weight.role = "linear"  # blocks that read it otherwise say so when they are built
+        return Linear(weight, b)
 
     def rms_norm(self, prefix: str, dim: int, eps: float, *, offset: bool = False):
         """``prefix.weight`` (dim,). With ``offset`` the checkpoint stores w and the norm
@@ -175,19 +191,30 @@ class Weights:
     def dense_numel(self) -> int:
         return sum(p.numel for p in self.params.values())
 
+    def resident_bytes(self, resolver, backend) -> int:
+        """Memory the dense weights will take on ``backend``."""
+        return sum(resolver.resident_nbytes(p.info, backend, p.keep_stored) for p in self.params.values())
+
     def load_dense(self, resolver, backend, progress: Callable[[int], None] | None = None) -> int:
-        """Read, decode and upload every dense weight, in file order. Returns bytes read."""
+        """Read every dense weight in file order and place it on the backend: in its stored
+        form when the backend has the format's kernel and the weight is only used by
+        ``linear``, else decoded to float32. Returns bytes read."""
         order = sorted(self.params.values(), key=lambda p: (p.info.path, p.info.offset))
         read = 0
         batch: list[Param] = []
         batch_bytes = 0
         for p in order + [None]:
-            # decode in batches of ~64 MiB: few reads, bounded temporary memory
+            # read in batches of ~64 MiB: few reads, bounded temporary memory
             if p is None or batch_bytes + p.info.nbytes > (64 << 20) and batch:
-                decoded = resolver.read_decoded(self.checkpoint, [q.info for q in batch])
+                infos = [q.info for q in batch]
+                raw = self.checkpoint.read_many(resolver.with_companions(infos))
                 for q in batch:
-                    host = decoded[q.name]
-                    q.value = backend.asarray(q.transform(host) if q.transform is not None else host)
+                    companions = {t.name: raw[t.name] for t in resolver.companions(q.info)}
+                    if q.transform is not None:
+                        host = resolver.format_for(q.info).decode(q.info, raw[q.name], companions)
+                        q.value = backend.asarray(q.transform(host))
+                    else:
+                        q.value = resolver.resident(q.info, raw[q.name], companions, backend, q.keep_stored)
                     read += q.info.nbytes
                     if progress:
                         progress(q.info.nbytes)
