@@ -89,3 +89,44 @@ def doctor(model_dir, ram, deep, as_json):
         Console(highlight=False).print(table)
     if failed:
         sys.exit(1)
+
+
+@click.command("convert")
+@click.option("--model", "model_dir", required=True, help="Source Hugging Face model directory.")
+@click.option("--out", "out_dir", required=True, help="Where to write the converted model (new, or an interrupted conversion to resume).")
+@click.option("--experts", type=click.Choice(["int4", "int8", "mxfp4", "bf16", "f32", "keep"]), default="int4", show_default=True,
+              help="Format of the routed experts.")
+@click.option("--dense", type=click.Choice(["int4", "int8", "mxfp4", "bf16", "f32", "keep"]), default="keep", show_default=True,
+              help="Format of the dense linear weights (attention, shared experts, dense MLPs, LM head).")
+@click.option("--report", is_flag=True, help="Compare next-token distributions with the source on fixed prompts.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def convert(model_dir, out_dir, experts, dense, report, as_json):
+    """Quantise a model into a colibri container, shard by shard (resumable)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .convert import convert as run_convert, quality_report
+
+    console = Console(stderr=True, highlight=False)
+    with Progress(TextColumn("converting"), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=console,
+                  disable=as_json or not console.is_terminal, transient=True) as bar:
+        task = bar.add_task("convert", total=None)
+        result = run_convert(model_dir, out_dir, experts=experts, dense=dense,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
+    data = {"out": str(result.out), "shards_written": result.shards_written, "shards_resumed": result.shards_resumed,
+            "tensors_converted": result.tensors_converted, "bytes_in": result.bytes_in, "bytes_out": result.bytes_out,
+            "experts": experts, "dense": dense}
+    if report:
+        data["report"] = quality_report(model_dir, out_dir)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    console = Console(highlight=False)
+    console.print(f"{result.out}: {result.tensors_converted} tensors converted (experts {experts}, dense {dense}), "
+                  f"{format_bytes(result.bytes_in)} -> {format_bytes(result.bytes_out)}"
+                  + (f"; {result.shards_resumed} shards already done" if result.shards_resumed else ""))
+    if report:
+        r = data["report"]
+        console.print(f"quality over {r['positions']} positions: logit cosine mean {r['cosine_mean']:.5f} (min "
+                      f"{r['cosine_min']:.5f}), KL mean {r['kl_mean']:.5f} (max {r['kl_max']:.5f}), greedy agreement "
+                      f"{r['greedy_agreement']:.1%}")

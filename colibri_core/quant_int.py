@@ -73,6 +73,11 @@ class StampedFormat(QuantFormat):
     def packed_shape(self, shape) -> dict[str, tuple[int, ...]]:
         raise NotImplementedError
 
+    def specs(self, name: str, shape) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, dtype, shape) of the tensors ``encode`` writes for a weight of ``shape``."""
+        packed = self.packed_shape(shape)
+        return [(name, self.packed_dtype, packed["data"]), (name + SCALES_SUFFIX, self.scale_dtype, packed["scales"])]
+
     def quantized(self, info, raw, companions):
         return QuantTensor(self.kernel, np.ascontiguousarray(raw),
                            np.ascontiguousarray(companions[info.name + SCALES_SUFFIX]), self.shape_of(info))

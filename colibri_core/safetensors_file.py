@@ -230,6 +230,96 @@ _NUMPY_TO_ST = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<f8"):
                 np.dtype("<u2"): "U16", np.dtype("<u4"): "U32", np.dtype("<u8"): "U64", np.dtype("bool"): "BOOL"}
 
 
+def _typed(name: str, value) -> tuple[str, np.ndarray]:
+    """(safetensors dtype, little-endian contiguous array) of a value to write."""
+    if isinstance(value, tuple):
+        dtype, array = value
+        array = np.asarray(array)
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ValueError(f"tensor {name!r}: unknown safetensors dtype {dtype!r}")
+    else:
+        array = np.asarray(value)
+        dtype = _NUMPY_TO_ST.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
+        if dtype is None:
+            raise ValueError(f"tensor {name!r}: no safetensors dtype for numpy {array.dtype}")
+    if array.dtype.itemsize != DTYPES[dtype][1]:
+        raise ValueError(f"tensor {name!r}: {dtype} needs {DTYPES[dtype][1]}-byte elements, got {array.dtype}")
+    return dtype, array
+
+
+class StreamWriter:
+    """Writes one safetensors file atomically, tensor by tensor.
+
+    The tensors (name, dtype, shape) are declared up front, so the header can be written
+    first; their data then arrive one at a time in that order, and memory holds one
+    tensor, never the file. ``commit`` fsyncs and renames the temporary file into place;
+    leaving the ``with`` block by an exception removes it.
+    """
+
+    def __init__(self, path: str | os.PathLike, specs: Iterable[tuple[str, str, tuple[int, ...]]],
+                 metadata: Mapping[str, str] | None = None):
+        self.path = os.fspath(path)
+        header: dict[str, object] = {}
+        if metadata:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+                raise ValueError("metadata must map strings to strings")
+            header["__metadata__"] = dict(metadata)
+        self._pending: list[tuple[str, str, tuple[int, ...], int]] = []
+        offset = 0
+        for name, dtype, shape in specs:
+            if name in header or name == "__metadata__":
+                raise ValueError(f"tensor {name!r}: duplicate or reserved name")
+            if dtype not in DTYPES:
+                raise ValueError(f"tensor {name!r}: unknown safetensors dtype {dtype!r}")
+            nbytes = DTYPES[dtype][1]
+            for d in shape:
+                nbytes *= d
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            self._pending.append((name, dtype, tuple(shape), nbytes))
+            offset += nbytes
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)
+        self.size = 8 + len(blob) + offset
+        self._tmp = f"{self.path}.tmp-{os.getpid()}"
+        self._file = open(self._tmp, "wb")
+        self._file.write(struct.pack("<Q", len(blob)))
+        self._file.write(blob)
+        self._next = 0
+
+    def write(self, name: str, value) -> None:
+        expected, dtype, shape, nbytes = self._pending[self._next]
+        if name != expected:
+            raise ValueError(f"tensor {name!r} written out of order: {expected!r} comes next")
+        got_dtype, array = _typed(name, value)
+        if got_dtype != dtype or tuple(array.shape) != shape:
+            raise ValueError(f"tensor {name!r}: declared {dtype} {list(shape)}, got {got_dtype} {list(array.shape)}")
+        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        self._file.write(memoryview(array.reshape(-1).view(np.uint8)))
+        self._next += 1
+
+    def commit(self) -> int:
+        if self._next != len(self._pending):
+            raise ValueError(f"{self.path}: {len(self._pending) - self._next} declared tensors were never written")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        return self.size
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        if os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is not None:
+            self.abort()
+
+
 def write_safetensors(
     path: str | os.PathLike,
     tensors: Mapping[str, np.ndarray | tuple[str, np.ndarray]] | Iterable[tuple[str, np.ndarray | tuple[str, np.ndarray]]],
@@ -237,50 +327,8 @@ def write_safetensors(
 ) -> int:
     """Write tensors atomically. A value is an array, or (safetensors dtype, array of its
     storage type), e.g. ("BF16", uint16 array). Returns the file size."""
-    items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
-    header: dict[str, object] = {}
-    if metadata:
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-            raise ValueError("metadata must map strings to strings")
-        header["__metadata__"] = dict(metadata)
-    arrays = []
-    offset = 0
-    for name, value in items:
-        if name in header or name == "__metadata__":
-            raise ValueError(f"tensor {name!r}: duplicate or reserved name")
-        if isinstance(value, tuple):
-            dtype, array = value
-            array = np.asarray(array)
-            if not isinstance(dtype, str) or dtype not in DTYPES:
-                raise ValueError(f"tensor {name!r}: unknown safetensors dtype {dtype!r}")
-        else:
-            array = np.asarray(value)
-            dtype = _NUMPY_TO_ST.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
-            if dtype is None:
-                raise ValueError(f"tensor {name!r}: no safetensors dtype for numpy {array.dtype}")
-        shape = array.shape  # ascontiguousarray turns 0-d into 1-d: keep the real shape
-        # safetensors is little-endian: byte-swap big-endian input instead of writing it raw
-        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-        if array.dtype.itemsize != DTYPES[dtype][1]:
-            raise ValueError(f"tensor {name!r}: {dtype} needs {DTYPES[dtype][1]}-byte elements, got {array.dtype}")
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + array.nbytes]}
-        arrays.append(array)
-        offset += array.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(blob)))
-            f.write(blob)
-            for array in arrays:
-                f.write(memoryview(array.reshape(-1).view(np.uint8)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return 8 + len(blob) + offset
+    items = [(name, _typed(name, value)) for name, value in (tensors.items() if isinstance(tensors, Mapping) else tensors)]
+    with StreamWriter(path, [(name, dtype, array.shape) for name, (dtype, array) in items], metadata) as writer:
+        for name, typed in items:
+            writer.write(name, typed)
+        return writer.commit()

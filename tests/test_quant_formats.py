@@ -1,0 +1,157 @@
+"""Weight formats: encode/decode round trips against a numpy reference, the compiled
+kernels against that reference, and packed weights flowing through a whole model."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from colibri_core import _kernels
+from colibri_core.backends.cpu import CpuBackend
+from colibri_core.container import SCALES_SUFFIX
+from colibri_core.quant import QuantTensor
+from colibri_core.quant_fp8 import dequantize as fp8_dequantize, e4m3_to_f32
+from colibri_core.quant_int import E2M1_VALUES, MXFP4, Int4GS64, Int8Row
+
+shapes = st.tuples(st.integers(1, 40), st.integers(1, 300))
+
+
+def roundtrip(fmt, w):
+    tensors = fmt.encode("w", w)
+    fmt._shapes = {"w": w.shape}  # what the container stamp tells the format
+    raw, scales = tensors["w"][1], tensors["w" + SCALES_SUFFIX][1]
+    return fmt.decode(_Info("w"), raw, {"w" + SCALES_SUFFIX: scales}), raw, scales
+
+
+class _Info:
+    def __init__(self, name):
+        self.name = name
+
+
+def reference_int8(w):
+    s = np.abs(w).max(axis=1) / 127
+    s[s == 0] = 1
+    return np.clip(np.rint(w / s[:, None]), -127, 127) * s[:, None]
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31))
+def test_int8_row_matches_its_reference(shape, seed):
+    w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 3
+    decoded, raw, scales = roundtrip(Int8Row(), w)
+    assert raw.dtype == np.int8 and raw.shape == shape and scales.shape == (shape[0],)
+    np.testing.assert_allclose(decoded, reference_int8(w), rtol=1e-6, atol=1e-7)
+    assert np.all(np.abs(decoded - w) <= np.abs(w).max(axis=1, keepdims=True) / 254 + 1e-6)  # half a step
+
+
+def reference_int4(w):
+    """Per group of 64 (zero-padded): scale = the largest-magnitude value / -8."""
+    n, k = w.shape
+    out = np.zeros_like(w)
+    for r in range(n):
+        for g0 in range(0, k, 64):
+            group = w[r, g0 : g0 + 64]
+            m = group[np.abs(group).argmax()]
+            s = np.float32(m / -8.0)
+            if s == 0:
+                continue
+            q = np.clip(np.rint(group / s) + 8, 0, 15)
+            out[r, g0 : g0 + 64] = (q - 8) * s
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31))
+def test_int4_gs64_matches_its_reference_including_partial_groups(shape, seed):
+    w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    decoded, raw, scales = roundtrip(Int4GS64(), w)
+    groups = -(-shape[1] // 64)
+    assert raw.shape == (shape[0], groups * 32) and scales.shape == (shape[0], groups)
+    np.testing.assert_allclose(decoded, reference_int4(w), rtol=1e-6, atol=1e-7)
+
+
+def reference_mxfp4(w):
+    n, k = w.shape
+    out = np.zeros_like(w)
+    for r in range(n):
+        for g0 in range(0, k, 32):
+            group = w[r, g0 : g0 + 32]
+            amax = np.abs(group).max()
+            if amax == 0:
+                continue
+            x = 2.0 ** (np.floor(np.log2(amax)) - 2)
+            mags = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+            nearest = mags[np.abs(np.abs(group / x)[:, None] - mags).argmin(axis=1)]
+            out[r, g0 : g0 + 32] = np.sign(group) * nearest * x
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**31))
+def test_mxfp4_matches_its_reference(shape, seed):
+    w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.05
+    decoded, raw, scales = roundtrip(MXFP4(), w)
+    assert scales.dtype == np.uint8 and raw.shape == (shape[0], -(-shape[1] // 32) * 16)
+    np.testing.assert_allclose(decoded, reference_mxfp4(w), rtol=1e-6, atol=1e-9)
+    assert set(np.unique(np.abs(decoded / np.ldexp(1.0, scales.astype(int) - 127).repeat(32, 1)[:, : shape[1]]))) <= set(
+        np.abs(E2M1_VALUES).tolist())
+
+
+def test_quantisation_error_is_what_each_format_promises():
+    w = np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)
+    errors = {fmt.name: np.linalg.norm(roundtrip(fmt, w)[0] - w) / np.linalg.norm(w) for fmt in (Int8Row(), Int4GS64(), MXFP4())}
+    assert errors["int8-row"] < 0.01 < errors["int4-gs64"] < 0.12
+    assert errors["mxfp4"] < 0.15
+
+
+# -- kernels against the reference ---------------------------------------------------------
+def packed(kind, n, k, rng):
+    """A QuantTensor of the kind and its float32 reference weight."""
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.1
+    if kind == "bf16":
+        from colibri_core.quant import bf16_to_f32, f32_to_bf16
+
+        bits = f32_to_bf16(w)
+        return QuantTensor("bf16", bits, None, (n, k)), bf16_to_f32(bits)
+    if kind == "fp8":
+        codes = rng.integers(0, 0x7F, (n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k), dtype=np.uint8) << 7)
+        scale = rng.random((-(-n // 128), -(-k // 128))).astype(np.float32) + 0.5
+        return QuantTensor("fp8", codes, scale, (n, k)), fp8_dequantize(e4m3_to_f32(codes), scale, (128, 128))
+    fmt = {"q8": Int8Row(), "q4": Int4GS64(), "mxfp4": MXFP4()}[kind]
+    decoded, raw, scales = roundtrip(fmt, w)
+    return QuantTensor(kind, raw, scales, (n, k)), decoded
+
+
+KINDS = ["q8", "q4", "mxfp4", "fp8", "bf16"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
+@pytest.mark.parametrize("n, k", [(1, 1), (7, 63), (33, 200), (130, 257), (256, 1024)])
+def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
+    rng = np.random.default_rng(n * 1000 + k + rows)
+    w, reference = packed(kind, n, k, rng)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    ours = CpuBackend().linear(x, w)
+    expected = x.astype(np.float64) @ reference.astype(np.float64).T
+    # float32 accumulation over k terms: relative error ~ k * 2^-24 of the absolute sum
+    bound = 1e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(reference).T) + 1e-30
+    assert ours.shape == (rows, n)
+    assert np.all(np.abs(ours - expected) <= bound * 8), float(np.abs(ours - expected).max())
+
+
+def test_kernels_refuse_bad_buffers():
+    x = np.ones((1, 64), np.float32)
+    out = np.empty((1, 4), np.float32)
+    with pytest.raises(ValueError, match="weight holds"):
+        _kernels.matmul("q4", x, np.zeros(10, np.uint8), np.ones((4, 1), np.float32), out, 4, 64)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        _kernels.matmul("q3", x, np.zeros(128, np.uint8), np.ones(4, np.float32), out, 4, 64)
+    with pytest.raises(ValueError, match="rows"):
+        _kernels.matmul("q8", np.ones((9, 64), np.float32), np.zeros((4, 64), np.int8), np.ones(4, np.float32),
+                        np.empty((9, 4), np.float32), 4, 64)
+
+
+def test_without_compiled_kernels_weights_are_decoded():
+    backend = CpuBackend(kernels=False)
+    assert not backend.has_kernel("q4") and CpuBackend().has_kernel("q4")
