@@ -1,0 +1,247 @@
+"""Config parsing and layer assembly shared by the DeepSeek-style MoE families.
+
+DeepSeek-V3/V3.2, Kimi K2, GLM-4.5+ (``glm4_moe``), GLM-4.7-Flash (``glm4_moe_lite``)
+and GLM-5 (``glm_moe_dsa``) share one skeleton: pre-norm decoder layers whose MLP is a
+dense SwiGLU for the first layers and, after them, a sigmoid group-limited router
+(``noaux_tc``) over routed SwiGLU experts plus shared experts. Most of them use MLA
+attention, some with the DSA indexer. This module holds that skeleton once:
+
+- typed config fields: ``SigmoidMoEArgs`` (router, experts, dense-layer schedule),
+  ``MLAArgs`` (latent attention), ``DSAArgs`` (the lightning indexer);
+- declarations of the blocks from their usual tensor names: ``swiglu``,
+  ``sigmoid_moe``, ``mla_attention``, ``lightning_indexer``;
+- whole models: ``build_moe_decoder`` (any attention, given per layer) and
+  ``build_mla_model`` (MLA, with DSA when the args have index fields).
+
+Families subclass the args to set their defaults and add what is truly theirs.
+Layers of index ``num_hidden_layers`` and beyond (multi-token prediction) are never
+declared, so their tensors are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..config import ModelArgs, bounded
+from ..errors import ModelFormatError, UnsupportedModelError
+from .dsa import LayerNorm, LightningIndexer, SharedIndexer
+from .layers import CausalLM, DecoderLayer, Embedding, Linear, RoutedExperts, SparseMoE, SwiGLU
+from .mla import MLAttention, mla_softmax_scale
+from .rope import RoPE, build_rope
+from .routers import SigmoidGroupedTopKRouter
+
+# q_a_layernorm / kv_a_layernorm / the indexer's k_norm use the default eps, not rms_norm_eps
+LATENT_NORM_EPS = 1e-6
+
+
+@dataclass(kw_only=True)
+class SigmoidMoEArgs(ModelArgs):
+    """The decoder skeleton and its sigmoid group-limited MoE. Defaults are
+    transformers' generic ones; families override them with their own."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    n_routed_experts: int = bounded(1, 1 << 14)
+    num_experts_per_tok: int = 8
+    n_shared_experts: int = bounded(0, 1 << 8, default=1)
+    n_group: int = bounded(1, 1 << 10, default=1)
+    topk_group: int = bounded(1, 1 << 10, default=1)
+    routed_scaling_factor: float = bounded(0.0, 1e6, default=1.0)
+    norm_topk_prob: bool = True
+    first_k_dense_replace: int = bounded(0, 1 << 10, default=1)
+    mlp_layer_types: list | None = None
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+    moe_layer_freq: int = 1
+
+    def validate(self, source):
+        if self.hidden_act != "silu":
+            raise UnsupportedModelError(f"{source}: hidden_act {self.hidden_act!r} is not supported (only 'silu')")
+        if self.scoring_func != "sigmoid" or self.topk_method != "noaux_tc":
+            raise UnsupportedModelError(
+                f"{source}: router scoring_func {self.scoring_func!r} / topk_method {self.topk_method!r} is not supported; "
+                "only DeepSeek-V3's sigmoid 'noaux_tc' router is (DeepSeek-V2's softmax routers are not)")
+        if self.moe_layer_freq != 1:
+            raise UnsupportedModelError(f"{source}: moe_layer_freq {self.moe_layer_freq} is not supported (only 1)")
+        experts, group = self.n_routed_experts, self.n_group
+        if experts % group:
+            raise ModelFormatError(f"{source}: n_routed_experts {experts} is not divisible by n_group {group}")
+        if self.topk_group > group:
+            raise ModelFormatError(f"{source}: topk_group {self.topk_group} exceeds n_group {group}")
+        if group > 1 and experts // group < 2:
+            raise ModelFormatError(f"{source}: groups of one expert cannot be scored (n_routed_experts {experts}, n_group {group})")
+        if not 1 <= self.num_experts_per_tok <= self.topk_group * (experts // group):
+            raise ModelFormatError(f"{source}: num_experts_per_tok {self.num_experts_per_tok} must be within 1.."
+                                   f"{self.topk_group * (experts // group)} (the experts of topk_group groups)")
+        kinds = self.mlp_layer_types
+        if kinds is not None and (len(kinds) != self.num_hidden_layers or not set(kinds) <= {"dense", "sparse"}):
+            raise ModelFormatError(f"{source}: mlp_layer_types must list 'dense' or 'sparse' for each of the "
+                                   f"{self.num_hidden_layers} layers, got {kinds!r}")
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has the MoE (else a dense SwiGLU)."""
+        return layer >= self.first_k_dense_replace
+
+
+@dataclass(kw_only=True)
+class MLAArgs(SigmoidMoEArgs):
+    """Multi-head latent attention fields (DeepSeek-V3 naming)."""
+
+    kv_lora_rank: int = bounded(1, 1 << 14)
+    qk_rope_head_dim: int = bounded(2, 1 << 12)
+    qk_nope_head_dim: int = bounded(1, 1 << 12)
+    v_head_dim: int = bounded(1, 1 << 12)
+    q_lora_rank: int | None = bounded(1, 1 << 16, default=None)
+    num_key_value_heads: int | None = None
+    rope_interleave: bool = True
+
+    def validate(self, source):
+        heads = self.num_attention_heads
+        if self.num_key_value_heads not in (None, heads):
+            raise ModelFormatError(f"{source}: MLA expands the latent into all {heads} heads; num_key_value_heads "
+                                   f"{self.num_key_value_heads} must equal num_attention_heads")
+        super().validate(source)
+
+
+@dataclass(kw_only=True)
+class DSAArgs(MLAArgs):
+    """MLA plus the DSA lightning indexer (DeepSeek-V3.2 naming). Dense layers come from
+    ``mlp_layer_types`` when given, else the first ``first_k_dense_replace`` layers."""
+
+    index_topk: int = bounded(1, 1 << 24, default=2048)
+    index_head_dim: int = bounded(1, 1 << 12, default=128)
+    index_n_heads: int = bounded(1, 1 << 10, default=64)
+
+    def validate(self, source):
+        super().validate(source)
+        if self.q_lora_rank is None:
+            raise ModelFormatError(f"{source}: DSA needs q_lora_rank (the indexer reads the q LoRA activation)")
+        if self.qk_rope_head_dim > self.index_head_dim:
+            raise ModelFormatError(f"{source}: qk_rope_head_dim {self.qk_rope_head_dim} exceeds index_head_dim {self.index_head_dim}")
+
+    def is_moe(self, layer: int) -> bool:
+        if self.mlp_layer_types is not None:
+            return self.mlp_layer_types[layer] == "sparse"
+        return layer >= min(self.first_k_dense_replace, self.num_hidden_layers)
+
+    def shared_indexer(self, layer: int) -> bool:
+        """Whether ``layer`` reuses the previous full indexer's selection (GLM-5) instead
+        of running its own indexer. DeepSeek-V3.2: never."""
+        return False
+
+
+@dataclass(frozen=True)
+class Names:
+    """Where the text model's tensors live: most checkpoints use the defaults; wrappers
+    (Kimi K2.5: ``language_model.model.``) prefix them."""
+
+    model: str = "model."
+    layers: str = "layers"
+    lm_head: str = "lm_head"
+
+
+def swiglu(w, p: str, inner: int, hidden: int) -> SwiGLU:
+    """A dense SwiGLU MLP from ``p.gate_proj``, ``p.up_proj`` and ``p.down_proj``."""
+    return SwiGLU(w.linear(f"{p}.gate_proj", inner, hidden), w.linear(f"{p}.up_proj", inner, hidden),
+                  w.linear(f"{p}.down_proj", hidden, inner))
+
+
+def sigmoid_moe(a: SigmoidMoEArgs, w, layer: int, p: str) -> SparseMoE:
+    """The MoE block at ``p``: ``gate`` (+ ``gate.e_score_correction_bias``), routed
+    experts ``experts.{e}.*_proj`` streamed by the store, ``shared_experts``."""
+    hidden, inner, n = a.hidden_size, a.moe_intermediate_size, a.n_routed_experts
+    experts = w.expert_layer(layer, n, {
+        "gate": (f"{p}.experts.{{e}}.gate_proj.weight", (inner, hidden)),
+        "up": (f"{p}.experts.{{e}}.up_proj.weight", (inner, hidden)),
+        "down": (f"{p}.experts.{{e}}.down_proj.weight", (hidden, inner)),
+    })
+    router = SigmoidGroupedTopKRouter(
+        w.linear(f"{p}.gate", n, hidden), a.num_experts_per_tok, bias=w.optional(f"{p}.gate.e_score_correction_bias", (n,)),
+        n_group=a.n_group, topk_group=a.topk_group, norm_topk_prob=a.norm_topk_prob,
+        routed_scaling_factor=a.routed_scaling_factor)
+    shared = swiglu(w, f"{p}.shared_experts", inner * a.n_shared_experts, hidden) if a.n_shared_experts else None
+    return SparseMoE(router, RoutedExperts(experts), shared=shared)
+
+
+def lightning_indexer(a: DSAArgs, w, p: str, rope: RoPE, *, rope_interleave: bool) -> LightningIndexer:
+    """The DSA indexer at ``p`` (``wq_b``, ``wk``, ``k_norm`` with bias, ``weights_proj``)."""
+    d = a.index_head_dim
+    return LightningIndexer(
+        wq_b=w.linear(f"{p}.wq_b", a.index_n_heads * d, a.q_lora_rank), wk=w.linear(f"{p}.wk", d, a.hidden_size),
+        k_norm=LayerNorm(w.param(f"{p}.k_norm.weight", (d,)), w.param(f"{p}.k_norm.bias", (d,)), LATENT_NORM_EPS),
+        weights_proj=w.linear(f"{p}.weights_proj", a.index_n_heads, a.hidden_size), n_heads=a.index_n_heads,
+        head_dim=d, rope_dim=a.qk_rope_head_dim, rope=rope, topk=a.index_topk, rope_interleave=rope_interleave)
+
+
+def mla_attention(a: MLAArgs, w, layer: int, s: str, rope: RoPE, scale: float, *, interleave: bool,
+                  indexer=None) -> MLAttention:
+    """MLA at ``s`` (``q_proj`` or ``q_a_proj``/``q_a_layernorm``/``q_b_proj``,
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``)."""
+    hidden, heads, bias = a.hidden_size, a.num_attention_heads, a.attention_bias
+    dn, dr, dv, rank = a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim, a.kv_lora_rank
+    if a.q_lora_rank is None:
+        q = dict(q=w.linear(f"{s}.q_proj", heads * (dn + dr), hidden))
+    else:
+        q = dict(q_a=w.linear(f"{s}.q_a_proj", a.q_lora_rank, hidden, bias=bias),
+                 q_a_norm=w.rms_norm(f"{s}.q_a_layernorm", a.q_lora_rank, LATENT_NORM_EPS),
+                 q_b=w.linear(f"{s}.q_b_proj", heads * (dn + dr), a.q_lora_rank))
+    return MLAttention(
+        layer=layer, **q,
+        kv_a=w.linear(f"{s}.kv_a_proj_with_mqa", rank + dr, hidden, bias=bias),
+        kv_a_norm=w.rms_norm(f"{s}.kv_a_layernorm", rank, LATENT_NORM_EPS),
+        kv_b=w.linear(f"{s}.kv_b_proj", heads * (dn + dv), rank),
+        o=w.linear(f"{s}.o_proj", hidden, heads * dv, bias=bias),
+        n_heads=heads, kv_lora_rank=rank, nope_dim=dn, rope_dim=dr, v_dim=dv, rope=rope, scale=scale,
+        rope_interleave=interleave, indexer=indexer,
+    )
+
+
+def build_moe_decoder(a: SigmoidMoEArgs, w, attention: Callable[[int, str], Any], names: Names = Names(), *,
+                      lm_class=CausalLM, **lm_kwargs) -> CausalLM:
+    """Embeddings, ``num_hidden_layers`` pre-norm decoder layers and the LM head.
+    ``attention(i, prefix)`` declares layer i's attention at ``prefix.self_attn``; the
+    MLP is ``sigmoid_moe`` where ``a.is_moe(i)``, else a dense SwiGLU of
+    ``intermediate_size``. Extra keyword arguments go to ``lm_class``."""
+    hidden, eps = a.hidden_size, a.rms_norm_eps
+    layers = []
+    for i in range(a.num_hidden_layers):  # MTP layers (index >= num_hidden_layers) are never declared
+        p = f"{names.model}{names.layers}.{i}"
+        mlp = sigmoid_moe(a, w, i, f"{p}.mlp") if a.is_moe(i) else swiglu(w, f"{p}.mlp", a.intermediate_size, hidden)
+        layers.append(DecoderLayer(w.rms_norm(f"{p}.input_layernorm", hidden, eps), attention(i, f"{p}.self_attn"),
+                                   w.rms_norm(f"{p}.post_attention_layernorm", hidden, eps), mlp))
+    embed = Embedding(w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden)))
+    lm_head = Linear(embed.weight) if a.tie_word_embeddings else w.linear(names.lm_head, a.vocab_size, hidden)
+    return lm_class(embed=embed, layers=layers, norm=w.rms_norm(f"{names.model}norm", hidden, eps),
+                    lm_head=lm_head, vocab_size=a.vocab_size, max_context=a.max_position_embeddings, **lm_kwargs)
+
+
+def build_mla_model(a: MLAArgs, config: dict, w, names: Names = Names(), *, interleave: bool | None = None,
+                    indexer_interleave: bool = False, lm_class=CausalLM, **lm_kwargs) -> CausalLM:
+    """A DeepSeek-V3-style model: MLA in every layer (``interleave``: interleaved-pair
+    rope, default ``a.rope_interleave``); with ``DSAArgs``, a lightning indexer per layer
+    (``indexer_interleave``: rotate its rope features as interleaved pairs) or, where
+    ``a.shared_indexer(i)``, the previous full indexer's selection."""
+    src = w.config_source
+    dr = a.qk_rope_head_dim
+    rope = build_rope(config, dr, src)
+    scale = mla_softmax_scale(config, a.qk_nope_head_dim + dr, src)
+    interleave = a.rope_interleave if interleave is None else interleave
+
+    def attention(i: int, s: str) -> MLAttention:
+        indexer = None
+        if isinstance(a, DSAArgs):
+            indexer = SharedIndexer() if a.shared_indexer(i) else lightning_indexer(
+                a, w, f"{s}.indexer", rope, rope_interleave=indexer_interleave)
+        return mla_attention(a, w, i, s, rope, scale, interleave=interleave, indexer=indexer)
+
+    return build_moe_decoder(a, w, attention, names, lm_class=lm_class, **lm_kwargs)

@@ -1,0 +1,49 @@
+"""Tiny GLM configs shared by this family's tests (eos_token_id=None: generation runs
+the full 32 tokens)."""
+
+import torch
+
+COMMON = dict(vocab_size=128, eos_token_id=None, bos_token_id=None, hidden_size=32, intermediate_size=48,
+              moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4, n_routed_experts=8,
+              num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+              max_position_embeddings=128, initializer_range=0.1)
+MLA = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12)
+
+
+def glm4_moe(**overrides):
+    from transformers import Glm4MoeConfig
+
+    kwargs = {**COMMON, "num_key_value_heads": 2, "head_dim": 16, "first_k_dense_replace": 1, "use_qk_norm": True,
+              "attention_bias": True, **overrides}
+    if kwargs["head_dim"] is None:  # hidden_size // num_attention_heads (transformers cannot take None)
+        del kwargs["head_dim"]
+    return lambda: Glm4MoeConfig(**kwargs)
+
+
+def glm4_moe_lite(**overrides):
+    from transformers import Glm4MoeLiteConfig
+
+    kwargs = {**COMMON, **MLA, **overrides}
+    return lambda: Glm4MoeLiteConfig(**kwargs)
+
+
+def glm_moe_dsa(**overrides):
+    from transformers import GlmMoeDsaConfig
+
+    kwargs = {**COMMON, **MLA, "first_k_dense_replace": 1, "index_n_heads": 16, "index_head_dim": 16, "index_topk": 4,
+              **overrides}
+    return lambda: GlmMoeDsaConfig(**kwargs)
+
+
+def random_correction_bias(scale: float = 0.3):
+    """An OracleCase.prepare hook: give every router a random e_score_correction_bias, so
+    that selecting with the bias but weighting without it is tested (perturbation only
+    touches parameters, and the bias is a buffer)."""
+
+    def prepare(model):
+        g = torch.Generator().manual_seed(1234)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=g) * scale)
+
+    return prepare
