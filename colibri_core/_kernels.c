@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <stdlib.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(COLIBRI_NO_CLONES)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -34,18 +35,17 @@
 #define MAX_ROWS 8  /* matmul handles up to this many x rows per weight pass */
 
 static inline float bits_to_float(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+static inline uint32_t bits_of(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
 
-/* e4m3 byte -> float32 times 2^-120 (the caller folds 2^120 into the scale): the
- * exponent and mantissa bits moved into float32 position give 2^(e-127)(1.m) for
- * normal bytes and the matching subnormal for e = 0, both exact. */
-static inline float e4m3_scaled(uint8_t b) {
-    return bits_to_float(((uint32_t)(b & 0x80) << 24) | ((uint32_t)(b & 0x7F) << 20));
+/* e4m3 byte -> float32. Normal values are assembled from their bits with the exponent
+ * rebiased (7 -> 127); subnormal bytes (exponent 0) are m * 2^-9, computed from the
+ * integer. No float32 subnormal is ever formed: x86 would take a microcode assist on each. */
+static inline float e4m3_to_float(uint8_t b) {
+    const uint32_t e = (b >> 3) & 0xF, m = b & 7, sign = (uint32_t)(b & 0x80) << 24;
+    const float normal = bits_to_float(sign | ((e + 120) << 23) | (m << 20));
+    const float small = bits_to_float(sign | bits_of((float)m * 0.001953125f));  /* m * 2^-9 */
+    return e ? normal : small;
 }
-/* e2m1 nibble -> float32 times 2^-126, by the same trick. */
-static inline float e2m1_scaled(uint8_t v) {
-    return bits_to_float(((uint32_t)(v & 0x8) << 28) | ((uint32_t)(v & 0x7) << 22));
-}
-static const float TWO_POW_120 = 1.329227995784916e+36f;  /* 2^120 */
 
 /* ---- decode one group of a row into tmp (float32), returning the group's width ---- */
 
@@ -56,16 +56,10 @@ static inline void decode_q4_group(const uint8_t *b, float *tmp) {
     }
 }
 
-static inline void decode_mxfp4_group(const uint8_t *b, float *tmp) {
-    for (int j = 0; j < 16; j++) {
-        tmp[j] = e2m1_scaled(b[j] & 15);
-        tmp[j + 16] = e2m1_scaled(b[j] >> 4);
-    }
-}
 
-static inline float e8m0_times_2_126(uint8_t e) {
-    /* 2^(e-127) * 2^126 = 2^(e-1), built from its exponent bits (e = 0 gives 2^-1) */
-    return e <= 128 ? bits_to_float((uint32_t)(e + 126) << 23) : ldexpf(1.0f, (int)e - 1);
+static inline float e8m0_to_float(uint8_t e) {
+    /* 2^(e-127) from its exponent bits; e = 0 (2^-127) would be subnormal: use ldexpf */
+    return e ? bits_to_float((uint32_t)e << 23) : ldexpf(1.0f, -127);
 }
 
 /* ---- matmul: a few x rows against the whole weight, one pass over W ---- */
@@ -118,26 +112,69 @@ CLONES static void mm_q4(const float *x, int64_t M, const uint8_t *q, const floa
     }
 }
 
-CLONES static void mm_mxfp4(const float *x, int64_t M, const uint8_t *q, const uint8_t *e, float *out, int64_t N, int64_t K) {
+/* e2m1 values times 2, as int8: the nibble indexes this table (sign bit = 8). */
+static const int8_t E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* Decode one 32-input MXFP4 group (16 bytes) times ``scale`` into dst[0..31]. The AVX2
+ * version looks the nibbles up with a byte shuffle, which compilers do not derive from C. */
+static inline void mxfp4_group_portable(const uint8_t *b, float scale, float *dst) {
+    const float half = 0.5f * scale;
+    for (int j = 0; j < 16; j++) {
+        dst[j] = (float)E2M1_X2[b[j] & 15] * half;
+        dst[j + 16] = (float)E2M1_X2[b[j] >> 4] * half;
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+__attribute__((target("avx2"))) static void mxfp4_row_avx2(const uint8_t *row, const uint8_t *ex, int64_t G, float *out) {
+    const __m128i lut = _mm_loadu_si128((const __m128i *)E2M1_X2);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (int64_t g = 0; g < G; g++) {
+        const __m256 half = _mm256_set1_ps(0.5f * e8m0_to_float(ex[g]));
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(row + g * 16));
+        const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(bytes, low4));
+        const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
+        float *dst = out + g * 32;
+        _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), half));
+        _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), half));
+        _mm256_storeu_ps(dst + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), half));
+        _mm256_storeu_ps(dst + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), half));
+    }
+}
+static int have_avx2(void) { return __builtin_cpu_supports("avx2"); }
+#else
+static void mxfp4_row_avx2(const uint8_t *row, const uint8_t *ex, int64_t G, float *out) { (void)row; (void)ex; (void)G; (void)out; }
+static int have_avx2(void) { return 0; }
+#endif
+
+static int use_avx2 = 0;  /* set at import */
+
+static void mxfp4_row(const uint8_t *row, const uint8_t *ex, int64_t G, float *out) {
+    if (use_avx2) {
+        mxfp4_row_avx2(row, ex, G, out);
+        return;
+    }
+    for (int64_t g = 0; g < G; g++) mxfp4_group_portable(row + g * 16, e8m0_to_float(ex[g]), out + g * 32);
+}
+
+CLONES static float dot_f32(const float *a, const float *b, int64_t K) {
+    float acc = 0.f;
+    for (int64_t k = 0; k < K; k++) acc += a[k] * b[k];
+    return acc;
+}
+
+static void mm_mxfp4(const float *x, int64_t M, const uint8_t *q, const uint8_t *e, float *out, int64_t N, int64_t K) {
     const int64_t G = (K + 31) / 32;
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = q + n * G * 16;
-        const uint8_t *ex = e + n * G;
-        float acc[MAX_ROWS] = {0};
-        float tmp[32];
-        for (int64_t g = 0; g < G; g++) {
-            decode_mxfp4_group(row + g * 16, tmp);
-            const int64_t base = g * 32, width = K - base < 32 ? K - base : 32;
-            const float scale = e8m0_times_2_126(ex[g]);
-            for (int64_t m = 0; m < M; m++) {
-                const float *xm = x + m * K + base;
-                float part = 0.f;
-                for (int64_t j = 0; j < width; j++) part += tmp[j] * xm[j];
-                acc[m] += part * scale;
-            }
+    #pragma omp parallel
+    {
+        float *row_f = malloc(sizeof(float) * G * 32);  /* one decoded row, reused for every row of this thread */
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            mxfp4_row(q + n * G * 16, e + n * G, G, row_f);
+            for (int64_t m = 0; m < M; m++) out[m * N + n] = dot_f32(row_f, x + m * K, K);
         }
-        for (int64_t m = 0; m < M; m++) out[m * N + n] = acc[m];
+        free(row_f);
     }
 }
 
@@ -154,10 +191,10 @@ CLONES static void mm_fp8(const float *x, int64_t M, const uint8_t *q, const flo
             for (int64_t b = 0; b < KB; b++) {
                 const int64_t lo = b * bn, hi = lo + bn < K ? lo + bn : K;
                 float part = 0.f;
-                for (int64_t k = lo; k < hi; k++) part += e4m3_scaled(row[k]) * xm[k];
+                for (int64_t k = lo; k < hi; k++) part += e4m3_to_float(row[k]) * xm[k];
                 acc += part * sc[b];
             }
-            out[m * N + n] = acc * TWO_POW_120;
+            out[m * N + n] = acc;
         }
     }
 }
@@ -189,17 +226,17 @@ CLONES static void dq_q4(const uint8_t *q, const float *s, float *w, int64_t N, 
     }
 }
 
-CLONES static void dq_mxfp4(const uint8_t *q, const uint8_t *e, float *w, int64_t N, int64_t K) {
+static void dq_mxfp4(const uint8_t *q, const uint8_t *e, float *w, int64_t N, int64_t K) {
     const int64_t G = (K + 31) / 32;
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        float tmp[32];
-        for (int64_t g = 0; g < G; g++) {
-            decode_mxfp4_group(q + (n * G + g) * 16, tmp);
-            const int64_t base = g * 32, width = K - base < 32 ? K - base : 32;
-            const float sc = e8m0_times_2_126(e[n * G + g]);
-            for (int64_t j = 0; j < width; j++) w[n * K + base + j] = tmp[j] * sc;
+    #pragma omp parallel
+    {
+        float *row_f = malloc(sizeof(float) * G * 32);
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            mxfp4_row(q + n * G * 16, e + n * G, G, row_f);
+            memcpy(w + n * K, row_f, sizeof(float) * K);
         }
+        free(row_f);
     }
 }
 
@@ -208,7 +245,7 @@ CLONES static void dq_fp8(const uint8_t *q, const float *s, float *w, int64_t N,
     #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
         for (int64_t k = 0; k < K; k++)
-            w[n * K + k] = e4m3_scaled(q[n * K + k]) * (s[(n / bm) * KB + k / bn] * TWO_POW_120);
+            w[n * K + k] = e4m3_to_float(q[n * K + k]) * s[(n / bm) * KB + k / bn];
 }
 
 /* ---- Python glue ---- */
@@ -296,6 +333,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "colibri's CPU kernels", -1, methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) {
+    use_avx2 = have_avx2();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyModule_AddIntConstant(m, "MAX_ROWS", MAX_ROWS);
