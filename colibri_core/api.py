@@ -204,7 +204,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
         slots_ahead = (prefetch_slots if prefetch_slots is not None else bp.top_k) if prefetch and moe else 0
         placement = plan(dense_bytes=bp.dense_bytes, expert_bytes=bp.expert_bytes, moe_layers=len(moe),
                          experts_per_layer=bp.experts_per_layer, ram=budget, cap=cap,
-                         pin_share=pin_share if pinning else 0.0, prefetch_slots=slots_ahead)
+                         pin_share=pin_share if pinning else 0.0, prefetch_slots=slots_ahead,
+                         io_window=max(1, bp.top_k))
 
         if progress:
             progress.start(bp.dense_disk_bytes, "dense weights")
@@ -215,7 +216,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
             disk_tier, ram_tier = registry.get("tier", "disk").spec.load(), registry.get("tier", "ram").spec.load()
             store = ExpertStore([d.matrices for d in moe], disk_tier(drives, bp.resolver, backend_obj),
                                 ram_tier(len(moe), placement.slots), history=routing, pinned_capacity=placement.pinned,
-                                pin_policy=policy, prefetch_workers=2 if slots_ahead else 0,
+                                pin_policy=policy, io_window=placement.io_window,
                                 history_decay=history_decay, save_history=history is True)
             for experts in bp.lm.routed_experts():
                 experts.store = store

@@ -88,7 +88,8 @@ class DemoSpec:
 
         bp = inspect_model(model_dir)
         try:
-            return bp.dense_bytes + self.cached_experts_per_layer * len(bp.moe) * bp.expert_bytes
+            # plus the experts of one layer being read at once
+            return bp.dense_bytes + (self.cached_experts_per_layer * len(bp.moe) + bp.top_k) * bp.expert_bytes
         finally:
             bp.close()
 

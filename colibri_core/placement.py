@@ -45,6 +45,7 @@ class Placement:
     pinned: int  # experts the pinned set may hold, across all layers
     prefetch_slots: int  # experts read ahead per layer (0: no prefetch)
     cap: int | None
+    io_window: int = 1  # a layer's misses read at once: transient experts beyond the cache
 
     @property
     def prefetch_reserve_bytes(self) -> int:
@@ -61,7 +62,7 @@ class Placement:
 
 
 def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_layer: int, ram: int | None,
-         cap: int | None, pin_share: float = 0.0, prefetch_slots: int = 0) -> Placement:
+         cap: int | None, pin_share: float = 0.0, prefetch_slots: int = 0, io_window: int = 1) -> Placement:
     if cap is not None and cap < 0:
         raise UsageError(f"--cap must be >= 0, got {cap}")
     if not 0 <= pin_share < 1:
@@ -70,21 +71,22 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
     if ram is None:
         source = "default"
         ram = int(available_memory() * DEFAULT_SHARE_OF_AVAILABLE)
-    # one expert beyond the cache is in use while it computes
-    working = expert_bytes if moe_layers else 0
+    # the misses of one layer being read (at least the one computing) live beyond the cache
+    working = max(1, io_window) * expert_bytes if moe_layers else 0
     reserve = 2 * prefetch_slots * expert_bytes
     if ram < dense_bytes + working + reserve:
         hint = "give a larger --ram" if source == "--ram" else "free memory or use a machine with more RAM"
         raise BudgetError(
             f"RAM budget {format_bytes(ram)} ({source}) cannot hold the dense weights ({format_bytes(dense_bytes)})"
-            + (f" plus one expert ({format_bytes(expert_bytes)})" if working else "")
+            + (f" plus {max(1, io_window)} expert(s) being read ({format_bytes(working)})" if working else "")
             + (f" plus the prefetch reserve ({format_bytes(reserve)})" if reserve else "")
             + f"; {hint}"
         )
     if not (moe_layers and expert_bytes):
-        return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, experts_per_layer, 0, 0, cap)
+        return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, experts_per_layer, 0, 0, cap,
+                         io_window)
     total_experts = moe_layers * experts_per_layer
-    budget_experts = (ram - dense_bytes - reserve) // expert_bytes  # in experts
+    budget_experts = (ram - dense_bytes - reserve - working) // expert_bytes  # in experts
     if cap is not None:
         budget_experts = min(budget_experts, cap * moe_layers)
     budget_experts = min(budget_experts, total_experts)
@@ -93,4 +95,4 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
         pinned = int(budget_experts * pin_share)
     slots = min(experts_per_layer, (budget_experts - pinned) // moe_layers)
     return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, int(slots), pinned,
-                     prefetch_slots, cap)
+                     prefetch_slots, cap, io_window)

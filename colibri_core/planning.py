@@ -95,7 +95,7 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
     pinning = history is not None and (pin == "on" or (pin == "auto" and history.total_tokens >= policy.min_tokens))
     placement = plan(dense_bytes=bp.dense_bytes, expert_bytes=bp.expert_bytes, moe_layers=moe_layers,
                      experts_per_layer=experts, ram=ram, cap=cap, pin_share=pin_share if pinning else 0.0,
-                     prefetch_slots=top_k if prefetch and moe_layers else 0)
+                     prefetch_slots=top_k if prefetch and moe_layers else 0, io_window=max(1, top_k))
     scores = history.scores() if history is not None and history.total_tokens > 0 else None
     pinned: list[tuple[int, int]] = []
     if placement.pinned and scores is not None:

@@ -31,8 +31,11 @@ def tree_bytes(path):
     return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
 
 
-@pytest.mark.parametrize("experts, dense", [("int4", "keep"), ("int8", "int8"), ("mxfp4", "int4"), ("bf16", "f32")])
-def test_converted_model_loads_and_tracks_its_source(source, tmp_path, experts, dense):
+# a random tiny model's logits have small margins and its routing flips easily: the
+# bounds are loose for 4-bit formats, tight for 8 and 16 bits
+@pytest.mark.parametrize("experts, dense, min_cosine, min_agreement", [
+    ("int4", "keep", 0.97, 0.5), ("int8", "int8", 0.999, 0.9), ("mxfp4", "int4", 0.9, 0.4), ("bf16", "f32", 0.99999, 0.98)])
+def test_converted_model_loads_and_tracks_its_source(source, tmp_path, experts, dense, min_cosine, min_agreement):
     out = tmp_path / "out"
     result = convert(source, out, experts=experts, dense=dense)
     assert result.tensors_converted > 0 and (out / "config.json").exists() and (out / "tokenizer.json").exists()
@@ -45,7 +48,7 @@ def test_converted_model_loads_and_tracks_its_source(source, tmp_path, experts, 
     assert "model.layers.0.mlp.gate.weight" not in stamped  # routers keep their precision
     assert "model.embed_tokens.weight" not in stamped
     report = quality_report(source, out)
-    assert report["cosine_mean"] > 0.99 and report["greedy_agreement"] > 0.8
+    assert report["cosine_mean"] > min_cosine and report["greedy_agreement"] >= min_agreement, report
     with colibri_core.load(out, cap=1, history=False) as model:
         result = model.generate("Once upon", max_tokens=6, ignore_eos=True)
         assert len(result.token_ids) == 6 and result.stats.bytes_read > 0
@@ -57,7 +60,9 @@ def test_int4_experts_take_a_seventh_of_float32_memory(source, tmp_path):
     with colibri_core.load(source, history=False) as a, colibri_core.load(out, history=False) as b:
         h, i = SPEC.hidden_size, SPEC.intermediate_size
         assert a.placement.expert_bytes == 3 * h * i * 2  # bf16 source stays bf16
-        assert b.placement.expert_bytes == 3 * (h * i // 2) + (2 * i * (h // 64) + h * -(-i // 64)) * 4
+        gate_up = i * (h // 64) * (32 + 4)  # rows x groups x (32 packed bytes + a float32 scale)
+        down = h * -(-i // 64) * (32 + 4)  # 96 inputs pad to two groups of 64
+        assert b.placement.expert_bytes == 2 * gate_up + down
         assert b.placement.dense_bytes < a.placement.dense_bytes
 
 
@@ -102,18 +107,49 @@ def test_mixing_choices_in_one_directory_is_refused(source, tmp_path):
         convert(source, other)
 
 
-def test_fp8_source_converts_and_drops_its_quantization_config(tmp_path):
-    """An fp8 block-scaled checkpoint (as DeepSeek ships) converts to int4 experts."""
-    from colibri_core.quant_fp8 import DEFAULT_BLOCK  # noqa: F401  (the format under test)
-    from toy_family import ToyPlugin, write_toy_model
-    from colibri_core.testing import registered_plugin
+def make_fp8(source, dest):
+    """An fp8 block-scaled copy of ``source`` (DeepSeek's layout: e4m3 weights and
+    ``<name>_scale_inv``, quantization_config in config.json) of its projections."""
+    import torch
 
-    src = write_toy_model(tmp_path / "src", hidden=64, inter=32, experts=4)
-    with registered_plugin(ToyPlugin(), "toy"):
-        out = tmp_path / "out"
-        convert(src, out, experts="int4", dense="int8")
-        report = quality_report(src, out)
-    assert report["cosine_mean"] > 0.99
+    from colibri_core.checkpoint import Checkpoint
+    from colibri_core.quant import bf16_to_f32
+    from colibri_core.safetensors_file import write_safetensors
+    from colibri_core.testing.fp8 import quantize_blocks
+
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+    with Checkpoint(source) as ckpt:
+        tensors = {}
+        for name, info in ckpt.tensors.items():
+            value = bf16_to_f32(ckpt.read(name))
+            if name.endswith("_proj.weight"):
+                q, scale = quantize_blocks(torch.from_numpy(value), (128, 128))
+                tensors[name] = ("F8_E4M3", q.view(torch.uint8).numpy())
+                tensors[name + "_scale_inv"] = scale.numpy()
+            else:
+                tensors[name] = value
+    write_safetensors(dest / "model.safetensors", tensors)
+    config = json.loads((dest / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+def test_an_fp8_source_converts_and_keeps_quantization_config_only_while_fp8_remains(source, tmp_path):
+    fp8 = make_fp8(source, tmp_path / "fp8")
+    experts_only = tmp_path / "experts-only"
+    convert(fp8, experts_only, experts="int4", dense="keep")
+    config = json.loads((experts_only / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "fp8"  # attention stays fp8
+    with colibri_core.load(experts_only, history=False) as model:
+        q = model.lm.layers[0].attn.q.weight
+        assert q.value.kind == "fp8"  # read natively, computed by the fp8 kernel
+    everything = tmp_path / "everything"
+    convert(fp8, everything, experts="int8", dense="int8")
+    assert "quantization_config" not in json.loads((everything / "config.json").read_text())
+    assert not [n for n in json.loads((everything / "model.safetensors.index.json").read_text())["weight_map"]
+                if n.endswith("_scale_inv")]
+    assert quality_report(fp8, everything)["cosine_mean"] > 0.999
 
 
 def test_cli_convert_json(source, tmp_path):

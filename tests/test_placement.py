@@ -16,14 +16,18 @@ def test_parse_size():
 
 
 def test_budget_left_after_dense_weights_becomes_expert_slots():
-    p = plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=64, ram=1000 + 4 * 100 * 10 + 50, cap=None)
-    assert p.slots == 10 and not p.all_resident
+    p = plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=64, ram=1000 + 100 + 4 * 100 * 10 + 50,
+             cap=None)
+    assert p.slots == 10 and not p.all_resident  # one expert computing lives beyond the cache
+    read_ahead = plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=64, ram=1000 + 800 + 4000,
+                      cap=None, io_window=8)
+    assert read_ahead.slots == 10 and read_ahead.io_window == 8  # a layer's 8 misses read at once
     assert plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=10**9, cap=None).slots == 8
     assert plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=10**9, cap=3).slots == 3
 
 
 def test_pinning_takes_a_share_and_cap_limits_the_whole_expert_budget():
-    p = plan(dense_bytes=0, expert_bytes=10, moe_layers=4, experts_per_layer=16, ram=10 * 40, cap=None, pin_share=0.5)
+    p = plan(dense_bytes=0, expert_bytes=10, moe_layers=4, experts_per_layer=16, ram=10 * 41, cap=None, pin_share=0.5)
     assert p.pinned == 20 and p.slots == 5 and p.expert_cache_bytes == 400
     capped = plan(dense_bytes=0, expert_bytes=10, moe_layers=4, experts_per_layer=16, ram=10**6, cap=2, pin_share=0.5)
     assert capped.pinned == 4 and capped.slots == 1  # cap 2 per layer = 8 experts in all
@@ -32,7 +36,7 @@ def test_pinning_takes_a_share_and_cap_limits_the_whole_expert_budget():
 
 
 def test_prefetch_reserves_two_layers_of_read_ahead():
-    p = plan(dense_bytes=100, expert_bytes=10, moe_layers=2, experts_per_layer=8, ram=100 + 40 + 80, cap=None,
+    p = plan(dense_bytes=100, expert_bytes=10, moe_layers=2, experts_per_layer=8, ram=100 + 10 + 40 + 80, cap=None,
              prefetch_slots=2)
     assert p.prefetch_reserve_bytes == 40 and p.slots == 4
     with pytest.raises(BudgetError, match="prefetch reserve"):

@@ -10,6 +10,7 @@ live, with hysteresis), and runs the prefetch I/O pool.
 
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -74,16 +75,19 @@ class ExpertStore:
     history: RoutingHistory | None = None
     pinned_capacity: int = 0  # experts (across all layers) the pinned set may hold
     pin_policy: PinPolicy = field(default_factory=PinPolicy)
-    prefetch_workers: int = 0
+    io_workers: int = 3  # threads reading experts from disk (demand misses and prefetch)
+    io_window: int = 8  # demand reads of one layer in flight at once (bounds transient memory)
     history_decay: float = 1.0
     save_history: bool = True
     device: object = None  # a DeviceTier a GPU backend provides, consulted first
     stats: StoreStats = field(default_factory=StoreStats)
 
     def __post_init__(self):
-        self._staged: list[dict[int, Future]] = [{} for _ in self.layouts]
+        self._staged: list[dict[int, Future]] = [{} for _ in self.layouts]  # prefetched (predicted)
+        self._demand: list[dict[int, Future]] = [{} for _ in self.layouts]  # misses being read
+        self._queue: list[deque[int]] = [deque() for _ in self.layouts]  # misses waiting for the window
         self._predicted: list[set[int]] = [set() for _ in self.layouts]
-        self._pool = ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="colibri-prefetch") if self.prefetch_workers else None
+        self._pool = ThreadPoolExecutor(self.io_workers, thread_name_prefix="colibri-io") if self.io_workers else None
         self._tokens_since_repin = 0
 
     # -- serving -----------------------------------------------------------------------
@@ -113,9 +117,36 @@ class ExpertStore:
             self.stats.hits_prefetched += 1
         else:
             self.stats.misses += 1
-            weights = self.disk.load(layer, expert, self.layouts[layer][expert])
+            future = self._demand[layer].pop(expert, None)
+            if future is not None:  # already being read, with the layer's other misses
+                weights = future.result()
+                self._fill(layer)
+            else:
+                weights = self.disk.load(layer, expert, self.layouts[layer][expert])
         self.ram.put(layer, expert, weights)
         return weights
+
+    def request(self, layer: int, experts) -> None:
+        """A layer is about to use these experts (ascending): start reading the ones not
+        resident, up to ``io_window`` at a time, so their reads overlap each other and the
+        computation of the experts already at hand."""
+        if self._pool is None:
+            return
+        queue = self._queue[layer]
+        for e in experts:
+            e = int(e)
+            if e in self._staged[layer] or e in self._demand[layer] or self.ram.holds(layer, e):
+                continue
+            if self.device is not None and self.device.get(layer, e) is not None:
+                continue
+            queue.append(e)
+        self._fill(layer)
+
+    def _fill(self, layer: int) -> None:
+        queue, demand = self._queue[layer], self._demand[layer]
+        while queue and len(demand) < self.io_window:
+            e = queue.popleft()
+            demand[e] = self._pool.submit(self.disk.load, layer, e, self.layouts[layer][e])
 
     def end_layer(self, layer: int, indices: np.ndarray) -> None:
         """A MoE layer finished a forward pass with this routing: count it, score the
@@ -133,12 +164,12 @@ class ExpertStore:
             if not future.cancel():  # already read (or reading): wasted I/O
                 self.stats.prefetch_unused += 1
         self._staged[layer] = {}
+        for future in self._demand[layer].values():  # only left when a computation failed midway
+            future.cancel()
+        self._demand[layer] = {}
+        self._queue[layer].clear()
 
     # -- prefetch ----------------------------------------------------------------------
-    @property
-    def prefetching(self) -> bool:
-        return self._pool is not None
-
     def prefetch(self, layer: int, experts: list[int]) -> None:
         """Start reading experts predicted for ``layer`` on the I/O pool."""
         self._predicted[layer] = set(experts)

@@ -110,7 +110,7 @@ def placements(fixture: OracleFixture) -> dict[str, dict[str, Any]]:
     with colibri_core.load(fixture.path, history=False) as probe:
         p = probe.placement
     half = max(1, fixture.num_experts // 2)
-    between = p.dense_bytes + half * p.moe_layers * p.expert_bytes + p.expert_bytes // 2
+    between = p.dense_bytes + (half * p.moe_layers + p.io_window) * p.expert_bytes + p.expert_bytes // 2
     # no routing history: these placements must not depend on what earlier runs left behind
     return {"resident": {"history": False}, "cap1": {"cap": 1, "history": False}, "between": {"ram": between, "history": False}}
 
