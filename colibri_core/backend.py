@@ -37,6 +37,12 @@ class Backend:
         "bf16"). Weights whose kind has no kernel are decoded to float32 at load."""
         return False
 
+    def keeps_stored(self, kind: str, use: str) -> bool:
+        """Whether a weight of this stored kind stays packed for this use: "linear"
+        (``linear`` has the kernel), "embedding" (``embedding`` can decode looked-up rows
+        too), never "array"."""
+        return use == "linear" and self.has_kernel(kind)
+
     # -- operations --------------------------------------------------------------------
     def embedding(self, table: Array, ids) -> Array:
         """Rows of ``table`` for integer ``ids`` (numpy int array)."""

@@ -42,7 +42,7 @@ class Blueprint:
     @property
     def expert_bytes(self) -> int:
         """One expert as resident in memory on the backend (packed, or float32)."""
-        return max((sum(self.resolver.resident_nbytes(i, self.backend, True) for i in d.matrices[0].values())
+        return max((sum(self.resolver.resident_nbytes(i, self.backend, "linear") for i in d.matrices[0].values())
                     for d in self.moe), default=0)
 
     @property

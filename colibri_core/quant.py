@@ -161,19 +161,17 @@ class FormatResolver:
     def logical_shape(self, info: TensorInfo) -> tuple[int, ...]:
         return tuple(self.format_for(info).logical_shape(info, self._context))
 
-    def resident(self, info: TensorInfo, raw: np.ndarray, companions: dict[str, np.ndarray], backend,
-                 keep_stored: bool):
-        """The backend array a weight lives in: its stored form when the backend has the
-        format's kernel and ``keep_stored`` (the weight is only ever used by ``linear``),
-        else float32."""
+    def resident(self, info: TensorInfo, raw: np.ndarray, companions: dict[str, np.ndarray], backend, use: str):
+        """The backend array a weight lives in: its stored form when the backend can
+        compute the weight's ``use`` ("linear", "embedding" or "array") with it, else float32."""
         fmt = self.format_for(info)
-        if keep_stored and fmt.kernel is not None and backend.has_kernel(fmt.kernel):
+        if fmt.kernel is not None and backend.keeps_stored(fmt.kernel, use):
             return fmt.quantized(info, raw, companions)
         return backend.asarray(fmt.decode(info, raw, companions))
 
-    def resident_nbytes(self, info: TensorInfo, backend, keep_stored: bool) -> int:
+    def resident_nbytes(self, info: TensorInfo, backend, use: str) -> int:
         fmt = self.format_for(info)
-        if keep_stored and fmt.kernel is not None and backend.has_kernel(fmt.kernel):
+        if fmt.kernel is not None and backend.keeps_stored(fmt.kernel, use):
             return info.nbytes + sum(t.nbytes for t in self.companions(info))
         n = 1
         for d in self.logical_shape(info):

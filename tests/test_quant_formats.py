@@ -155,3 +155,14 @@ def test_kernels_refuse_bad_buffers():
 def test_without_compiled_kernels_weights_are_decoded():
     backend = CpuBackend(kernels=False)
     assert not backend.has_kernel("q4") and CpuBackend().has_kernel("q4")
+
+
+@pytest.mark.parametrize("kind", ["q8", "q4", "mxfp4", "bf16"])
+def test_packed_embeddings_decode_the_rows_looked_up(kind):
+    rng = np.random.default_rng(5)
+    table, reference = packed(kind, 50, 70, rng)
+    backend = CpuBackend()
+    assert backend.keeps_stored(kind, "embedding") and not backend.keeps_stored(kind, "array")
+    ids = np.array([3, 0, 49, 3])
+    np.testing.assert_allclose(backend.embedding(table, ids), reference[ids], rtol=1e-6, atol=1e-7)
+    assert not backend.keeps_stored("fp8", "embedding")

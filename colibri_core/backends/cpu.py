@@ -30,6 +30,11 @@ class CpuBackend(Backend):
     def has_kernel(self, kind: str) -> bool:
         return self.kernels is not None and kind in KERNEL_KINDS
 
+    def keeps_stored(self, kind: str, use: str) -> bool:
+        if use == "embedding":  # rows are decoded on lookup; fp8's block scales do not split by row
+            return self.has_kernel(kind) and kind != "fp8"
+        return super().keeps_stored(kind, use)
+
     def _quant_linear(self, x, w: QuantTensor):
         n, k = w.shape
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -69,7 +74,14 @@ class CpuBackend(Backend):
         return np.zeros(shape, dtype=np.float32)
 
     def embedding(self, table, ids):
-        return table[np.asarray(ids, dtype=np.int64)]
+        ids = np.asarray(ids, dtype=np.int64)
+        if not isinstance(table, QuantTensor):
+            return table[ids]
+        rows = np.ascontiguousarray(table.data[ids])
+        scales = np.ascontiguousarray(table.scales[ids]) if table.scales is not None else _NO_SCALES
+        out = np.empty((len(ids), table.shape[1]), dtype=np.float32)
+        self.kernels.dequantize(table.kind, rows, scales, out, len(ids), table.shape[1])
+        return out
 
     def linear(self, x, weight, bias=None):
         y = self._quant_linear(x, weight) if isinstance(weight, QuantTensor) else x @ weight.T

@@ -77,7 +77,7 @@ class DiskTier:
         arrays = {}
         for role, info in matrices.items():
             companions = {t.name: typed[t.name] for t in self.resolver.companions(info)}
-            arrays[role] = self.resolver.resident(info, typed[info.name], companions, self.backend, keep_stored=True)
+            arrays[role] = self.resolver.resident(info, typed[info.name], companions, self.backend, "linear")
         with self._lock:
             self.seconds += time.perf_counter() - started
         return ExpertWeights(arrays, sum(self.backend.nbytes(a) for a in arrays.values()))

@@ -40,6 +40,7 @@ def _v(p: Param | None):
 class Embedding:
     def __init__(self, weight: Param):
         self.weight = weight
+        weight.role = "embedding"
 
     def __call__(self, ids: np.ndarray, step: Step):
         return step.ops.embedding(self.weight.value, ids)

@@ -32,8 +32,9 @@ class Param:
         self.transform = transform
         self.shape = tuple(shape) if shape is not None else info.shape  # logical (packed formats store another)
         # "linear": only ever multiplied through ops.linear, so a backend may keep it in
-        # its stored (quantised) form; "router": a linear whose precision steers routing;
-        # "plain": used as an array (embeddings, norms, matrices some block reads itself)
+        # its stored (quantised) form; "embedding": rows looked up (and perhaps a tied LM
+        # head); "router": a linear whose precision steers routing; "plain": used as an
+        # array (norms, matrices some block reads itself)
         self.role = "plain"
 
     @property
@@ -48,9 +49,13 @@ class Param:
         return n
 
     @property
-    def keep_stored(self) -> bool:
-        """May the backend keep this weight in its stored form (a kernel computes with it)?"""
-        return self.role == "linear" and self.transform is None
+    def use(self) -> str:
+        """How the model uses the array: "linear" (only through ops.linear), "embedding"
+        (rows looked up, and possibly a tied LM head) or "array" (read as is). A backend
+        may keep a weight in its stored (packed) form for the first two."""
+        if self.transform is not None or self.role not in ("linear", "embedding"):
+            return "array"
+        return self.role
 
 
 @dataclass
@@ -193,7 +198,7 @@ class Weights:
 
     def resident_bytes(self, resolver, backend) -> int:
         """Memory the dense weights will take on ``backend``."""
-        return sum(resolver.resident_nbytes(p.info, backend, p.keep_stored) for p in self.params.values())
+        return sum(resolver.resident_nbytes(p.info, backend, p.use) for p in self.params.values())
 
     def load_dense(self, resolver, backend, progress: Callable[[int], None] | None = None) -> int:
         """Read every dense weight in file order and place it on the backend: in its stored
@@ -214,7 +219,7 @@ class Weights:
                         host = resolver.format_for(q.info).decode(q.info, raw[q.name], companions)
                         q.value = backend.asarray(q.transform(host))
                     else:
-                        q.value = resolver.resident(q.info, raw[q.name], companions, backend, q.keep_stored)
+                        q.value = resolver.resident(q.info, raw[q.name], companions, backend, q.use)
                     read += q.info.nbytes
                     if progress:
                         progress(q.info.nbytes)

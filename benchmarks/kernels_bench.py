@@ -1,0 +1,64 @@
+"""Kernel microbenchmark: one activation row (decode) and 32 rows (prefill) against a
+4096 x 4096 weight in each format, beside numpy's float32 matmul measured in the same
+run. Rounds are interleaved across formats so machine noise hits all alike; medians and
+spreads (max - min over rounds) are reported.
+
+    python benchmarks/kernels_bench.py [--rounds 15] [--size 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+from colibri_core.backends.cpu import CpuBackend
+from colibri_core.quant import QuantTensor, f32_to_bf16
+from colibri_core.quant_int import MXFP4, Int4GS64, Int8Row
+
+
+def weights(n: int, k: int, rng) -> dict:
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.02
+    out = {"f32 (numpy BLAS)": w}
+    for kind, fmt in (("q8", Int8Row()), ("q4", Int4GS64()), ("mxfp4", MXFP4())):
+        t = fmt.encode("w", w)
+        out[fmt.name] = QuantTensor(kind, t["w"][1], t["w.qs"][1], (n, k))
+    codes = rng.integers(0, 0x7F, (n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k), dtype=np.uint8) << 7)
+    out["fp8-e4m3-b128"] = QuantTensor("fp8", codes, rng.random((-(-n // 128), -(-k // 128))).astype(np.float32), (n, k))
+    out["bf16"] = QuantTensor("bf16", f32_to_bf16(w), None, (n, k))
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--rows", default="1,32")
+    a = p.parse_args(argv)
+    rng = np.random.default_rng(0)
+    backend = CpuBackend()
+    ws = weights(a.size, a.size, rng)
+    print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')}, cores {os.cpu_count()}")
+    for rows in map(int, a.rows.split(",")):
+        x = rng.standard_normal((rows, a.size)).astype(np.float32)
+        times = {name: [] for name in ws}
+        for _ in range(a.rounds):
+            for name, w in ws.items():
+                backend.linear(x, w)  # warm caches and buffers
+                start = time.perf_counter()
+                for _ in range(5):
+                    backend.linear(x, w)
+                times[name].append((time.perf_counter() - start) / 5 * 1e3)
+        base = statistics.median(times["f32 (numpy BLAS)"])
+        print(f"\n{a.size}x{a.size}, {rows} row(s): median ms (spread), speed vs float32 numpy")
+        print("| format | ms | spread | vs f32 numpy |\n|---|---|---|---|")
+        for name, t in times.items():
+            med = statistics.median(t)
+            print(f"| {name} | {med:.3f} | {max(t) - min(t):.3f} | {base / med:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
