@@ -20,6 +20,10 @@ DEQUANT_ROWS = 512  # prefill dequantises this many weight rows at a time into a
 _NO_SCALES = np.zeros(1, dtype=np.float32)
 
 
+def _spec(w: QuantTensor):
+    return (w.kind, w.data, w.scales if w.scales is not None else _NO_SCALES, w.shape[0], w.shape[1], *w.block)
+
+
 class CpuBackend(Backend):
     name = "cpu"
 
@@ -34,6 +38,16 @@ class CpuBackend(Backend):
         if use == "embedding":  # rows are decoded on lookup; fp8's block scales do not split by row
             return self.has_kernel(kind) and kind != "fp8"
         return super().keeps_stored(kind, use)
+
+    def swiglu_expert(self, x, gate, up, down):
+        if (self.kernels is not None and x.shape[0] <= self.kernels.MAX_ROWS
+                and all(isinstance(w, QuantTensor) for w in (gate, up, down))):
+            # one kernel call for the whole expert: its threads wake once, not three times
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            out = np.empty((x.shape[0], down.shape[0]), dtype=np.float32)
+            self.kernels.swiglu(x, _spec(gate), _spec(up), _spec(down), out)
+            return out
+        return super().swiglu_expert(x, gate, up, down)
 
     def _quant_linear(self, x, w: QuantTensor):
         n, k = w.shape
@@ -61,7 +75,7 @@ class CpuBackend(Backend):
             else:
                 sc = scales[r0:r1]
             self.kernels.dequantize(w.kind, w.data[r0:r1], sc, block, r1 - r0, k, *w.block)
-            np.matmul(x, block.T, out=out[:, r0:r1])
+            out[:, r0:r1] = x @ block.T  # (matmul into a strided slice would leave BLAS)
         return out
 
     def asarray(self, host_f32):
