@@ -145,6 +145,7 @@ def _child_colibri(spec: dict) -> dict:
         return {"engine": "colibri", "load_s": load_s, "prefill_s": s.prefill_s, "ttft_s": s.ttft_s,
                 "decode_tok_s": s.decode_tok_s, "generated": s.generated_tokens, "hit_rate": s.hit_rate,
                 "disk_read_bytes": disk, "bytes_read": s.bytes_read, "peak_rss_bytes": _peak_rss(),
+                "decode_bytes_per_token": s.decode_bytes_read / max(s.generated_tokens - 1, 1),
                 "token_ids": result.token_ids}
 
 
@@ -201,7 +202,7 @@ def _child(engine: str, spec: dict) -> None:
 # -- the comparison ---------------------------------------------------------------------------
 def bench(model: str | Path, *, tokens: int = 32, prompt_tokens: int = 32, repeats: int = 3, cold: bool = False,
           vs: tuple[str, ...] = (), ram: str | None = None, cgroup: str | None = None, temperature: float = 0.0,
-          options: dict | None = None, report=None) -> dict:
+          options: dict | None = None, report=None, peer_model: str | Path | None = None) -> dict:
     model = Path(model)
     if not (model / "config.json").exists():
         raise ColibriError(f"{model}: no config.json (not a model directory)")
@@ -223,7 +224,10 @@ def bench(model: str | Path, *, tokens: int = 32, prompt_tokens: int = 32, repea
         for engine in engines:  # interleaved, so drift on a shared machine hits every engine alike
             if cold:
                 cache_state = drop_page_cache(model)
-            result = run_engine(engine, {**spec, "seed": r}, cgroup=limit)
+            engine_spec = {**spec, "seed": r}
+            if engine != "colibri" and peer_model is not None:  # e.g. the bf16 source of a colibri container
+                engine_spec["model"] = str(peer_model)
+            result = run_engine(engine, engine_spec, cgroup=limit)
             runs[engine].append(result)
             if report:
                 report(engine, r, result)
@@ -243,6 +247,7 @@ def bench(model: str | Path, *, tokens: int = 32, prompt_tokens: int = 32, repea
             summary[engine]["cgroup_peak_bytes"] = med("cgroup_peak_bytes")
         if engine == "colibri":
             summary[engine]["hit_rate"] = med("hit_rate")
+            summary[engine]["decode_bytes_per_token"] = med("decode_bytes_per_token")
     ratios = {}
     base = summary.get("colibri", {})
     for engine in vs:
@@ -250,7 +255,7 @@ def bench(model: str | Path, *, tokens: int = 32, prompt_tokens: int = 32, repea
         if "decode_tok_s" in base and other.get("decode_tok_s"):
             ratios[engine] = {"decode": base["decode_tok_s"] / other["decode_tok_s"],
                               "prefill": other["prefill_s"] / base["prefill_s"] if base.get("prefill_s") else None}
-    return {"model": str(model), "tokens": tokens, "prompt_tokens": prompt_tokens, "repeats": repeats,
+    return {"model": str(model), "peer_model": str(peer_model or model), "tokens": tokens, "prompt_tokens": prompt_tokens, "repeats": repeats,
             "cache": cache_state if cold else "warm", "cgroup_bytes": limit, "summary": summary, "ratios": ratios,
             "runs": runs}
 

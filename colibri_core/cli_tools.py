@@ -147,8 +147,11 @@ def convert(model_dir, out_dir, experts, dense, report, as_json):
               help="Sampling temperature (seeded); above 0 keeps random-weight models from repeating one token.")
 @click.option("--prefetch/--no-prefetch", default=False, show_default=True)
 @click.option("--preload", is_flag=True, help="colibri: fill the expert cache before generating.")
+@click.option("--direct-io", is_flag=True, help="colibri: read experts with O_DIRECT.")
+@click.option("--peer-model", default=None, help="Run the --vs engines on this checkpoint instead (e.g. the bf16 source).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, preload, as_json):
+def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, preload, direct_io,
+          peer_model, as_json):
     """Measure prefill and decode speed, time to first token, disk reads and peak memory,
     beside transformers (resident) or transformers + accelerate disk offload."""
     from rich.console import Console
@@ -157,7 +160,7 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     from .bench import bench as run_bench
 
     err = Console(stderr=True, highlight=False)
-    options = {"history": "read", "prefetch": prefetch, "preload": preload}
+    options = {"history": "read", "prefetch": prefetch, "preload": preload, "direct_io": direct_io}
     if cap is not None:
         options["cap"] = cap
 
@@ -167,7 +170,7 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
             err.print(f"[dim]run {r + 1} {engine}: {what}[/]")
 
     data = run_bench(model_dir, tokens=tokens, prompt_tokens=prompt_tokens, repeats=repeats, cold=cold, vs=tuple(vs),
-                     ram=ram, cgroup=cgroup, temperature=temperature, options=options, report=report)
+                     ram=ram, cgroup=cgroup, temperature=temperature, options=options, report=report, peer_model=peer_model)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return

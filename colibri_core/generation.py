@@ -35,6 +35,7 @@ class GenerationStats:
     expert_misses: int = 0  # lookups that waited for a disk read
     bytes_read: int = 0  # expert bytes read from disk during this generation, all drives
     bytes_read_by_drive: dict = field(default_factory=dict)
+    decode_bytes_read: int = 0  # of those, read after the first token (decode only)
     disk_reads: int = 0
     prefetch_issued: int = 0
     prefetch_unused: int = 0
@@ -104,7 +105,7 @@ class Generation:
 
         sampler = Sampler(self.sampling)
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
-        before = store_stats()
+        before = at_first = store_stats()
         cache = lm.new_cache(ops)
         t0 = time.perf_counter()
         logits = None
@@ -121,6 +122,7 @@ class Generation:
             now = time.perf_counter()
             if n == 0:
                 t_first = now
+                at_first = store_stats()  # decode reads are counted from here
             t_last = now
             if token in self.stop_ids:
                 self.finish_reason = "stop"
@@ -162,6 +164,7 @@ class Generation:
         s.hit_rate = s.expert_hits / lookups if lookups else 1.0
         s.bytes_read_by_drive = {name: n - before["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items()}
         s.bytes_read = sum(s.bytes_read_by_drive.values())
+        s.decode_bytes_read = sum(n - at_first["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items())
         s.disk_reads = delta.get("reads", 0)
         s.prefetch_issued, s.prefetch_unused = delta.get("prefetch_issued", 0), delta.get("prefetch_unused", 0)
         predicted, used = delta.get("predicted", 0), delta.get("used", 0)
