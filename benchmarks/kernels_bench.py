@@ -1,9 +1,11 @@
 """Kernel microbenchmark: one activation row (decode) and 32 rows (prefill) against a
 4096 x 4096 weight in each format, beside numpy's float32 matmul measured in the same
-run. Rounds are interleaved across formats so machine noise hits all alike; medians and
-spreads (max - min over rounds) are reported.
+run. By default each format runs its calls back to back (as in a model's decode, where
+kernel calls follow each other); ``--interleave`` alternates formats with numpy's BLAS
+call by call, which shows what two thread pools (OpenMP and OpenBLAS) on two cores cost
+each other. Medians and spreads (max - min over rounds) are reported.
 
-    python benchmarks/kernels_bench.py [--rounds 15] [--size 4096]
+    python benchmarks/kernels_bench.py [--rounds 15] [--size 4096] [--interleave]
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--rows", default="1,32")
+    p.add_argument("--interleave", action="store_true")
     a = p.parse_args(argv)
     rng = np.random.default_rng(0)
     backend = CpuBackend()
@@ -45,13 +48,22 @@ def main(argv=None):
     for rows in map(int, a.rows.split(",")):
         x = rng.standard_normal((rows, a.size)).astype(np.float32)
         times = {name: [] for name in ws}
-        for _ in range(a.rounds):
+
+        def measure(name, w):
+            backend.linear(x, w)  # warm caches and buffers
+            start = time.perf_counter()
+            for _ in range(5):
+                backend.linear(x, w)
+            times[name].append((time.perf_counter() - start) / 5 * 1e3)
+
+        if a.interleave:
+            for _ in range(a.rounds):
+                for name, w in ws.items():
+                    measure(name, w)
+        else:
             for name, w in ws.items():
-                backend.linear(x, w)  # warm caches and buffers
-                start = time.perf_counter()
-                for _ in range(5):
-                    backend.linear(x, w)
-                times[name].append((time.perf_counter() - start) / 5 * 1e3)
+                for _ in range(a.rounds):
+                    measure(name, w)
         base = statistics.median(times["f32 (numpy BLAS)"])
         print(f"\n{a.size}x{a.size}, {rows} row(s): median ms (spread), speed vs float32 numpy")
         print("| format | ms | spread | vs f32 numpy |\n|---|---|---|---|")

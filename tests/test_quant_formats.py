@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from colibri_core import _kernels
-from colibri_core.backends.cpu import CpuBackend
+from colibri_core.backends.cpu import KERNEL_ROW_LIMIT, CpuBackend
 from colibri_core.container import SCALES_SUFFIX
 from colibri_core.quant import QuantTensor
 from colibri_core.quant_fp8 import dequantize as fp8_dequantize, e4m3_to_f32
@@ -126,7 +126,7 @@ KINDS = ["q8", "q4", "mxfp4", "fp8", "bf16"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 40, 65])
 @pytest.mark.parametrize("n, k", [(1, 1), (7, 63), (33, 200), (130, 257), (256, 1024)])
 def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
     rng = np.random.default_rng(n * 1000 + k + rows)
@@ -136,7 +136,7 @@ def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
     expected = x.astype(np.float64) @ reference.astype(np.float64).T
     # float32 accumulation over k terms: relative error ~ k * 2^-24 of the absolute sum
     bound = 8e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(reference).T) + 1e-30
-    if kind == "q4" and rows <= _kernels.MAX_ROWS and _kernels.INT4_INTEGER_PATH:
+    if kind == "q4" and rows <= KERNEL_ROW_LIMIT and _kernels.INT4_INTEGER_PATH:
         # the int4 decode path quantises activations to int8 per 64 inputs (half a step of
         # 1/127 of the group's largest value per element at most)
         bound = bound + (np.abs(reference) @ np.abs(x).T).T / 254

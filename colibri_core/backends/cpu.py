@@ -17,6 +17,8 @@ except ImportError:  # built without a C compiler: pure numpy
 
 KERNEL_KINDS = frozenset({"q8", "q4", "mxfp4", "fp8", "bf16"})
 DEQUANT_ROWS = 512  # prefill dequantises this many weight rows at a time into a reused buffer
+KERNEL_ROW_LIMIT = 64  # up to this many activation rows, the kernels take them a few at a time:
+# passes over the packed weight are cheaper than dequantising it for BLAS
 _NO_SCALES = np.zeros(1, dtype=np.float32)
 
 
@@ -40,12 +42,15 @@ class CpuBackend(Backend):
         return super().keeps_stored(kind, use)
 
     def swiglu_expert(self, x, gate, up, down):
-        if (self.kernels is not None and x.shape[0] <= self.kernels.MAX_ROWS
-                and all(isinstance(w, QuantTensor) for w in (gate, up, down))):
+        if (self.kernels is not None and all(isinstance(w, QuantTensor) for w in (gate, up, down))
+                and x.shape[0] <= (self.kernels.MAX_ROWS if "fp8" in (gate.kind, up.kind, down.kind) else KERNEL_ROW_LIMIT)):
             # one kernel call for the whole expert: its threads wake once, not three times
             x = np.ascontiguousarray(x, dtype=np.float32)
             out = np.empty((x.shape[0], down.shape[0]), dtype=np.float32)
-            self.kernels.swiglu(x, _spec(gate), _spec(up), _spec(down), out)
+            step = self.kernels.MAX_ROWS
+            specs = (_spec(gate), _spec(up), _spec(down))
+            for r in range(0, x.shape[0], step):
+                self.kernels.swiglu(x[r : r + step], *specs, out[r : r + step])
             return out
         return super().swiglu_expert(x, gate, up, down)
 
@@ -55,8 +60,12 @@ class CpuBackend(Backend):
         m = x.shape[0]
         scales = w.scales if w.scales is not None else _NO_SCALES
         out = np.empty((m, n), dtype=np.float32)
-        if m <= self.kernels.MAX_ROWS:  # decode: one pass over the packed weight
-            self.kernels.matmul(w.kind, x, w.data, scales, out, n, k, *w.block)
+        if m <= (self.kernels.MAX_ROWS if w.kind == "fp8" else KERNEL_ROW_LIMIT):
+            # decode and short prompts: passes over the packed weight (fp8's per-element
+            # decode makes repeated passes dearer than one dequantisation)
+            step = self.kernels.MAX_ROWS
+            for r in range(0, m, step):
+                self.kernels.matmul(w.kind, x[r : r + step], w.data, scales, out[r : r + step], n, k, *w.block)
             return out
         # many rows (prefill): dequantise a block of rows at a time and let BLAS multiply
         step = DEQUANT_ROWS
