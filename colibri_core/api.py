@@ -133,9 +133,6 @@ class Model:
             raise UsageError("logits() needs at least one token id")
         if len(ids) > self.lm.max_context:
             raise UsageError(f"{len(ids)} tokens do not fit the context of {self.lm.max_context}")
-        bad = [t for t in ids if not 0 <= t < self.lm.vocab_size]
-        if bad:
-            raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{self.lm.vocab_size - 1})")
         self.lm.check_prompt(ids)
         cache = self.lm.new_cache(self.backend)
         from .generation import PREFILL_CHUNK

@@ -93,10 +93,6 @@ class Generation:
         prompt = list(self.prompt_ids)
         if not prompt:
             raise UsageError("the prompt is empty: give text or at least one token id")
-        vocab = lm.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         lm.check_prompt(prompt)
         if len(prompt) >= lm.max_context:
             raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {lm.max_context}")

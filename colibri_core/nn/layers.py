@@ -245,7 +245,13 @@ class CausalLM:
         self.refused_tokens = dict(refused_tokens or {})
 
     def check_prompt(self, ids) -> None:
-        """Refuse prompts this model cannot honour (see ``refused_tokens``)."""
+        """Refuse token ids outside the vocabulary, and prompts this model cannot honour
+        (see ``refused_tokens``)."""
+        from ..errors import UsageError
+
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
         if not self.refused_tokens:
             return
         for t in ids:

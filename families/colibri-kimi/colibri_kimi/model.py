@@ -11,28 +11,13 @@ are refused.
 
 from __future__ import annotations
 
-from colibri_core.errors import ModelFormatError, UnsupportedModelError, UsageError
+from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.family import Family
-from colibri_core.nn import CausalLM
 from colibri_deepseek.model import DeepseekV3Args, Names, build_deepseek
 
 TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
 LM_HEADS = ("language_model.lm_head", "lm_head")
 MEDIA_TOKENS = {"media_placeholder_token_id": "media", "image_token_id": "image", "video_token_id": "video"}
-
-
-class KimiCausalLM(CausalLM):
-    """The text model, refusing prompts that hold the vision tower's placeholder tokens."""
-
-    def __init__(self, *, refused: dict[int, str], **kwargs):
-        super().__init__(**kwargs)
-        self.refused = refused
-
-    def check_prompt(self, ids):
-        for token in ids:
-            if token in self.refused:
-                raise UsageError(f"token id {token} is Kimi K2.5's {self.refused[token]} placeholder: colibri runs the "
-                                 "text model only; image and video input are not supported")
 
 
 class Kimi(Family):
@@ -57,8 +42,10 @@ class Kimi(Family):
         if not a.tie_word_embeddings and names.lm_head not in _present(w, LM_HEADS):
             raise ModelFormatError(f"{w.checkpoint.model_dir}: tie_word_embeddings is false but there is no lm_head "
                                    f"(looked for {', '.join(h + '.weight' for h in LM_HEADS)})")
-        refused = {config[key]: what for key, what in MEDIA_TOKENS.items() if isinstance(config.get(key), int)}
-        return build_deepseek(a, text, w, names, lm_class=KimiCausalLM, refused=refused)
+        # the text model is all colibri runs: a prompt holding a vision placeholder is refused
+        refused = {config[key]: f"Kimi K2.5's {what} placeholder: colibri runs the text model only; image and video "
+                                "input are not supported" for key, what in MEDIA_TOKENS.items() if isinstance(config.get(key), int)}
+        return build_deepseek(a, text, w, names, refused_tokens=refused)
 
 
 def _present(w, heads) -> list[str]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.errors import ModelFormatError, UnsupportedModelError, UsageError
+from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.testing.oracle import oracle_fixture
 
 import test_kimi_oracle as suites
@@ -106,9 +106,9 @@ def test_image_and_video_placeholders_are_refused(tmp_path_factory, tmp_path):
     model_dir = copy(fx.path, tmp_path / "media", image_token_id=120, video_token_id=121, media_placeholder_token_id=122)
     with colibri_core.load(model_dir) as model:
         for token, what in ((120, "image"), (121, "video"), (122, "media")):
-            with pytest.raises(UsageError, match=f"token id {token} is Kimi K2.5's {what} placeholder.*text model only"):
+            with pytest.raises(UnsupportedModelError, match=f"token {token}: Kimi K2.5's {what} placeholder.*text model only"):
                 model.generate(token_ids=[5, token, 7], max_tokens=2)
-            with pytest.raises(UsageError, match="image and video input are not supported"):
+            with pytest.raises(UnsupportedModelError, match="image and video input are not supported"):
                 model.logits([token])
         assert len(model.generate(token_ids=[5, 6, 7], max_tokens=2, ignore_eos=True).token_ids) == 2
 
