@@ -150,15 +150,26 @@ def _child_colibri(spec: dict) -> dict:
 
 
 def _child_transformers(spec: dict, offload: bool) -> dict:
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="colibri-bench-offload-") if offload else None
+    try:  # accelerate writes several GB of merged expert tensors there: never leave them behind
+        return _run_transformers(spec, folder)
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_transformers(spec: dict, offload_folder: str | None) -> dict:
     import torch
     import transformers
 
     torch.set_num_threads(spec.get("threads") or os.cpu_count() or 1)
     started = time.perf_counter()
     kwargs = {"dtype": "auto"}
+    offload = offload_folder is not None
     if offload:
-        kwargs.update(device_map="auto", max_memory={"cpu": spec["ram"]},
-                      offload_folder=tempfile.mkdtemp(prefix="colibri-bench-offload-"))
+        kwargs.update(device_map="auto", max_memory={"cpu": spec["ram"]}, offload_folder=offload_folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], **kwargs).eval()
     load_s = time.perf_counter() - started
     ids = prompt_ids(model.config.get_text_config().vocab_size, spec["prompt_tokens"], spec.get("seed", 0))
