@@ -1,0 +1,190 @@
+"""llama.cpp beside colibri, for the record (not run by CI).
+
+Three steps, each its own subcommand, because they need different environments:
+
+1. ``gguf`` (an environment with torch, transformers and the ``gguf`` package): convert
+   an OLMoE checkpoint with the ``convert_hf_to_gguf.py`` that llama-cpp-python's sdist
+   ships (``pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36``). A
+   synthetic checkpoint has no tokenizer, which the converter needs: a substitute byte-level
+   BPE vocabulary is written (the benchmark feeds token ids, so which vocabulary does not
+   matter), and the converter's pre-tokenizer detection is told "default".
+2. ``quantize`` (an environment with llama-cpp-python built from source:
+   ``CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36``):
+   Q8_0 -> Q4_0 through ``llama_cpp.llama_model_quantize`` (the pip build has no
+   llama-quantize program).
+3. ``run`` (the llama-cpp-python environment): the same measurement as ``colibri bench``:
+   the same seeded 32-token prompt, prefill timed apart from loading, decode as
+   (N - 1) / (time of the last token - time of the first), peak RSS, disk bytes; optionally
+   in a memory cgroup after dropping the page cache.
+
+    python benchmarks/llama_cpp_bench.py gguf --model /data/olmoe-full --sdist /tmp/llama.cpp --out /data/olmoe-q8_0.gguf
+    python benchmarks/llama_cpp_bench.py quantize --gguf /data/olmoe-q8_0.gguf --out /data/olmoe-q4_0.gguf --type q4_0
+    python benchmarks/llama_cpp_bench.py run --gguf /data/olmoe-q4_0.gguf --tokens 32 --repeats 3 [--cgroup 3G --cold]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def substitute_tokenizer(dest: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer with at most ``vocab`` tokens (the converter pads the rest)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab, 1024), special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["a substitute vocabulary for a benchmark that feeds token ids"] * 4, trainer=trainer)
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                             "eos_token": "<|endoftext|>"}))
+
+
+def cmd_gguf(a) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "model"
+        work.mkdir()
+        for item in a.model.iterdir():  # the checkpoint by links, plus a tokenizer
+            if item.is_file() and not item.name.startswith("tokenizer"):
+                (work / item.name).symlink_to(item.resolve())
+        config = json.loads((a.model / "config.json").read_text())
+        if not (a.model / "tokenizer.json").exists():
+            substitute_tokenizer(work, config["vocab_size"])
+        else:
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                if (a.model / name).exists():
+                    shutil.copy(a.model / name, work / name)
+        driver = f"""
+import sys
+sys.path.insert(0, {str(a.sdist)!r})
+sys.path.insert(0, {str(a.sdist / "gguf-py")!r})
+sys.argv = ["convert_hf_to_gguf.py", {str(work)!r}, "--outfile", {str(a.out)!r}, "--outtype", {a.outtype!r}]
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"  # a substitute vocabulary: no known hash
+import runpy
+runpy.run_path({str(a.sdist / "convert_hf_to_gguf.py")!r}, run_name="__main__")
+"""
+        subprocess.run([sys.executable, "-c", driver], check=True)
+    print(f"{a.out}: {a.out.stat().st_size / 1e9:.2f} GB", file=sys.stderr)
+
+
+def cmd_quantize(a) -> None:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[a.type]
+    params.nthread = os.cpu_count() or 1
+    params.allow_requantize = True
+    status = llama_cpp.llama_model_quantize(str(a.gguf).encode(), str(a.out).encode(), params)
+    if status != 0:
+        raise SystemExit(f"llama_model_quantize failed with status {status}")
+    print(f"{a.out}: {a.out.stat().st_size / 1e9:.2f} GB", file=sys.stderr)
+
+
+def _io_read_bytes() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int) -> dict:
+    import numpy as np
+    import llama_cpp
+
+    started = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_ctx=prompt_tokens + tokens + 8, verbose=False,
+                          use_mmap=True)
+    load_s = time.perf_counter() - started
+    vocab = llm.n_vocab()
+    ids = np.random.default_rng(seed).integers(0, vocab, prompt_tokens).tolist()  # as colibri bench's prompt
+    rng = np.random.default_rng(seed)
+    before = _io_read_bytes()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill_s = time.perf_counter() - t0
+    times = []
+    for _ in range(tokens):
+        logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        probs = np.exp(logits - logits.max())
+        token = int(rng.choice(probs.size, p=probs / probs.sum()))  # temperature 1, as the colibri runs
+        times.append(time.perf_counter())
+        if len(times) == tokens:
+            break
+        llm.eval([token])
+    decode = (len(times) - 1) / (times[-1] - times[0])
+    return {"engine": "llama.cpp", "load_s": load_s, "prefill_s": prefill_s, "decode_tok_s": decode,
+            "disk_read_bytes": _io_read_bytes() - before, "peak_rss_bytes": _peak_rss()}
+
+
+def cmd_run(a) -> None:
+    if a.child:
+        print(json.dumps(one_run(str(a.gguf), a.tokens, a.prompt_tokens, a.seed, a.threads)))
+        return
+    from colibri_core.bench import Cgroup, drop_page_cache
+
+    results = []
+    for r in range(a.repeats):
+        if a.cold:
+            drop_page_cache(a.gguf.parent)
+            subprocess.run(["sync"], check=False)
+        group = Cgroup.create(int(a.cgroup)) if a.cgroup else None
+        try:
+            cmd = [sys.executable, __file__, "run", "--gguf", str(a.gguf), "--tokens", str(a.tokens), "--prompt-tokens",
+                   str(a.prompt_tokens), "--seed", str(r), "--threads", str(a.threads), "--child"]
+            out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=(lambda: group.add(os.getpid())) if group else None)
+            result = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-500:]}
+            if group:
+                result["cgroup_peak_bytes"] = group.peak()
+        finally:
+            if group:
+                group.remove()
+        results.append(result)
+        print(json.dumps(result), file=sys.stderr)
+    ok = [x for x in results if "error" not in x]
+    summary = {k: statistics.median(x[k] for x in ok) for k in ("decode_tok_s", "prefill_s", "load_s")} if ok else {}
+    print(json.dumps({"gguf": str(a.gguf), "summary": summary, "runs": results}, indent=1))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("gguf")
+    g.add_argument("--model", required=True, type=Path)
+    g.add_argument("--sdist", required=True, type=Path, help="vendor/llama.cpp of the llama-cpp-python sdist")
+    g.add_argument("--out", required=True, type=Path)
+    g.add_argument("--outtype", default="q8_0")
+    q = sub.add_parser("quantize")
+    q.add_argument("--gguf", required=True, type=Path)
+    q.add_argument("--out", required=True, type=Path)
+    q.add_argument("--type", choices=["q4_0", "q8_0"], default="q4_0")
+    r = sub.add_parser("run")
+    r.add_argument("--gguf", required=True, type=Path)
+    r.add_argument("--tokens", type=int, default=32)
+    r.add_argument("--prompt-tokens", type=int, default=32)
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--cgroup", default=None, help="bytes, e.g. 3221225472")
+    r.add_argument("--cold", action="store_true")
+    r.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    {"gguf": cmd_gguf, "quantize": cmd_quantize, "run": cmd_run}[a.command](a)
+
+
+if __name__ == "__main__":
+    main()
