@@ -31,6 +31,7 @@ from .experts.store import ExpertStore, PinPolicy
 from .generation import Generation, GenerationResult, TokenEvent
 from .nn.layers import CausalLM
 from .placement import Placement, plan
+from .quant import QuantTensor
 from .plugins import get_registry
 from .registry import Entry
 from .sampling import SamplingParams
@@ -227,6 +228,9 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
                 if progress:
                     progress.start(placement.slots * len(moe), "experts")
                 store.warm(progress=(lambda: progress.advance(1)) if progress else None)
+        expert_kinds = {bp.resolver.format_for(i).kernel for d in moe for i in d.matrices[0].values()}
+        backend_obj.placed(any(isinstance(p.value, QuantTensor) for p in bp.weights.params.values())
+                           or any(k is not None and backend_obj.keeps_stored(k, "linear") for k in expert_kinds))
         tokenizer = Tokenizer.from_dir(bp.model_dir)
         eos = eos_token_ids(bp.model_dir, bp.config)
     except BaseException:

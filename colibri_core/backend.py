@@ -37,6 +37,10 @@ class Backend:
         "bf16"). Weights whose kind has no kernel are decoded to float32 at load."""
         return False
 
+    def placed(self, packed: bool) -> None:
+        """Called once the model's weights are placed; ``packed`` says whether any weight
+        is kept in a packed form (so the backend's kernels will do most of the work)."""
+
     def keeps_stored(self, kind: str, use: str) -> bool:
         """Whether a weight of this stored kind stays packed for this use: "linear"
         (``linear`` has the kernel), "embedding" (``embedding`` can decode looked-up rows
