@@ -114,8 +114,8 @@ def main(argv=None):
             print(f"{pct:>3}% {policy:<17} hit {r[3]:.1%} prefetched {r[4]:.1%} decode {r[5]:.2f} tok/s "
                   f"(spread {r[6]:.2f}) {r[7] / 2**20:.1f} MiB/token, bound {r[8]:.2f} tok/s", file=sys.stderr)
 
-    print(f"| budget (experts) | RAM | policy | hit rate | served by prefetch | decode tok/s (median, spread) | "
-          f"disk MiB/token | bound tok/s | share of bound |")
+    print("| budget (experts) | RAM | policy | hit rate | served by prefetch | decode tok/s (median, spread) | "
+          "disk MiB/token | bound tok/s | share of bound |")
     print("|---|---|---|---|---|---|---|---|---|")
     for pct, ram, policy, hit, pre, tok_s, spread, per_token, bound in rows:
         share = f"{tok_s / bound:.0%}" if bound != float("inf") else "n/a (no reads)"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ColibriError, UsageError
-from .units import format_bytes, parse_size
+from .units import parse_size
 
 ENGINES = ("colibri", "transformers", "accelerate-offload")
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")

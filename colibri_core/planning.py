@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .blueprint import Blueprint
-from .errors import BudgetError
 from .experts.history import RoutingHistory
 from .experts.store import PinPolicy
 from .placement import Placement, plan

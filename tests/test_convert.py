@@ -4,7 +4,6 @@ byte-identical, refusing to mix choices; and the quality report."""
 import json
 import shutil
 
-import numpy as np
 import pytest
 
 import colibri_core

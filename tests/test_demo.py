@@ -1,7 +1,6 @@
 """The built-in demo: built once, atomically, big enough to matter, and it streams."""
 
 import json
-import os
 
 import pytest
 

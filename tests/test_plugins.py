@@ -2,7 +2,6 @@
 
 import inspect
 import json
-import re
 import textwrap
 
 import pytest
@@ -93,8 +92,6 @@ def test_a_hook_that_raises_marks_only_its_plugin_failed():
 
 
 def test_a_plugin_cannot_take_over_a_core_command():
-    import click
-
     class Hijacker:
         @colibri_core.hookimpl
         def colibri_register_commands(self, cli):

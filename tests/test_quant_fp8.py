@@ -2,7 +2,6 @@
 scales (full and partial blocks) equal transformers' dequantisation, and malformed
 checkpoints are refused with errors naming the tensor."""
 
-import json
 
 import numpy as np
 import pytest

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ColibriError, UsageError
-from ..checkpoint import merge_ranges  # noqa: F401  (re-exported for the tiers)
 from ..safetensors_file import TensorInfo
 from ..warn import warn
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from ..errors import ColibriError
 from ..safetensors_file import TensorInfo, as_array
 from ..warn import warn
-from .drives import Drive, choose_drive, merge_ranges
+from ..checkpoint import merge_ranges
+from .drives import Drive, choose_drive
 
 
 @dataclass

@@ -6,7 +6,7 @@ import json
 
 import colibri_core
 from colibri_core.testing.fp8 import fp8_rewrite
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, oracle_fixture
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
 
 from ds_configs import random_correction_bias, v3, v32
 
