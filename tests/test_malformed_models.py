@@ -23,6 +23,7 @@ import pytest
 from colibri_core.checkpoint import INDEX_NAME
 from colibri_core.demo import DemoSpec, build_demo_model
 from colibri_core.safetensors_file import write_safetensors
+from colibri_core.testing import DELETE, edit_config
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=4, num_experts_per_tok=2,
                 intermediate_size=16, tokenizer_vocab=300, shard_bytes=20000)
@@ -102,17 +103,6 @@ def shard_tensors(path: Path) -> list[tuple[str, tuple[str, np.ndarray]]]:
     return out
 
 
-def edit_config(d: Path, **changes) -> None:
-    config = json.loads((d / "config.json").read_text())
-    for key, value in changes.items():
-        if value is DELETE:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    (d / "config.json").write_text(json.dumps(config))
-
-
-DELETE = object()
 
 
 # -- the cases: each damages a copy of the model and returns what the error must name ---

@@ -22,3 +22,31 @@ def registered_plugin(obj, name: str):
         yield
     finally:
         unregister_plugin(name)
+
+
+DELETE = object()  # as a value for edit_config: remove the key
+
+
+def edit_config(model_dir, **changes) -> None:
+    """Change keys of a model directory's config.json (``DELETE`` removes one)."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is DELETE:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+def copy_model(src, dst, **config_changes):
+    """Copy a model directory and change its config (see ``edit_config``)."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copytree(src, dst)
+    edit_config(dst, **config_changes)
+    return Path(dst)

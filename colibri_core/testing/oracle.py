@@ -130,10 +130,15 @@ class FamilyOracleSuite:
         if "placement" in metafunc.fixturenames:
             metafunc.parametrize("placement", self.placement_names)
 
-    def _fixture(self, case_name: str, tmp_path_factory) -> OracleFixture:
+    @classmethod
+    def oracle(cls, case_name: str, tmp_path_factory) -> OracleFixture:
+        """The case's saved model and transformers' reference outputs (built once per session)."""
         root = tmp_path_factory.getbasetemp() / "oracles"
         root.mkdir(exist_ok=True)
-        return oracle_fixture(type(self).__name__, case_name, self.cases[case_name], self.model_class, root)
+        return oracle_fixture(cls.__name__, case_name, cls.cases[case_name], cls.model_class, root)
+
+    def _fixture(self, case_name: str, tmp_path_factory) -> OracleFixture:
+        return self.oracle(case_name, tmp_path_factory)
 
     def test_greedy_tokens_and_logits_match_transformers(self, case_name, placement, tmp_path_factory):
         fx = self._fixture(case_name, tmp_path_factory)

@@ -3,7 +3,6 @@ DSA with index_topk covering the sequence is dense attention, MTP layers are ign
 and bad configs are refused naming the field."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -12,28 +11,14 @@ import colibri_core
 from colibri_core.backends.cpu import CpuBackend
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.safetensors_file import write_safetensors
-from colibri_core.testing.oracle import oracle_fixture
+from colibri_core.testing import DELETE, copy_model
 
 import test_deepseek_v32_oracle as v32_suite
 import test_deepseek_v3_oracle as v3_suite
 
 
 def fixture(tmp_path_factory, suite, name):
-    root = tmp_path_factory.getbasetemp() / "oracles"
-    root.mkdir(exist_ok=True)
-    return oracle_fixture(suite.__name__, name, suite.cases[name], suite.model_class, root)
-
-
-def copy_with_config(src, dst, **changes):
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
+    return suite.oracle(name, tmp_path_factory)
 
 
 def test_kv_cache_bytes_per_token_are_the_latent_size(tmp_path_factory):
@@ -81,7 +66,7 @@ def test_index_topk_covering_the_sequence_is_dense_attention(tmp_path_factory, t
     ids = fx.prompt + fx.tokens[:-1]
     assert json.loads((fx.path / "config.json").read_text())["index_topk"] >= len(ids)
     # the same weights as DeepSeek-V3 (MLA without the indexer): bit-identical logits
-    v3_dir = copy_with_config(fx.path, tmp_path / "as-v3", model_type="deepseek_v3", architectures=None,
+    v3_dir = copy_model(fx.path, tmp_path / "as-v3", model_type="deepseek_v3", architectures=DELETE,
                               rope_interleave=True)
     with colibri_core.load(fx.path) as v32, colibri_core.load(v3_dir) as v3:
         assert v32.family.spec.name == "deepseek-v32" and v3.family.spec.name == "deepseek-v3"
@@ -95,7 +80,7 @@ def test_index_topk_covering_the_sequence_is_dense_attention(tmp_path_factory, t
 
 def test_a_small_index_topk_really_restricts_attention(tmp_path_factory, tmp_path):
     fx = fixture(tmp_path_factory, v32_suite.TestDeepseekV32Oracle, "sparse_top4")
-    dense_dir = copy_with_config(fx.path, tmp_path / "dense", index_topk=4096)
+    dense_dir = copy_model(fx.path, tmp_path / "dense", index_topk=4096)
     ids = fx.prompt + fx.tokens[:-1]
     with colibri_core.load(fx.path) as sparse, colibri_core.load(dense_dir) as dense:
         a, b = sparse.logits(ids), dense.logits(ids)
@@ -106,7 +91,7 @@ def test_a_small_index_topk_really_restricts_attention(tmp_path_factory, tmp_pat
 def test_mtp_layers_are_ignored(tmp_path_factory, tmp_path):
     fx = fixture(tmp_path_factory, v3_suite.TestDeepseekV3Oracle, "base")
     n = json.loads((fx.path / "config.json").read_text())["num_hidden_layers"]
-    mtp_dir = copy_with_config(fx.path, tmp_path / "mtp", num_nextn_predict_layers=1)
+    mtp_dir = copy_model(fx.path, tmp_path / "mtp", num_nextn_predict_layers=1)
     rng = np.random.default_rng(0)
     # what DeepSeek-V3 checkpoints carry for their multi-token-prediction layer
     write_safetensors(mtp_dir / "model-mtp.safetensors", {
@@ -133,7 +118,7 @@ def test_mtp_layers_are_ignored(tmp_path_factory, tmp_path):
 ])
 def test_bad_configs_are_refused_naming_the_field(tmp_path_factory, tmp_path, changes, error, match):
     fx = fixture(tmp_path_factory, v3_suite.TestDeepseekV3Oracle, "base")
-    bad = copy_with_config(fx.path, tmp_path / "bad", **changes)
+    bad = copy_model(fx.path, tmp_path / "bad", **changes)
     with pytest.raises(error, match=match) as err:
         colibri_core.load(bad)
     assert "config.json" in str(err.value) or "safetensors" in str(err.value)
@@ -141,7 +126,7 @@ def test_bad_configs_are_refused_naming_the_field(tmp_path_factory, tmp_path, ch
 
 def test_v32_mlp_layer_types_must_cover_every_layer(tmp_path_factory, tmp_path):
     fx = fixture(tmp_path_factory, v32_suite.TestDeepseekV32Oracle, "sparse_top4")
-    bad = copy_with_config(fx.path, tmp_path / "bad", mlp_layer_types=["dense", "sparse"])
+    bad = copy_model(fx.path, tmp_path / "bad", mlp_layer_types=["dense", "sparse"])
     with pytest.raises(ModelFormatError, match="mlp_layer_types must list"):
         colibri_core.load(bad)
 

@@ -5,7 +5,6 @@ and the family listed and running without colibri-deepseek."""
 
 import ast
 import json
-import shutil
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import pytest
 import colibri_core
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.safetensors_file import write_safetensors
-from colibri_core.testing.oracle import oracle_fixture
+from colibri_core.testing import DELETE, copy_model
 
 import test_glm4_moe_lite_oracle as lite_suite
 import test_glm4_moe_oracle as moe_suite
@@ -28,21 +27,7 @@ SHARED = (dsa_suite.TestGlmMoeDsaOracle, "shared_top4")
 
 def fixture(tmp_path_factory, which):
     suite, name = which
-    root = tmp_path_factory.getbasetemp() / "oracles"
-    root.mkdir(exist_ok=True)
-    return oracle_fixture(suite.__name__, name, suite.cases[name], suite.model_class, root)
-
-
-def copy_with_config(src, dst, **changes):
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
+    return suite.oracle(name, tmp_path_factory)
 
 
 def logits(path, ids):
@@ -57,19 +42,19 @@ def test_glm4_moe_partial_rotary_spellings(tmp_path_factory, tmp_path):
     reference = logits(fx.path, ids)
     same = {
         # GLM-4.5's own config.json: rope_theta and partial_rotary_factor at the top
-        "top_level": dict(rope_parameters=None, rope_theta=10000.0, partial_rotary_factor=0.5),
+        "top_level": dict(rope_parameters=DELETE, rope_theta=10000.0, partial_rotary_factor=0.5),
         # absent everywhere: GLM's default 0.5
-        "absent": dict(rope_parameters=None, rope_theta=10000.0),
+        "absent": dict(rope_parameters=DELETE, rope_theta=10000.0),
         # rope_parameters wins over the top-level field, as in transformers
         "both": dict(partial_rotary_factor=1.0),
     }
     for name, changes in same.items():
-        np.testing.assert_array_equal(logits(copy_with_config(fx.path, tmp_path / name, **changes), ids), reference, name)
-    full = logits(copy_with_config(fx.path, tmp_path / "full", rope_parameters=None, rope_theta=10000.0,
+        np.testing.assert_array_equal(logits(copy_model(fx.path, tmp_path / name, **changes), ids), reference, name)
+    full = logits(copy_model(fx.path, tmp_path / "full", rope_parameters=DELETE, rope_theta=10000.0,
                                    partial_rotary_factor=1.0), ids)
     assert np.abs(full - reference).max() > 1e-3
     # an explicit null top-level factor is full rotary in transformers (the 0.5 default is a setdefault)
-    null = copy_with_config(fx.path, tmp_path / "null", rope_parameters=None, rope_theta=10000.0)
+    null = copy_model(fx.path, tmp_path / "null", rope_parameters=DELETE, rope_theta=10000.0)
     config = json.loads((null / "config.json").read_text())
     (null / "config.json").write_text(json.dumps(dict(config, partial_rotary_factor=None)))
     np.testing.assert_array_equal(logits(null, ids), full)
@@ -79,14 +64,14 @@ def test_glm4_moe_lite_defaults_to_one_dense_layer(tmp_path_factory, tmp_path):
     fx = fixture(tmp_path_factory, LITE)
     assert json.loads((fx.path / "config.json").read_text())["mlp_layer_types"] == ["dense", "sparse", "sparse"]
     # without mlp_layer_types, transformers makes layer 0 dense and the rest MoE (first_k_dense_replace is not read)
-    bare = copy_with_config(fx.path, tmp_path / "bare", mlp_layer_types=None, first_k_dense_replace=2)
+    bare = copy_model(fx.path, tmp_path / "bare", mlp_layer_types=DELETE, first_k_dense_replace=2)
     np.testing.assert_array_equal(logits(bare, fx.prompt), logits(fx.path, fx.prompt))
 
 
 def test_mtp_layers_are_ignored(tmp_path_factory, tmp_path):
     fx = fixture(tmp_path_factory, MOE)
     n = json.loads((fx.path / "config.json").read_text())["num_hidden_layers"]
-    mtp_dir = copy_with_config(fx.path, tmp_path / "mtp", num_nextn_predict_layers=1)
+    mtp_dir = copy_model(fx.path, tmp_path / "mtp", num_nextn_predict_layers=1)
     rng = np.random.default_rng(0)
     # what GLM-4.5 checkpoints carry for their multi-token-prediction layer
     write_safetensors(mtp_dir / "model-mtp.safetensors", {
@@ -107,15 +92,15 @@ def test_glm5_indexer_schedule_spellings(tmp_path_factory, tmp_path):
     ids = fx.prompt + fx.tokens[:-1]
     reference = logits(fx.path, ids)
     same = {
-        "pattern_string": dict(indexer_types=None, index_topk_pattern="FSFS"),
-        "pattern_list": dict(indexer_types=None, index_topk_pattern=["full", "shared", "full", "shared"]),
-        "freq_offset": dict(indexer_types=None, index_topk_freq=2, index_skip_topk_offset=1),
+        "pattern_string": dict(indexer_types=DELETE, index_topk_pattern="FSFS"),
+        "pattern_list": dict(indexer_types=DELETE, index_topk_pattern=["full", "shared", "full", "shared"]),
+        "freq_offset": dict(indexer_types=DELETE, index_topk_freq=2, index_skip_topk_offset=1),
     }
     for name, changes in same.items():
-        np.testing.assert_array_equal(logits(copy_with_config(fx.path, tmp_path / name, **changes), ids), reference, name)
+        np.testing.assert_array_equal(logits(copy_model(fx.path, tmp_path / name, **changes), ids), reference, name)
     # no schedule at all: every layer runs its own indexer, whose weights this checkpoint lacks
     with pytest.raises(ModelFormatError, match=r"missing tensor 'model\.layers\.1\.self_attn\.indexer"):
-        colibri_core.load(copy_with_config(fx.path, tmp_path / "none", indexer_types=None))
+        colibri_core.load(copy_model(fx.path, tmp_path / "none", indexer_types=DELETE))
 
 
 def test_shared_indexer_layers_cache_no_index_keys(tmp_path_factory):
@@ -132,21 +117,21 @@ def test_shared_indexer_layers_cache_no_index_keys(tmp_path_factory):
 @pytest.mark.parametrize("which,changes,error,match", [
     (SHARED, {"indexer_types": ["shared", "full", "full", "shared"]}, ModelFormatError, "layer 0 cannot be 'shared'"),
     (SHARED, {"indexer_types": ["full", "shared"]}, ModelFormatError, "indexer_types must give 'full' or 'shared'"),
-    (SHARED, {"indexer_types": None, "index_topk_pattern": "FSXS"}, ModelFormatError, "index_topk_pattern must give"),
-    (SHARED, {"q_lora_rank": None}, ModelFormatError, "DSA needs q_lora_rank"),
+    (SHARED, {"indexer_types": DELETE, "index_topk_pattern": "FSXS"}, ModelFormatError, "index_topk_pattern must give"),
+    (SHARED, {"q_lora_rank": DELETE}, ModelFormatError, "DSA needs q_lora_rank"),
     (MOE, {"num_key_value_heads": 3}, ModelFormatError, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
     (MOE, {"n_group": 3}, ModelFormatError, "n_routed_experts 8 is not divisible by n_group 3"),
     (MOE, {"num_experts_per_tok": 5}, ModelFormatError, "num_experts_per_tok 5 must be within 1..4"),
     (MOE, {"hidden_act": "gelu"}, UnsupportedModelError, "hidden_act 'gelu'"),
     (MOE, {"head_dim": 8}, ModelFormatError, r"q_proj\.bias. has shape \[64\], but config.json implies \[32\]"),
-    (MOE, {"partial_rotary_factor": 2.0, "rope_parameters": None, "rope_theta": 10000.0}, ModelFormatError,
+    (MOE, {"partial_rotary_factor": 2.0, "rope_parameters": DELETE, "rope_theta": 10000.0}, ModelFormatError,
      "'partial_rotary_factor' = 2.0 is outside"),
     (LITE, {"num_key_value_heads": 2}, ModelFormatError, "num_key_value_heads 2 must equal num_attention_heads"),
     (LITE, {"mlp_layer_types": ["dense", "moe", "sparse"]}, ModelFormatError, "mlp_layer_types must list"),
 ])
 def test_bad_configs_are_refused_naming_the_field(tmp_path_factory, tmp_path, which, changes, error, match):
     fx = fixture(tmp_path_factory, which)
-    bad = copy_with_config(fx.path, tmp_path / "bad", **changes)
+    bad = copy_model(fx.path, tmp_path / "bad", **changes)
     with pytest.raises(error, match=match) as err:
         colibri_core.load(bad)
     assert "config.json" in str(err.value) or "safetensors" in str(err.value)

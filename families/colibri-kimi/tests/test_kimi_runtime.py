@@ -11,15 +11,13 @@ import pytest
 
 import colibri_core
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.testing.oracle import oracle_fixture
+from colibri_core.testing import DELETE, edit_config
 
 import test_kimi_oracle as suites
 
 
 def fixture(tmp_path_factory, suite, name):
-    root = tmp_path_factory.getbasetemp() / "oracles"
-    root.mkdir(exist_ok=True)
-    return oracle_fixture(suite.__name__, name, suite.cases[name], suite.model_class, root)
+    return suite.oracle(name, tmp_path_factory)
 
 
 def copy(src, dst, rename=None, **changes):
@@ -41,13 +39,7 @@ def copy(src, dst, rename=None, **changes):
             data = json.loads(index.read_text())
             data["weight_map"] = {new(k): v for k, v in data["weight_map"].items()}
             index.write_text(json.dumps(data))
-    config = json.loads((dst / "config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    (dst / "config.json").write_text(json.dumps(config))
+    edit_config(dst, **changes)
     return dst
 
 
@@ -88,7 +80,7 @@ def test_both_checkpoint_namings_give_the_same_logits(tmp_path_factory, tmp_path
 def test_lm_head_tying(tmp_path_factory, tmp_path):
     untied = fixture(tmp_path_factory, suites.TestKimiK25Oracle, "untied_yarn_sharded")
     # no top-level flag (transformers would default to tying): a stored lm_head is kept
-    no_flag = copy(untied.path, tmp_path / "no-flag", tie_word_embeddings=None)
+    no_flag = copy(untied.path, tmp_path / "no-flag", tie_word_embeddings=DELETE)
     with colibri_core.load(untied.path) as a, colibri_core.load(no_flag) as b:
         np.testing.assert_array_equal(a.logits(untied.prompt), b.logits(untied.prompt))
     # tied by the top-level flag: transformers saved no lm_head, the embeddings serve
