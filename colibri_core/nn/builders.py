@@ -206,12 +206,12 @@ def mla_attention(a: MLAArgs, w, layer: int, s: str, rope: RoPE, scale: float, *
     )
 
 
-def build_moe_decoder(a: SigmoidMoEArgs, w, attention: Callable[[int, str], Any], names: Names = Names(), *,
-                      lm_class=CausalLM, **lm_kwargs) -> CausalLM:
+def build_moe_decoder(a: SigmoidMoEArgs, w, attention: Callable[[int, str], Any], names: Names = Names(),
+                      **lm_kwargs) -> CausalLM:
     """Embeddings, ``num_hidden_layers`` pre-norm decoder layers and the LM head.
     ``attention(i, prefix)`` declares layer i's attention at ``prefix.self_attn``; the
     MLP is ``sigmoid_moe`` where ``a.is_moe(i)``, else a dense SwiGLU of
-    ``intermediate_size``. Extra keyword arguments go to ``lm_class``."""
+    ``intermediate_size``. Extra keyword arguments go to ``CausalLM`` (e.g. ``refused_tokens``)."""
     hidden, eps = a.hidden_size, a.rms_norm_eps
     layers = []
     for i in range(a.num_hidden_layers):  # MTP layers (index >= num_hidden_layers) are never declared
@@ -221,12 +221,12 @@ def build_moe_decoder(a: SigmoidMoEArgs, w, attention: Callable[[int, str], Any]
                                    w.rms_norm(f"{p}.post_attention_layernorm", hidden, eps), mlp))
     embed = Embedding(w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden)))
     lm_head = Linear(embed.weight) if a.tie_word_embeddings else w.linear(names.lm_head, a.vocab_size, hidden)
-    return lm_class(embed=embed, layers=layers, norm=w.rms_norm(f"{names.model}norm", hidden, eps),
+    return CausalLM(embed=embed, layers=layers, norm=w.rms_norm(f"{names.model}norm", hidden, eps),
                     lm_head=lm_head, vocab_size=a.vocab_size, max_context=a.max_position_embeddings, **lm_kwargs)
 
 
 def build_mla_model(a: MLAArgs, config: dict, w, names: Names = Names(), *, interleave: bool | None = None,
-                    indexer_interleave: bool = False, lm_class=CausalLM, **lm_kwargs) -> CausalLM:
+                    indexer_interleave: bool = False, **lm_kwargs) -> CausalLM:
     """A DeepSeek-V3-style model: MLA in every layer (``interleave``: interleaved-pair
     rope, default ``a.rope_interleave``); with ``DSAArgs``, a lightning indexer per layer
     (``indexer_interleave``: rotate its rope features as interleaved pairs) or, where
@@ -244,4 +244,4 @@ def build_mla_model(a: MLAArgs, config: dict, w, names: Names = Names(), *, inte
                 a, w, f"{s}.indexer", rope, rope_interleave=indexer_interleave)
         return mla_attention(a, w, i, s, rope, scale, interleave=interleave, indexer=indexer)
 
-    return build_moe_decoder(a, w, attention, names, lm_class=lm_class, **lm_kwargs)
+    return build_moe_decoder(a, w, attention, names, **lm_kwargs)

@@ -95,6 +95,22 @@ def build_oracle(case: OracleCase, model_class: str, path: Path) -> OracleFixtur
     return OracleFixture(path, list(case.prompt), tokens, step_logits, full, int(n_experts))
 
 
+def random_correction_bias(scale: float = 0.3, seed: int = 1234):
+    """An ``OracleCase.prepare`` hook for sigmoid routers: give every router a random
+    ``e_score_correction_bias``, so that choosing with the bias but weighting without it
+    is tested (the perturbation only touches parameters, and the bias is a buffer)."""
+
+    def prepare(model):
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=g) * scale)
+
+    return prepare
+
+
 def oracle_fixture(suite: str, name: str, case: OracleCase, model_class: str, root: Path) -> OracleFixture:
     """Build (once per session) the oracle model of a case and its reference outputs."""
     key = (suite, name)

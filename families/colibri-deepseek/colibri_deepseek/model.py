@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from colibri_core.config import bounded
 from colibri_core.family import Family
-from colibri_core.nn import CausalLM
 from colibri_core.nn.builders import DSAArgs, MLAArgs, Names, build_mla_model
 
 __all__ = ["DeepseekV3", "DeepseekV32", "DeepseekV3Args", "DeepseekV32Args", "Names", "build_deepseek"]
@@ -31,9 +30,9 @@ class DeepseekV32Args(DeepseekV3Args, DSAArgs):
 
 
 def build_deepseek(a: DeepseekV3Args, config: dict, w, names: Names = Names(), *, interleave: bool | None = None,
-                   lm_class=CausalLM, **lm_kwargs):
+                   **lm_kwargs):
     """The DeepSeek-V3 text model (also V3.2 when ``a`` has index fields, and Kimi K2)."""
-    return build_mla_model(a, config, w, names, interleave=interleave, lm_class=lm_class, **lm_kwargs)
+    return build_mla_model(a, config, w, names, interleave=interleave, **lm_kwargs)
 
 
 class DeepseekV3(Family):

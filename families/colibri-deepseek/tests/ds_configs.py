@@ -1,7 +1,5 @@
 """Tiny DeepSeek configs shared by this family's tests."""
 
-import torch
-
 
 def v3_kwargs(**overrides):
     base = dict(vocab_size=128, eos_token_id=None, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
@@ -28,17 +26,3 @@ def v32(**overrides):
     kwargs = v3_kwargs(**{"index_n_heads": 16, "index_head_dim": 16, "index_topk": 4, **overrides})
     kwargs.pop("rope_interleave", None)  # V3.2's MLA always interleaves
     return lambda: DeepseekV32Config(**kwargs)
-
-
-def random_correction_bias(scale: float = 0.3):
-    """An OracleCase.prepare hook: give every router a random e_score_correction_bias, so
-    that selecting with the bias but weighting without it is tested (perturbation only
-    touches parameters, and the bias is a buffer)."""
-
-    def prepare(model):
-        g = torch.Generator().manual_seed(1234)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(torch.randn(buffer.shape, generator=g) * scale)
-
-    return prepare

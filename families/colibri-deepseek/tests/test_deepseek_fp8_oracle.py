@@ -6,9 +6,9 @@ import json
 
 import colibri_core
 from colibri_core.testing.fp8 import fp8_rewrite
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
 
-from ds_configs import random_correction_bias, v3, v32
+from ds_configs import v3, v32
 
 BIAS = random_correction_bias()
 

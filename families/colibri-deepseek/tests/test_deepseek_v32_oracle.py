@@ -4,9 +4,9 @@ The indexers have at least 16 heads: with few heads, exact ties between index sc
 (relu zeros) make even transformers' cached and uncached paths choose different keys.
 """
 
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
 
-from ds_configs import random_correction_bias, v32
+from ds_configs import v32
 
 BIAS = random_correction_bias()
 PROMPT = (5, 17, 99, 3, 42, 7, 64)  # 7 prompt tokens + 32 generated: 39 positions

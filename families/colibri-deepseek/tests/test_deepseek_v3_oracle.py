@@ -1,9 +1,9 @@
 """DeepSeek-V3 against transformers' DeepseekV3ForCausalLM: tokens and logits under every
 placement (all experts resident, one cached expert per layer, half of them)."""
 
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
 
-from ds_configs import random_correction_bias, v3
+from ds_configs import v3
 
 BIAS = random_correction_bias()
 

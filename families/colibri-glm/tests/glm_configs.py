@@ -1,7 +1,6 @@
 """Tiny GLM configs shared by this family's tests (eos_token_id=None: generation runs
 the full 32 tokens)."""
 
-import torch
 
 COMMON = dict(vocab_size=128, eos_token_id=None, bos_token_id=None, hidden_size=32, intermediate_size=48,
               moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4, n_routed_experts=8,
@@ -33,17 +32,3 @@ def glm_moe_dsa(**overrides):
     kwargs = {**COMMON, **MLA, "first_k_dense_replace": 1, "index_n_heads": 16, "index_head_dim": 16, "index_topk": 4,
               **overrides}
     return lambda: GlmMoeDsaConfig(**kwargs)
-
-
-def random_correction_bias(scale: float = 0.3):
-    """An OracleCase.prepare hook: give every router a random e_score_correction_bias, so
-    that selecting with the bias but weighting without it is tested (perturbation only
-    touches parameters, and the bias is a buffer)."""
-
-    def prepare(model):
-        g = torch.Generator().manual_seed(1234)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(torch.randn(buffer.shape, generator=g) * scale)
-
-    return prepare

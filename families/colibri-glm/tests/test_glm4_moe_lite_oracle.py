@@ -1,9 +1,9 @@
 """glm4_moe_lite (GLM-4.7-Flash: DeepSeek-V3's MLA with the GLM router) against
 transformers' Glm4MoeLiteForCausalLM, under every placement."""
 
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
 
-from glm_configs import glm4_moe_lite, random_correction_bias
+from glm_configs import glm4_moe_lite
 
 BIAS = random_correction_bias()
 

@@ -1,9 +1,9 @@
 """glm4_moe (GLM-4.5 / 4.6) against transformers' Glm4MoeForCausalLM: tokens and logits
 under every placement (all experts resident, one cached expert per layer, half of them)."""
 
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
 
-from glm_configs import glm4_moe, random_correction_bias
+from glm_configs import glm4_moe
 
 BIAS = random_correction_bias()
 

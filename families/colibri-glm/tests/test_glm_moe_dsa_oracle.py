@@ -6,9 +6,9 @@ The indexers have at least 16 heads: with few heads, exact ties between index sc
 """
 
 from colibri_core.testing.fp8 import fp8_rewrite
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
 
-from glm_configs import glm_moe_dsa, random_correction_bias
+from glm_configs import glm_moe_dsa
 
 BIAS = random_correction_bias()
 PROMPT = (5, 17, 99, 3, 42, 7, 64)  # 7 prompt tokens + 32 generated: 39 positions

@@ -1,6 +1,5 @@
 """Tiny Kimi K2.5 configs: a DeepSeek-V3 text model inside the vision-language wrapper."""
 
-import torch
 
 VISION = dict(patch_size=2, pos_emb_height=4, pos_emb_width=4, pos_emb_time=2, num_attention_heads=2,
               num_hidden_layers=1, hidden_size=8, intermediate_size=16)
@@ -23,13 +22,3 @@ def k25(tie_word_embeddings=True, **overrides):
     text = text_kwargs(**overrides)
     return lambda: Kimi_K25Config(text_config=dict(text), vision_config=dict(VISION), projection_hidden_size=8,
                                   tie_word_embeddings=tie_word_embeddings, eos_token_id=None)
-
-
-def random_correction_bias(scale: float = 0.3):
-    def prepare(model):
-        g = torch.Generator().manual_seed(1234)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(torch.randn(buffer.shape, generator=g) * scale)
-
-    return prepare

@@ -4,9 +4,9 @@ Kimi K2 (a DeepSeek-V3 config with model_type kimi_k2) against DeepseekV3ForCaus
 import json
 
 from colibri_core.testing.fp8 import fp8_rewrite
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
 
-from kimi_configs import k25, random_correction_bias, text_kwargs
+from kimi_configs import k25, text_kwargs
 
 BIAS = random_correction_bias()
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 50000.0,
