@@ -148,10 +148,11 @@ class ExpertStore:
             e = queue.popleft()
             demand[e] = self._pool.submit(self.disk.load, layer, e, self.layouts[layer][e])
 
-    def end_layer(self, layer: int, indices: np.ndarray) -> None:
-        """A MoE layer finished a forward pass with this routing: count it, score the
-        prediction made for it, and drop what was prefetched for it but not used."""
-        used = set(np.unique(indices).tolist())
+    def end_layer(self, layer: int, indices: np.ndarray, experts: np.ndarray) -> None:
+        """A MoE layer finished a forward pass with this routing (``experts``: its unique
+        expert ids): count it, score the prediction made for it, and drop what was
+        prefetched for it but not used."""
+        used = set(experts.tolist())
         if self.history is not None:
             self.history.record(layer, indices)
         predicted = self._predicted[layer]

@@ -190,9 +190,10 @@ class RoutedExperts:
         layer = self.decl.moe_index
         if step.routing is not None:
             step.routing.append((self.decl.layer, indices.copy()))
-        self.store.request(layer, np.unique(indices))  # the misses are read together
+        experts = np.unique(indices)
+        self.store.request(layer, experts)  # the misses are read together
         out = step.ops.routed_experts(x, indices, weights, lambda e: self.store.get(layer, e))
-        self.store.end_layer(layer, indices)
+        self.store.end_layer(layer, indices, experts)
         return out
 
 
