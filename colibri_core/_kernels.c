@@ -182,21 +182,40 @@ static int have_avx2(void) { return 0; }
 static int use_avx2 = 0;  /* set at import */
 
 /* Activations for the int4 integer path: x quantised to int8 per 64-input group (as
- * llama.cpp does for its 4-bit formats), with the group's scale and the sum of its
- * int8 values (for the "- 8" of the weights' offset). */
+ * llama.cpp does for its 4-bit formats), with the group's scale. */
 typedef struct {
     int8_t *q;      /* M x G*64 */
     float *scale;   /* M x G */
-    int32_t *sum;   /* M x G */
+    float *offset;  /* M x G: 8 * scale * (sum of the group's int8 values), for the weights' "- 8" */
 } QuantX;
 
-static int quantize_x(const float *x, int64_t M, int64_t K, QuantX *out) {
-    const int64_t G = (K + 63) / 64;
+static int use_vnni = 0;  /* AVX-512 VNNI int4 path, set at import */
+
+static int64_t groups64(int64_t K) { return (K + 63) / 64; }
+
+static void quantx_free(QuantX *X) { free(X->q); free(X->scale); free(X->offset); }
+
+/* zeroed room for M rows of K activations (a partial last group stays zero-padded) */
+static int quantx_alloc(int64_t M, int64_t K, QuantX *out) {
+    const int64_t G = groups64(K);
     out->q = calloc((size_t)(M * G * 64), 1);
-    out->scale = malloc(sizeof(float) * M * G);
-    out->sum = malloc(sizeof(int32_t) * M * G);
-    if (!out->q || !out->scale || !out->sum) { free(out->q); free(out->scale); free(out->sum); return -1; }
-    for (int64_t m = 0; m < M; m++)
+    out->scale = calloc((size_t)(M * G), sizeof(float));
+    out->offset = calloc((size_t)(M * G), sizeof(float));
+    if (!out->q || !out->scale || !out->offset) { quantx_free(out); return -1; }
+    return 0;
+}
+
+/* the rows from ``row`` on, as a QuantX of their own */
+static QuantX quantx_at(const QuantX *X, int64_t row, int64_t K) {
+    const int64_t G = groups64(K);
+    QuantX v = {X->q + row * G * 64, X->scale + row * G, X->offset + row * G};
+    return v;
+}
+
+/* quantise rows [r0, r1) of x (K floats each) into out */
+static void quantize_rows(const float *x, int64_t r0, int64_t r1, int64_t K, QuantX *out) {
+    const int64_t G = groups64(K);
+    for (int64_t m = r0; m < r1; m++)
         for (int64_t g = 0; g < G; g++) {
             const float *xg = x + m * K + g * 64;
             const int64_t width = K - g * 64 < 64 ? K - g * 64 : 64;
@@ -211,47 +230,198 @@ static int quantize_x(const float *x, int64_t M, int64_t K, QuantX *out) {
                 total += v;
             }
             out->scale[m * G + g] = d;
-            out->sum[m * G + g] = total;
+            out->offset[m * G + g] = 8.f * d * (float)total;
         }
+}
+
+static int quantize_x(const float *x, int64_t M, int64_t K, QuantX *out) {
+    if (quantx_alloc(M, K, out)) return -1;
+    quantize_rows(x, 0, M, K, out);
     return 0;
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2,fma"))) static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out,
-                                                             int64_t ld, int64_t n0, int64_t n1) {
-    const uint8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = (K + 63) / 64;
+#define AVX2_FN __attribute__((target("avx2,fma")))
+#define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
+
+AVX2_INLINE float hsum256(__m256 a) {
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    return _mm_cvtss_f32(v);
+}
+
+/* sum over g < G of a[g] * b[g] */
+AVX2_INLINE float dot_g(const float *a, const float *b, int64_t G) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= G; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + g), _mm256_loadu_ps(b + g), acc);
+    float total = hsum256(acc);
+    for (; g < G; g++) total += a[g] * b[g];
+    return total;
+}
+
+/* int4 row times int8 activations, M a compile-time constant once inlined: the
+ * accumulators then live in registers (a runtime M kept them in memory, and the
+ * store-to-load round trip on every group halved the kernel's speed). Groups alternate
+ * between two accumulators per x row so that one fused multiply-add need not wait for
+ * the previous one. */
+AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, const int M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    const uint8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = groups64(K);
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = q + n * G * 32;
         const float *sc = s + n * G;
-        __m256 acc[MAX_ROWS];
-        float fix[MAX_ROWS];
-        for (int64_t m = 0; m < M; m++) { acc[m] = _mm256_setzero_ps(); fix[m] = 0.f; }
+        __m256 acc[MAX_ROWS][2];
+        for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
         for (int64_t g = 0; g < G; g++) {
             const __m256i bytes = _mm256_loadu_si256((const __m256i *)(row + g * 32));
             const __m256i lo = _mm256_and_si256(bytes, low4);                       /* inputs 0..31 */
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);  /* inputs 32..63 */
-            for (int64_t m = 0; m < M; m++) {
+            for (int m = 0; m < M; m++) {
                 const int8_t *xq = X->q + (m * G + g) * 64;
                 const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),
                                                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));
-                const float d = X->scale[m * G + g] * sc[g];
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(d), acc[m]);
-                fix[m] += 8.f * (float)X->sum[m * G + g] * d;  /* the nibbles' offset of 8 */
+                const __m256 d = _mm256_set1_ps(X->scale[m * G + g] * sc[g]);
+                acc[m][g & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), d, acc[m][g & 1]);
             }
         }
-        for (int64_t m = 0; m < M; m++) {
-            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
-            v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-            v = _mm_add_ss(v, _mm_movehdup_ps(v));
-            out[m * ld + n] = _mm_cvtss_f32(v) - fix[m];
+        for (int m = 0; m < M; m++)  /* minus the nibbles' offset of 8, via the precomputed 8 * scale * sum per group */
+            out[m * ld + n] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) - dot_g(sc, X->offset + m * G, G);
+    }
+}
+
+/* int8 row times float32 activations (the int8 container keeps float activations: int8
+ * ones doubled its error). U accumulators per x row keep enough multiply-adds in flight. */
+AVX2_INLINE void q8_rows_m(const Weight *W, const float *x, const int M, const int U, float *out, int64_t ld, int64_t n0,
+                           int64_t n1) {
+    const int8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, step = 8 * U;
+    for (int64_t n = n0; n < n1; n++) {
+        const int8_t *row = q + n * K;
+        __m256 acc[MAX_ROWS][4];
+        for (int m = 0; m < M; m++) for (int u = 0; u < U; u++) acc[m][u] = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + step <= K; k += step)
+            for (int u = 0; u < U; u++) {
+                const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k + 8 * u))));
+                for (int m = 0; m < M; m++) acc[m][u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + m * K + k + 8 * u), acc[m][u]);
+            }
+        for (int m = 0; m < M; m++) {
+            __m256 total = acc[m][0];
+            for (int u = 1; u < U; u++) total = _mm256_add_ps(total, acc[m][u]);
+            float t = hsum256(total);
+            for (int64_t j = k; j < K; j++) t += (float)row[j] * x[m * K + j];
+            out[m * ld + n] = t * s[n];
         }
     }
+}
+
+AVX2_FN static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    switch (M) {
+    case 1: q4_rows_m(W, X, 1, out, ld, n0, n1); break;
+    case 2: q4_rows_m(W, X, 2, out, ld, n0, n1); break;
+    case 3: q4_rows_m(W, X, 3, out, ld, n0, n1); break;
+    case 4: q4_rows_m(W, X, 4, out, ld, n0, n1); break;
+    case 5: q4_rows_m(W, X, 5, out, ld, n0, n1); break;
+    case 6: q4_rows_m(W, X, 6, out, ld, n0, n1); break;
+    case 7: q4_rows_m(W, X, 7, out, ld, n0, n1); break;
+    default: q4_rows_m(W, X, 8, out, ld, n0, n1);
+    }
+}
+
+AVX2_FN static void rows_q8_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    switch (M) {
+    case 1: q8_rows_m(W, x, 1, 4, out, ld, n0, n1); break;
+    case 2: q8_rows_m(W, x, 2, 2, out, ld, n0, n1); break;
+    case 3: q8_rows_m(W, x, 3, 2, out, ld, n0, n1); break;
+    case 4: q8_rows_m(W, x, 4, 1, out, ld, n0, n1); break;
+    case 5: q8_rows_m(W, x, 5, 1, out, ld, n0, n1); break;
+    case 6: q8_rows_m(W, x, 6, 1, out, ld, n0, n1); break;
+    case 7: q8_rows_m(W, x, 7, 1, out, ld, n0, n1); break;
+    default: q8_rows_m(W, x, 8, 1, out, ld, n0, n1);
+    }
+}
+
+#define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
+#define VNNI_INLINE __attribute__((target(VNNI_TARGET), always_inline)) static inline
+
+/* The int4 path with AVX-512 VNNI (on 256-bit vectors): per group of 64 inputs, two
+ * vpdpbusd (unsigned nibbles times signed int8 activations, four products summed into
+ * each int32 lane) replace the AVX2 path's four multiply-adds; the weight x activation
+ * scales of eight groups are multiplied at once and picked out by a lane permute.
+ * Measured on Zen 4: ~1.5x the AVX2 path's throughput from cache. A 512-bit variant
+ * taking two groups per step was slower (Zen 4 splits 512-bit operations in two, and
+ * spreading two groups' scales over one vector cost more than it saved). */
+VNNI_INLINE void q4_rows_vnni_m(const Weight *W, const QuantX *X, const int M, float *out, int64_t ld, int64_t n0,
+                                   int64_t n1) {
+    const uint8_t *q = W->data; const float *s = W->scales;
+    const int64_t K = W->K, G = groups64(K);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = q + n * G * 32;
+        const float *sc = s + n * G;
+        __m256 acc[MAX_ROWS][2];
+        for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        for (int64_t g0 = 0; g0 < G; g0 += 8) {
+            const int64_t gn = G - g0 < 8 ? G - g0 : 8;
+            __m256 d8[MAX_ROWS];
+            if (gn == 8) {
+                const __m256 w8 = _mm256_loadu_ps(sc + g0);
+                for (int m = 0; m < M; m++) d8[m] = _mm256_mul_ps(w8, _mm256_loadu_ps(X->scale + m * G + g0));
+            } else {
+                float t[MAX_ROWS][8] = {{0}};
+                for (int m = 0; m < M; m++) {
+                    for (int64_t j = 0; j < gn; j++) t[m][j] = sc[g0 + j] * X->scale[m * G + g0 + j];
+                    d8[m] = _mm256_loadu_ps(t[m]);
+                }
+            }
+            for (int64_t j = 0; j < gn; j++) {
+                const int64_t g = g0 + j;
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(row + g * 32));
+                const __m256i lo = _mm256_and_si256(bytes, low4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);
+                const __m256i lane = _mm256_set1_epi32((int)j);
+                for (int m = 0; m < M; m++) {
+                    const int8_t *xq = X->q + (m * G + g) * 64;
+                    __m256i i = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)xq));
+                    i = _mm256_dpbusd_epi32(i, hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
+                    acc[m][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(d8[m], lane), acc[m][j & 1]);
+                }
+            }
+        }
+        for (int m = 0; m < M; m++)
+            out[m * ld + n] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) - dot_g(sc, X->offset + m * G, G);
+    }
+}
+
+__attribute__((target(VNNI_TARGET))) static void rows_q4_vnni(const Weight *W, const QuantX *X, int64_t M, float *out,
+                                                                   int64_t ld, int64_t n0, int64_t n1) {
+    switch (M) {
+    case 1: q4_rows_vnni_m(W, X, 1, out, ld, n0, n1); break;
+    case 2: q4_rows_vnni_m(W, X, 2, out, ld, n0, n1); break;
+    case 3: q4_rows_vnni_m(W, X, 3, out, ld, n0, n1); break;
+    case 4: q4_rows_vnni_m(W, X, 4, out, ld, n0, n1); break;
+    case 5: q4_rows_vnni_m(W, X, 5, out, ld, n0, n1); break;
+    case 6: q4_rows_vnni_m(W, X, 6, out, ld, n0, n1); break;
+    case 7: q4_rows_vnni_m(W, X, 7, out, ld, n0, n1); break;
+    default: q4_rows_vnni_m(W, X, 8, out, ld, n0, n1);
+    }
+}
+static int have_vnni(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
 }
 #else
 static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
     (void)W; (void)X; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
 }
+static void rows_q8_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    (void)W; (void)x; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
+}
+static void rows_q4_vnni(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    (void)W; (void)X; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
+}
+static int have_vnni(void) { return 0; }
 #endif
 
 static void mxfp4_row(const uint8_t *row, const uint8_t *ex, int64_t G, float *out) {
@@ -301,7 +471,9 @@ static void my_rows(int64_t n, int64_t *lo, int64_t *hi) {
  * quantised once per call (qx) */
 static void weight_rows(const Weight *W, const float *x, const QuantX *qx, int64_t M, float *out, int64_t ld, int64_t n0,
                         int64_t n1) {
-    if (W->kind == K_Q4 && qx != NULL) rows_q4_avx2(W, qx, M, out, ld, n0, n1);
+    if (W->kind == K_Q4 && qx != NULL && use_vnni) rows_q4_vnni(W, qx, M, out, ld, n0, n1);
+    else if (W->kind == K_Q4 && qx != NULL) rows_q4_avx2(W, qx, M, out, ld, n0, n1);
+    else if (W->kind == K_Q8 && use_avx2) rows_q8_avx2(W, x, M, out, ld, n0, n1);
     else ROWS[W->kind](W, x, M, out, ld, n0, n1);
 }
 
@@ -319,7 +491,7 @@ static int matmul_rows(const Weight *W, const float *x, int64_t M, float *out) {
         my_rows(W->N, &lo, &hi);
         weight_rows(W, x, pq, M, out, W->N, lo, hi);
     }
-    if (pq) { free(qx.q); free(qx.scale); free(qx.sum); }
+    if (pq) quantx_free(&qx);
     return 0;
 }
 
@@ -358,9 +530,84 @@ static int swiglu_rows(const Weight *G, const Weight *U, const Weight *D, const 
             weight_rows(D, h, have_qh ? &qh : NULL, M, out, D->N, lo, hi);
         }
     }
-    if (have_qx) { free(qx.q); free(qx.scale); free(qx.sum); }
-    if (have_qh) { free(qh.q); free(qh.scale); free(qh.sum); }
+    if (have_qx) quantx_free(&qx);
+    if (have_qh) quantx_free(&qh);
     return failed ? -1 : 0;
+}
+
+/* All the routed experts of one MoE layer (or a batch of them) in one parallel region:
+ * gate and up of every expert, then down of every expert, two synchronisations in all.
+ * Expert e takes the token rows rows[off[e] .. off[e+1]) with routing weights wts[...];
+ * out[T, H] += wts * expert(x[row]), summed in the given (ascending) expert order. Each
+ * thread owns a slice of the output columns, so the sums need no locks and do not depend
+ * on the thread count. */
+typedef struct { Weight gate, up, down; } Expert;
+
+static int moe_rows(const Expert *E, int64_t nE, const float *x, int64_t T, const int32_t *rows, const float *wts,
+                    const int64_t *off, float *out) {
+    const int64_t H = E[0].gate.K, I = E[0].gate.N, R = off[nE];
+    int need_qx = 0, need_qh = 0;
+    for (int64_t e = 0; e < nE; e++) {
+        need_qx |= wants_qx(&E[e].gate) || wants_qx(&E[e].up);
+        need_qh |= wants_qx(&E[e].down);
+    }
+    float *xg = malloc(sizeof(float) * R * H), *g = malloc(sizeof(float) * R * I), *h = malloc(sizeof(float) * R * I),
+          *y = malloc(sizeof(float) * R * H);
+    QuantX qx = {0}, qxg = {0}, qh = {0};
+    int failed = !xg || !g || !h || !y;
+    if (!failed && need_qx) failed = quantize_x(x, T, H, &qx) || quantx_alloc(R, H, &qxg);
+    if (!failed && need_qh) failed = quantx_alloc(R, I, &qh);
+    if (failed) {
+        free(xg); free(g); free(h); free(y); quantx_free(&qx); quantx_free(&qxg); quantx_free(&qh);
+        return -1;
+    }
+    const int64_t Gh = groups64(H);
+    for (int64_t r = 0; r < R; r++) {  /* each expert's rows side by side (x is quantised once for all) */
+        memcpy(xg + r * H, x + (int64_t)rows[r] * H, sizeof(float) * H);
+        if (need_qx) {
+            memcpy(qxg.q + r * Gh * 64, qx.q + (int64_t)rows[r] * Gh * 64, (size_t)(Gh * 64));
+            memcpy(qxg.scale + r * Gh, qx.scale + (int64_t)rows[r] * Gh, sizeof(float) * Gh);
+            memcpy(qxg.offset + r * Gh, qx.offset + (int64_t)rows[r] * Gh, sizeof(float) * Gh);
+        }
+    }
+    #pragma omp parallel
+    {
+        int64_t lo, hi;
+        my_rows(I, &lo, &hi);
+        for (int64_t e = 0; e < nE; e++)
+            for (int64_t r = off[e]; r < off[e + 1]; r += MAX_ROWS) {
+                const int64_t M = off[e + 1] - r < MAX_ROWS ? off[e + 1] - r : MAX_ROWS;
+                const QuantX v = need_qx ? quantx_at(&qxg, r, H) : qxg;
+                weight_rows(&E[e].gate, xg + r * H, wants_qx(&E[e].gate) ? &v : NULL, M, g + r * I, I, lo, hi);
+                weight_rows(&E[e].up, xg + r * H, wants_qx(&E[e].up) ? &v : NULL, M, h + r * I, I, lo, hi);
+                for (int64_t m = r; m < r + M; m++)
+                    for (int64_t i = lo; i < hi; i++) {
+                        const float a = g[m * I + i];
+                        h[m * I + i] *= a / (1.0f + expf(-a));
+                    }
+            }
+        #pragma omp barrier
+        if (need_qh) {
+            int64_t r0, r1;
+            my_rows(R, &r0, &r1);
+            quantize_rows(h, r0, r1, I, &qh);
+        }
+        #pragma omp barrier
+        my_rows(H, &lo, &hi);
+        for (int64_t e = 0; e < nE; e++)
+            for (int64_t r = off[e]; r < off[e + 1]; r += MAX_ROWS) {
+                const int64_t M = off[e + 1] - r < MAX_ROWS ? off[e + 1] - r : MAX_ROWS;
+                const QuantX v = need_qh ? quantx_at(&qh, r, I) : qh;
+                weight_rows(&E[e].down, h + r * I, wants_qx(&E[e].down) ? &v : NULL, M, y + r * H, H, lo, hi);
+                for (int64_t m = r; m < r + M; m++) {
+                    float *o = out + (int64_t)rows[m] * H;
+                    const float *ym = y + m * H, w = wts[m];
+                    for (int64_t n = lo; n < hi; n++) o[n] += w * ym[n];
+                }
+            }
+    }
+    free(xg); free(g); free(h); free(y); quantx_free(&qx); quantx_free(&qxg); quantx_free(&qh);
+    return 0;
 }
 
 /* ---- dequantise the whole weight (for BLAS on many rows) ----
@@ -521,6 +768,63 @@ static PyObject *py_swiglu(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* moe(x, experts, rows, wts, off, out): experts is a sequence of (gate, up, down) weight
+ * specs; see moe_rows. */
+static PyObject *py_moe(PyObject *self, PyObject *args) {
+    PyObject *xo, *eo, *ro, *wo, *offo, *oo;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &xo, &eo, &ro, &wo, &offo, &oo)) return NULL;
+    PyObject *seq = PySequence_Fast(eo, "experts must be a sequence");
+    if (seq == NULL) return NULL;
+    const Py_ssize_t nE = PySequence_Fast_GET_SIZE(seq);
+    Buf *b = calloc((size_t)(6 * nE + 5), sizeof(Buf));
+    Expert *E = calloc((size_t)(nE > 0 ? nE : 1), sizeof(Expert));
+    PyObject *result = NULL;
+    if (b == NULL || E == NULL) { PyErr_NoMemory(); goto done; }
+    if (nE < 1) { PyErr_SetString(PyExc_ValueError, "moe needs at least one expert"); goto done; }
+    for (Py_ssize_t e = 0; e < nE; e++) {
+        const char *kinds[3]; PyObject *data[3], *scales[3]; long long n[3], k[3], bm[3], bn[3];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, e), "(sOOLLLL)(sOOLLLL)(sOOLLLL)",
+                              &kinds[0], &data[0], &scales[0], &n[0], &k[0], &bm[0], &bn[0],
+                              &kinds[1], &data[1], &scales[1], &n[1], &k[1], &bm[1], &bn[1],
+                              &kinds[2], &data[2], &scales[2], &n[2], &k[2], &bm[2], &bn[2])) goto done;
+        Weight *W[3] = {&E[e].gate, &E[e].up, &E[e].down};
+        for (int i = 0; i < 3; i++)
+            if (parse_weight(kinds[i], data[i], scales[i], n[i], k[i], bm[i], bn[i], W[i], &b[6 * e + 2 * i])) goto done;
+        if (E[e].gate.N != E[0].gate.N || E[e].gate.K != E[0].gate.K || E[e].up.N != E[0].gate.N ||
+            E[e].up.K != E[0].gate.K || E[e].down.N != E[0].gate.K || E[e].down.K != E[0].gate.N) {
+            PyErr_Format(PyExc_ValueError, "expert %zd: gate and up must be (I, H) and down (H, I), the same for all", e);
+            goto done;
+        }
+    }
+    const int64_t H = E[0].gate.K;
+    Buf *bx = &b[6 * nE], *br = bx + 1, *bw = bx + 2, *boff = bx + 3, *bo = bx + 4;
+    if (get_buf(xo, bx, 0, 0, "x") || get_buf(offo, boff, 0, (Py_ssize_t)(8 * (nE + 1)), "off")) goto done;
+    const int64_t T = bx->b.len / (Py_ssize_t)(4 * H);
+    if (T < 1 || bx->b.len != T * H * 4) { PyErr_Format(PyExc_ValueError, "x must be rows of %lld float32", (long long)H); goto done; }
+    const int64_t *off = boff->b.buf;
+    for (Py_ssize_t e = 0; e < nE; e++)
+        if (off[0] != 0 || off[e + 1] < off[e]) { PyErr_SetString(PyExc_ValueError, "off must rise from 0"); goto done; }
+    const int64_t R = off[nE];
+    if (get_buf(ro, br, 0, (Py_ssize_t)(4 * R), "rows") || get_buf(wo, bw, 0, (Py_ssize_t)(4 * R), "wts") ||
+        get_buf(oo, bo, 1, (Py_ssize_t)(T * H * 4), "out")) goto done;
+    const int32_t *rows = br->b.buf;
+    for (int64_t r = 0; r < R; r++)
+        if (rows[r] < 0 || rows[r] >= T) { PyErr_Format(PyExc_ValueError, "row %d is outside x's %lld rows", rows[r], (long long)T); goto done; }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = R > 0 ? moe_rows(E, nE, bx->b.buf, T, rows, bw->b.buf, off, bo->b.buf) : 0;
+    Py_END_ALLOW_THREADS
+    if (status) { PyErr_NoMemory(); goto done; }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (b != NULL) release(b, (int)(6 * nE + 5));
+    free(b);
+    free(E);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     const char *kind; PyObject *wo, *so, *oo; long long n, k, bm = 128, bn = 128;
     if (!PyArg_ParseTuple(args, "sOOOLL|LL", &kind, &wo, &so, &oo, &n, &k, &bm, &bn)) return NULL;
@@ -547,6 +851,8 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, data, scales, out, n, k[, bm, bn]): out = x @ W^T for 1..8 rows"},
     {"dequantize", py_dequantize, METH_VARARGS, "dequantize(kind, data, scales, out, n, k[, bm, bn]): W as float32"},
+    {"moe", py_moe, METH_VARARGS,
+     "moe(x, experts, rows, wts, off, out): out[rows] += wts * expert(x[rows]) for a batch of (gate, up, down) experts"},
     {"swiglu", py_swiglu, METH_VARARGS,
      "swiglu(x, gate, up, down, out): down(silu(gate x) * up x), each weight (kind, data, scales, n, k, bm, bn)"},
     {NULL, NULL, 0, NULL},
@@ -556,10 +862,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "colibri'
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     use_avx2 = have_avx2();
+    use_vnni = use_avx2 && have_vnni() && getenv("COLIBRI_NO_VNNI") == NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyModule_AddIntConstant(m, "MAX_ROWS", MAX_ROWS);
     PyModule_AddIntConstant(m, "INT4_INTEGER_PATH", use_avx2);
+    PyModule_AddStringConstant(m, "INT4_PATH", use_vnni ? "avx512-vnni" : use_avx2 ? "avx2" : "float");
 #ifdef _OPENMP
     PyModule_AddIntConstant(m, "OPENMP", 1);
 #else

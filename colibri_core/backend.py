@@ -88,13 +88,15 @@ class Backend:
         """down(silu(gate(x)) * up(x)) for one expert's matrices."""
         return self.linear(self.silu_mul(self.linear(x, gate), self.linear(x, up)), down)
 
-    def routed_experts(self, x: Array, indices, weights, fetch) -> Array:
+    def routed_experts(self, x: Array, indices, weights, fetch, window: int = 8) -> Array:
         """Apply the routed SwiGLU experts of one MoE layer.
 
         ``indices`` and ``weights`` (host arrays, (T, k)) say which experts each token
         uses and with what weight; ``fetch(e)`` returns expert e's matrices. Each expert
         is fetched once for all its tokens (batch-union), and outputs must be summed in
-        ascending expert order: the reduction order may never depend on placement.
+        ascending expert order: the reduction order may never depend on placement. At
+        most ``window`` fetched experts may be held at once beyond the store's own (the
+        store reserves that much of its budget for them).
         """
         raise NotImplementedError
 

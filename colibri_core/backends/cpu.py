@@ -170,14 +170,48 @@ class CpuBackend(Backend):
         e = np.exp(x - m)
         return e / np.sum(e, axis=-1, keepdims=True)
 
-    def routed_experts(self, x, indices, weights, fetch):
+    def routed_experts(self, x, indices, weights, fetch, window: int = 8):
         out = np.zeros_like(x)
-        for e in np.unique(indices):  # ascending expert ids: a fixed reduction order
-            rows, slots = np.nonzero(indices == e)
+        k = indices.shape[1]
+        flat = indices.ravel()
+        order = np.argsort(flat, kind="stable")  # (expert, token) pairs grouped by expert, ascending
+        experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
+        token_of = (order // k).astype(np.int32)
+        weight_of = np.ascontiguousarray(weights.ravel()[order], dtype=np.float32)
+        batch: list[tuple[int, dict]] = []  # experts for one kernel call: the threads wake once per batch
+
+        def flush():
+            if batch:
+                lo, hi = starts[batch[0][0]], starts[batch[-1][0]] + counts[batch[-1][0]]
+                off = np.concatenate(([0], np.cumsum(counts[batch[0][0] : batch[-1][0] + 1]))).astype(np.int64)
+                specs = [(_spec(w["gate"]), _spec(w["up"]), _spec(w["down"])) for _, w in batch]
+                self.kernels.moe(x, specs, token_of[lo:hi], weight_of[lo:hi], off, out)
+                batch.clear()
+
+        if self.kernels is not None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        for i, e in enumerate(experts):  # ascending expert ids: a fixed reduction order
             w = fetch(int(e))
+            if self._fused_kernel(w, counts[i]):
+                batch.append((i, w))
+                if len(batch) >= max(1, window):
+                    flush()
+                continue
+            flush()
+            rows = token_of[starts[i] : starts[i] + counts[i]]
             y = self.swiglu_expert(x[rows], w["gate"], w["up"], w["down"])
-            out[rows] += y * weights[rows, slots][:, None]
+            out[rows] += y * weight_of[starts[i] : starts[i] + counts[i], None]
+        flush()
         return out
+
+    def _fused_kernel(self, w, rows: int) -> bool:
+        """Whether the compiled kernels take this expert for ``rows`` tokens."""
+        if self.kernels is None:
+            return False
+        mats = (w["gate"], w["up"], w["down"])
+        if not all(isinstance(m, QuantTensor) and m.kind in KERNEL_KINDS for m in mats):
+            return False
+        return rows <= (self.kernels.MAX_ROWS if any(m.kind == "fp8" for m in mats) else KERNEL_ROW_LIMIT)
 
     # -- MLA, DSA and interleaved RoPE --------------------------------------------------
     def layer_norm(self, x, weight, bias, eps):
