@@ -15,9 +15,11 @@
  *   bf16   uint16 [N, K]                                                w = bf16
  * Padding inputs of a last partial group are stored as zeros.
  *
- * matmul(kind, x, data, scales, out, n, k[, bm, bn]): out[M, N] = x[M, K] @ W^T for a
- * few rows M (decode); dequantize(kind, data, scales, out, n, k[, bm, bn]) writes W as
- * float32 [N, K] (the caller then uses BLAS for many rows, i.e. prefill).
+ * matmul(kind, x, data, scales, out, n, k[, bm, bn]): out[M, N] = x[M, K] @ W^T, passing
+ * over the packed weight once per MAX_ROWS rows of x (decode, short prompts); linears()
+ * does several weights sharing x at once; moe() a layer's routed SwiGLU experts;
+ * dequantize(kind, data, scales, out, n, k[, bm, bn]) writes W as float32 [N, K] (the
+ * caller then uses BLAS for many rows, i.e. long prompts); rms_norm() normalises rows.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -479,60 +481,42 @@ static void weight_rows(const Weight *W, const float *x, const QuantX *qx, int64
 
 static int wants_qx(const Weight *W) { return W->kind == K_Q4 && use_avx2; }
 
-static int matmul_rows(const Weight *W, const float *x, int64_t M, float *out) {
-    QuantX qx, *pq = NULL;
-    if (wants_qx(W)) {
-        if (quantize_x(x, M, W->K, &qx)) return -1;
-        pq = &qx;
-    }
+/* out_i = x @ W_i^T for several weights taking the same x (e.g. the q, k and v
+ * projections) in one parallel region, x quantised once; any number of x rows, taken
+ * MAX_ROWS at a time. */
+static int linears_rows(const Weight *W, int nW, const float *x, int64_t M, float *const *outs) {
+    const int64_t K = W[0].K;
+    QuantX qx;
+    int need_qx = 0;
+    for (int i = 0; i < nW; i++) need_qx |= wants_qx(&W[i]);
+    if (need_qx && quantize_x(x, M, K, &qx)) return -1;
     #pragma omp parallel
     {
-        int64_t lo, hi;
-        my_rows(W->N, &lo, &hi);
-        weight_rows(W, x, pq, M, out, W->N, lo, hi);
+        for (int i = 0; i < nW; i++) {
+            int64_t lo, hi;
+            my_rows(W[i].N, &lo, &hi);
+            for (int64_t r = 0; r < M; r += MAX_ROWS) {
+                const int64_t rows = M - r < MAX_ROWS ? M - r : MAX_ROWS;
+                const QuantX v = need_qx ? quantx_at(&qx, r, K) : qx;
+                weight_rows(&W[i], x + r * K, wants_qx(&W[i]) ? &v : NULL, rows, outs[i] + r * W[i].N, W[i].N, lo, hi);
+            }
+        }
     }
-    if (pq) quantx_free(&qx);
+    if (need_qx) quantx_free(&qx);
     return 0;
 }
 
-/* down(silu(gate x) * up x) for a few x rows, in one parallel region: the threads wake
- * once per expert, not once per matrix. g and h are M x I scratch. */
-static int swiglu_rows(const Weight *G, const Weight *U, const Weight *D, const float *x, int64_t M, float *g, float *h,
-                       float *out) {
-    const int64_t I = G->N;
-    QuantX qx, qh;
-    int have_qx = 0, have_qh = 0, failed = 0;
-    if (wants_qx(G) || wants_qx(U)) {
-        if (quantize_x(x, M, G->K, &qx)) return -1;
-        have_qx = 1;
+/* RMSNorm of each row: x / sqrt(mean(x^2) + eps) * weight (weight may be NULL) */
+CLONES static void rms_norm_rows(const float *x, const float *w, float eps, int64_t T, int64_t D, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *xr = x + t * D;
+        float *o = out + t * D;
+        float ss = 0.f;
+        for (int64_t d = 0; d < D; d++) ss += xr[d] * xr[d];
+        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        if (w) for (int64_t d = 0; d < D; d++) o[d] = xr[d] * inv * w[d];
+        else for (int64_t d = 0; d < D; d++) o[d] = xr[d] * inv;
     }
-    #pragma omp parallel
-    {
-        int64_t lo, hi;
-        my_rows(I, &lo, &hi);
-        weight_rows(G, x, have_qx && G->kind == K_Q4 ? &qx : NULL, M, g, I, lo, hi);
-        weight_rows(U, x, have_qx && U->kind == K_Q4 ? &qx : NULL, M, h, I, lo, hi);
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t i = lo; i < hi; i++) {
-                const float a = g[m * I + i];
-                h[m * I + i] *= a / (1.0f + expf(-a));
-            }
-        #pragma omp barrier
-        #pragma omp single
-        {
-            if (wants_qx(D)) {
-                if (quantize_x(h, M, I, &qh) == 0) have_qh = 1;
-                else failed = 1;
-            }
-        }
-        if (!failed) {
-            my_rows(D->N, &lo, &hi);
-            weight_rows(D, h, have_qh ? &qh : NULL, M, out, D->N, lo, hi);
-        }
-    }
-    if (have_qx) quantx_free(&qx);
-    if (have_qh) quantx_free(&qh);
-    return failed ? -1 : 0;
 }
 
 /* All the routed experts of one MoE layer (or a batch of them) in one parallel region:
@@ -706,10 +690,11 @@ static int parse_weight(const char *kind_name, PyObject *data, PyObject *scales,
     return 0;
 }
 
-static int rows_of(Buf *x, int64_t k, Py_ssize_t *M) {
+/* x holds M rows of k float32, 1 <= M <= most */
+static int rows_of(Buf *x, int64_t k, Py_ssize_t most, Py_ssize_t *M) {
     *M = x->b.len / (Py_ssize_t)(k * 4);
-    if (*M < 1 || *M > MAX_ROWS || x->b.len != *M * k * 4) {
-        PyErr_Format(PyExc_ValueError, "x must be 1..%d rows of %lld float32", MAX_ROWS, (long long)k);
+    if (*M < 1 || *M > most || x->b.len != *M * k * 4) {
+        PyErr_Format(PyExc_ValueError, "x must be 1..%zd rows of %lld float32", most, (long long)k);
         return -1;
     }
     return 0;
@@ -721,49 +706,16 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     Buf b[4] = {{0}};
     Weight W;
     Py_ssize_t M;
-    if (parse_weight(kind, wo, so, n, k, bm, bn, &W, &b[1]) || get_buf(xo, &b[0], 0, 0, "x") || rows_of(&b[0], k, &M) ||
+    if (parse_weight(kind, wo, so, n, k, bm, bn, &W, &b[1]) || get_buf(xo, &b[0], 0, 0, "x") ||
+        rows_of(&b[0], k, PY_SSIZE_T_MAX / 4, &M) ||
         get_buf(oo, &b[3], 1, 0, "out")) { release(b, 4); return NULL; }
     if (b[3].b.len < M * n * 4) { release(b, 4); PyErr_SetString(PyExc_ValueError, "out is too small"); return NULL; }
     const float *x = b[0].b.buf; float *out = b[3].b.buf;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = matmul_rows(&W, x, M, out);
+    status = linears_rows(&W, 1, x, M, &out);
     Py_END_ALLOW_THREADS
     release(b, 4);
-    if (status) return PyErr_NoMemory();
-    Py_RETURN_NONE;
-}
-
-/* swiglu(x, (kind, data, scales, n, k, bm, bn) x 3 for gate, up, down, out) */
-static PyObject *py_swiglu(PyObject *self, PyObject *args) {
-    PyObject *xo, *oo; const char *kinds[3]; PyObject *data[3], *scales[3]; long long n[3], k[3], bm[3], bn[3];
-    if (!PyArg_ParseTuple(args, "O(sOOLLLL)(sOOLLLL)(sOOLLLL)O", &xo,
-                          &kinds[0], &data[0], &scales[0], &n[0], &k[0], &bm[0], &bn[0],
-                          &kinds[1], &data[1], &scales[1], &n[1], &k[1], &bm[1], &bn[1],
-                          &kinds[2], &data[2], &scales[2], &n[2], &k[2], &bm[2], &bn[2], &oo)) return NULL;
-    Buf b[8] = {{0}};
-    Weight W[3];
-    Py_ssize_t M;
-    for (int i = 0; i < 3; i++)
-        if (parse_weight(kinds[i], data[i], scales[i], n[i], k[i], bm[i], bn[i], &W[i], &b[2 * i])) { release(b, 8); return NULL; }
-    if (W[0].N != W[1].N || W[0].K != W[1].K || W[2].K != W[0].N) {
-        release(b, 8);
-        PyErr_SetString(PyExc_ValueError, "gate and up must be (I, H) and down (H, I)");
-        return NULL;
-    }
-    if (get_buf(xo, &b[6], 0, 0, "x") || rows_of(&b[6], W[0].K, &M) || get_buf(oo, &b[7], 1, M * W[2].N * 4, "out")) {
-        release(b, 8);
-        return NULL;
-    }
-    float *scratch = malloc(sizeof(float) * 2 * M * W[0].N);
-    if (scratch == NULL) { release(b, 8); return PyErr_NoMemory(); }
-    const float *x = b[6].b.buf; float *out = b[7].b.buf;
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = swiglu_rows(&W[0], &W[1], &W[2], x, M, scratch, scratch + M * W[0].N, out);
-    Py_END_ALLOW_THREADS
-    free(scratch);
-    release(b, 8);
     if (status) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
@@ -825,6 +777,74 @@ done:
     return result;
 }
 
+/* linears(x, specs, outs): outs[i] = x @ W_i^T for weights of the same input width */
+static PyObject *py_linears(PyObject *self, PyObject *args) {
+    PyObject *xo, *so, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &xo, &so, &oo)) return NULL;
+    PyObject *specs = PySequence_Fast(so, "specs must be a sequence");
+    if (specs == NULL) return NULL;
+    PyObject *outs = PySequence_Fast(oo, "outs must be a sequence");
+    if (outs == NULL) { Py_DECREF(specs); return NULL; }
+    const Py_ssize_t nW = PySequence_Fast_GET_SIZE(specs);
+    Buf *b = calloc((size_t)(3 * nW + 1), sizeof(Buf));
+    Weight *W = calloc((size_t)(nW > 0 ? nW : 1), sizeof(Weight));
+    float **out = calloc((size_t)(nW > 0 ? nW : 1), sizeof(float *));
+    PyObject *result = NULL;
+    Py_ssize_t M;
+    if (b == NULL || W == NULL || out == NULL) { PyErr_NoMemory(); goto done; }
+    if (nW < 1 || nW > 64 || PySequence_Fast_GET_SIZE(outs) != nW) {
+        PyErr_SetString(PyExc_ValueError, "linears needs 1..64 weights and as many outputs");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nW; i++) {
+        const char *kind; PyObject *data, *scales; long long n, k, bm, bn;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(specs, i), "sOOLLLL", &kind, &data, &scales, &n, &k, &bm, &bn) ||
+            parse_weight(kind, data, scales, n, k, bm, bn, &W[i], &b[3 * i])) goto done;
+        if (W[i].K != W[0].K) { PyErr_Format(PyExc_ValueError, "weight %zd takes %lld inputs, weight 0 %lld", i, (long long)W[i].K, (long long)W[0].K); goto done; }
+    }
+    if (get_buf(xo, &b[3 * nW], 0, 0, "x") || rows_of(&b[3 * nW], W[0].K, PY_SSIZE_T_MAX / 4, &M)) goto done;
+    for (Py_ssize_t i = 0; i < nW; i++) {
+        if (get_buf(PySequence_Fast_GET_ITEM(outs, i), &b[3 * i + 2], 1, (Py_ssize_t)(M * W[i].N * 4), "out")) goto done;
+        out[i] = b[3 * i + 2].b.buf;
+    }
+    int status;
+    const float *x = b[3 * nW].b.buf;
+    Py_BEGIN_ALLOW_THREADS
+    status = linears_rows(W, (int)nW, x, M, out);
+    Py_END_ALLOW_THREADS
+    if (status) { PyErr_NoMemory(); goto done; }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (b != NULL) release(b, (int)(3 * nW + 1));
+    free(b); free(W); free(out);
+    Py_DECREF(specs); Py_DECREF(outs);
+    return result;
+}
+
+/* rms_norm(x, weight or None, eps, out) over rows of x's last dimension D = len(out row) */
+static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
+    PyObject *xo, *wo, *oo; float eps; long long D;
+    if (!PyArg_ParseTuple(args, "OOfOL", &xo, &wo, &eps, &oo, &D)) return NULL;
+    Buf b[3] = {{{0}}};
+    PyObject *result = NULL;
+    if (D < 1 || get_buf(xo, &b[0], 0, 0, "x") || b[0].b.len % (D * 4) != 0 ||
+        get_buf(oo, &b[2], 1, b[0].b.len, "out") || (wo != Py_None && get_buf(wo, &b[1], 0, D * 4, "weight"))) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "x must be rows of %lld float32", D);
+        goto done;
+    }
+    const int64_t T = b[0].b.len / (D * 4);
+    const float *x = b[0].b.buf, *w = wo != Py_None ? b[1].b.buf : NULL; float *out = b[2].b.buf;
+    Py_BEGIN_ALLOW_THREADS
+    rms_norm_rows(x, w, eps, T, D, out);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(b, 3);
+    return result;
+}
+
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     const char *kind; PyObject *wo, *so, *oo; long long n, k, bm = 128, bn = 128;
     if (!PyArg_ParseTuple(args, "sOOOLL|LL", &kind, &wo, &so, &oo, &n, &k, &bm, &bn)) return NULL;
@@ -849,12 +869,12 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, data, scales, out, n, k[, bm, bn]): out = x @ W^T for 1..8 rows"},
+    {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, data, scales, out, n, k[, bm, bn]): out = x @ W^T"},
+    {"linears", py_linears, METH_VARARGS, "linears(x, specs, outs): outs[i] = x @ W_i^T, one parallel region for all"},
+    {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, weight or None, eps, out, d): RMSNorm over rows of d floats"},
     {"dequantize", py_dequantize, METH_VARARGS, "dequantize(kind, data, scales, out, n, k[, bm, bn]): W as float32"},
     {"moe", py_moe, METH_VARARGS,
      "moe(x, experts, rows, wts, off, out): out[rows] += wts * expert(x[rows]) for a batch of (gate, up, down) experts"},
-    {"swiglu", py_swiglu, METH_VARARGS,
-     "swiglu(x, gate, up, down, out): down(silu(gate x) * up x), each weight (kind, data, scales, n, k, bm, bn)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -57,6 +57,12 @@ class Backend:
         weight may be a QuantTensor of a kind ``has_kernel`` accepts."""
         raise NotImplementedError
 
+    def linears(self, x: Array, weights: list, biases: list | None = None) -> list:
+        """Several projections of the same x (e.g. q, k and v); a backend may compute
+        them together."""
+        biases = biases or [None] * len(weights)
+        return [self.linear(x, w, b) for w, b in zip(weights, biases)]
+
     def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:
         raise NotImplementedError
 

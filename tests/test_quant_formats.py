@@ -151,9 +151,53 @@ def test_kernels_refuse_bad_buffers():
         _kernels.matmul("q4", x, np.zeros(10, np.uint8), np.ones((4, 1), np.float32), out, 4, 64)
     with pytest.raises(ValueError, match="unknown kernel"):
         _kernels.matmul("q3", x, np.zeros(128, np.uint8), np.ones(4, np.float32), out, 4, 64)
-    with pytest.raises(ValueError, match="rows"):
-        _kernels.matmul("q8", np.ones((9, 64), np.float32), np.zeros((4, 64), np.int8), np.ones(4, np.float32),
+    with pytest.raises(ValueError, match="rows"):  # x is not whole rows of k floats
+        _kernels.matmul("q8", np.ones(100, np.float32), np.zeros((4, 64), np.int8), np.ones(4, np.float32),
                         np.empty((9, 4), np.float32), 4, 64)
+    with pytest.raises(ValueError, match="out"):
+        _kernels.matmul("q8", np.ones((3, 64), np.float32), np.zeros((4, 64), np.int8), np.ones(4, np.float32),
+                        np.empty((2, 4), np.float32), 4, 64)
+
+
+def test_layer_kernel_refuses_bad_routing():
+    rng = np.random.default_rng(0)
+    gate, _ = packed("q4", 8, 64, rng)
+    up, _ = packed("q4", 8, 64, rng)
+    down, _ = packed("q4", 64, 8, rng)
+    expert = tuple((w.kind, w.data, w.scales, *w.shape, 128, 128) for w in (gate, up, down))
+    x, out = np.ones((2, 64), np.float32), np.zeros((2, 64), np.float32)
+    ones, off = np.ones(2, np.float32), np.array([0, 2], np.int64)
+    with pytest.raises(ValueError, match="row 5 is outside"):
+        _kernels.moe(x, [expert], np.array([0, 5], np.int32), ones, off, out)
+    with pytest.raises(ValueError, match="off must rise"):
+        _kernels.moe(x, [expert, expert], np.array([0, 1], np.int32), ones, np.array([0, 2, 1], np.int64), out)
+    with pytest.raises(ValueError, match="rows"):  # off says 3 routed rows, 2 given
+        _kernels.moe(x, [expert], np.array([0, 1], np.int32), ones, np.array([0, 3], np.int64), out)
+    with pytest.raises(ValueError, match="gate and up"):
+        _kernels.moe(x, [(expert[0], expert[1], expert[0])], np.array([0, 1], np.int32), ones, off, out)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_linears_equal_one_linear_each(rows):
+    """Several weights sharing x in one call give what each gives alone (biases added)."""
+    rng = np.random.default_rng(rows)
+    weights = [packed(kind, n, 130, rng)[0] for kind, n in (("q4", 40), ("q8", 24), ("mxfp4", 33), ("bf16", 8))]
+    biases = [None, rng.standard_normal(24).astype(np.float32), None, None]
+    x = rng.standard_normal((rows, 130)).astype(np.float32)
+    backend = CpuBackend()
+    together = backend.linears(x, weights, biases)
+    for w, b, y in zip(weights, biases, together):
+        np.testing.assert_array_equal(y, backend.linear(x, w, b))
+
+
+def test_compiled_rms_norm_matches_numpy():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 3, 96)).astype(np.float32) * 3
+    w = rng.standard_normal(96).astype(np.float32)
+    numpy_only = CpuBackend(kernels=False)
+    for weight in (w, None):
+        np.testing.assert_allclose(CpuBackend().rms_norm(x, weight, 1e-6), numpy_only.rms_norm(x, weight, 1e-6),
+                                   rtol=2e-6, atol=1e-6)
 
 
 def test_int4_integer_path_stays_close_to_float_math():
@@ -199,3 +243,38 @@ def test_fused_expert_kernel_equals_three_matmuls(kinds, rows):
     assert fused.shape == (rows, hidden)
     tolerance = 2e-2 if "q4" in kinds and _kernels.INT4_INTEGER_PATH else 2e-4  # int8 activations for int4 weights
     np.testing.assert_allclose(fused, expected, rtol=tolerance, atol=tolerance * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8", "fp8"])
+def test_routed_experts_do_not_depend_on_the_batching(kind):
+    """One kernel call per batch of experts: the batch size (the store's read window) and
+    experts taking too many rows for the kernels (computed apart) leave the sums alone."""
+    from colibri_core.experts.tiers import ExpertWeights
+
+    rng = np.random.default_rng(7)
+    hidden, inter, n_experts, tokens, k = 96, 40, 6, 20, 3  # ~10 rows per expert: over fp8's 8
+    experts, refs = [], []
+    for _ in range(n_experts):
+        mats = {r: packed(kind, *shape, rng) for r, shape in (("gate", (inter, hidden)), ("up", (inter, hidden)),
+                                                              ("down", (hidden, inter)))}
+        experts.append(ExpertWeights({r: m[0] for r, m in mats.items()}, 0))
+        refs.append({r: m[1].astype(np.float64) for r, m in mats.items()})
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    indices = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :k]
+    weights = rng.random((tokens, k)).astype(np.float32)
+    backend = CpuBackend()
+    results = [backend.routed_experts(x, indices, weights, experts.__getitem__, window) for window in (1, 2, 8)]
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])
+    expected = np.zeros((tokens, hidden))
+    for t in range(tokens):
+        for slot in range(k):
+            r = refs[indices[t, slot]]
+            g, u = r["gate"] @ x[t], r["up"] @ x[t]
+            with np.errstate(over="ignore"):  # silu of a very negative g is -0
+                expected[t] += weights[t, slot] * (r["down"] @ (g / (1 + np.exp(-g)) * u))
+    tolerance = 2e-2 if kind == "q4" and _kernels.INT4_INTEGER_PATH else 2e-4
+    np.testing.assert_allclose(results[0], expected, rtol=tolerance, atol=tolerance * np.abs(expected).max())
+    # one token: the decode path
+    single = backend.routed_experts(x[:1], indices[:1], weights[:1], experts.__getitem__)
+    np.testing.assert_allclose(single, expected[:1], rtol=tolerance, atol=tolerance * np.abs(expected).max())

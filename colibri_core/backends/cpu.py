@@ -52,17 +52,35 @@ class CpuBackend(Backend):
         return super().keeps_stored(kind, use)
 
     def swiglu_expert(self, x, gate, up, down):
-        if (self.kernels is not None and all(isinstance(w, QuantTensor) for w in (gate, up, down))
-                and x.shape[0] <= (self.kernels.MAX_ROWS if "fp8" in (gate.kind, up.kind, down.kind) else KERNEL_ROW_LIMIT)):
-            # one kernel call for the whole expert: its threads wake once, not three times
+        mats = (gate, up, down)
+        if (self.kernels is not None and all(isinstance(w, QuantTensor) and w.kind in KERNEL_KINDS for w in mats)
+                and x.shape[0] <= min(self._row_limit(w) for w in mats)):
+            # the layer kernel with one expert taking every row at weight 1 (0 + 1 * y is y)
             x = np.ascontiguousarray(x, dtype=np.float32)
-            out = np.empty((x.shape[0], down.shape[0]), dtype=np.float32)
-            step = self.kernels.MAX_ROWS
-            specs = (_spec(gate), _spec(up), _spec(down))
-            for r in range(0, x.shape[0], step):
-                self.kernels.swiglu(x[r : r + step], *specs, out[r : r + step])
+            t = x.shape[0]
+            out = np.zeros((t, down.shape[0]), dtype=np.float32)
+            self.kernels.moe(x, [tuple(_spec(w) for w in mats)], np.arange(t, dtype=np.int32),
+                             np.ones(t, dtype=np.float32), np.array([0, t], dtype=np.int64), out)
             return out
         return super().swiglu_expert(x, gate, up, down)
+
+    def _row_limit(self, w: QuantTensor) -> int:
+        """Up to this many x rows the kernels pass over the packed weight; beyond, it is
+        dequantised for BLAS (fp8's per-element decode makes repeated passes dearer)."""
+        return self.kernels.MAX_ROWS if w.kind == "fp8" else KERNEL_ROW_LIMIT
+
+    def linears(self, x, weights, biases=None):
+        if (self.kernels is None or len(weights) < 2
+                or not all(isinstance(w, QuantTensor) and w.kind in KERNEL_KINDS for w in weights)
+                or x.shape[0] > min(self._row_limit(w) for w in weights)):
+            return super().linears(x, weights, biases)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        outs = [np.empty((x.shape[0], w.shape[0]), dtype=np.float32) for w in weights]
+        self.kernels.linears(x, [_spec(w) for w in weights], outs)
+        for y, b in zip(outs, biases or ()):
+            if b is not None:
+                y += b
+        return outs
 
     def _quant_linear(self, x, w: QuantTensor):
         n, k = w.shape
@@ -70,12 +88,8 @@ class CpuBackend(Backend):
         m = x.shape[0]
         scales = w.scales if w.scales is not None else _NO_SCALES
         out = np.empty((m, n), dtype=np.float32)
-        if m <= (self.kernels.MAX_ROWS if w.kind == "fp8" else KERNEL_ROW_LIMIT):
-            # decode and short prompts: passes over the packed weight (fp8's per-element
-            # decode makes repeated passes dearer than one dequantisation)
-            step = self.kernels.MAX_ROWS
-            for r in range(0, m, step):
-                self.kernels.matmul(w.kind, x[r : r + step], w.data, scales, out[r : r + step], n, k, *w.block)
+        if m <= self._row_limit(w):  # decode and short prompts: passes over the packed weight
+            self.kernels.matmul(w.kind, x, w.data, scales, out, n, k, *w.block)
             return out
         # many rows (prefill): dequantise a block of rows at a time and let BLAS multiply
         step = DEQUANT_ROWS
@@ -123,6 +137,11 @@ class CpuBackend(Backend):
         return y
 
     def rms_norm(self, x, weight, eps):
+        if self.kernels is not None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            out = np.empty_like(x)
+            self.kernels.rms_norm(x, weight, eps, out, x.shape[-1])
+            return out
         variance = np.mean(np.square(x), axis=-1, keepdims=True)
         y = x * (1.0 / np.sqrt(variance + np.float32(eps)))
         return y * weight if weight is not None else y
@@ -172,28 +191,38 @@ class CpuBackend(Backend):
 
     def routed_experts(self, x, indices, weights, fetch, window: int = 8):
         out = np.zeros_like(x)
-        k = indices.shape[1]
-        flat = indices.ravel()
-        order = np.argsort(flat, kind="stable")  # (expert, token) pairs grouped by expert, ascending
-        experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
-        token_of = (order // k).astype(np.int32)
+        t, k = indices.shape
+        if t == 1:  # decode: one token, k distinct experts
+            order = np.argsort(indices[0])
+            experts = indices[0, order]
+            token_of = np.zeros(k, dtype=np.int32)
+            starts, counts = range(k), (1,) * k
+        else:
+            flat = indices.ravel()
+            order = np.argsort(flat, kind="stable")  # (expert, token) pairs grouped by expert, ascending
+            experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
+            token_of = (order // k).astype(np.int32)
         weight_of = np.ascontiguousarray(weights.ravel()[order], dtype=np.float32)
-        batch: list[tuple[int, dict]] = []  # experts for one kernel call: the threads wake once per batch
+        if self.kernels is not None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        batch: list = []  # kernel arguments of consecutive experts: one call for all of them
+        first = 0  # index in ``experts`` of the batch's first expert
 
         def flush():
             if batch:
-                lo, hi = starts[batch[0][0]], starts[batch[-1][0]] + counts[batch[-1][0]]
-                off = np.concatenate(([0], np.cumsum(counts[batch[0][0] : batch[-1][0] + 1]))).astype(np.int64)
-                specs = [(_spec(w["gate"]), _spec(w["up"]), _spec(w["down"])) for _, w in batch]
-                self.kernels.moe(x, specs, token_of[lo:hi], weight_of[lo:hi], off, out)
+                lo = starts[first]
+                off = np.zeros(len(batch) + 1, dtype=np.int64)
+                np.cumsum(counts[first : first + len(batch)], out=off[1:])
+                self.kernels.moe(x, batch, token_of[lo : lo + off[-1]], weight_of[lo : lo + off[-1]], off, out)
                 batch.clear()
 
-        if self.kernels is not None:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-        for i, e in enumerate(experts):  # ascending expert ids: a fixed reduction order
-            w = fetch(int(e))
-            if self._fused_kernel(w, counts[i]):
-                batch.append((i, w))
+        for i, e in enumerate(experts.tolist()):  # ascending expert ids: a fixed reduction order
+            w = fetch(e)
+            specs = self._kernel_args(w)
+            if specs is not None and counts[i] <= specs[1]:
+                if not batch:
+                    first = i
+                batch.append(specs[0])
                 if len(batch) >= max(1, window):
                     flush()
                 continue
@@ -204,14 +233,17 @@ class CpuBackend(Backend):
         flush()
         return out
 
-    def _fused_kernel(self, w, rows: int) -> bool:
-        """Whether the compiled kernels take this expert for ``rows`` tokens."""
-        if self.kernels is None:
-            return False
-        mats = (w["gate"], w["up"], w["down"])
-        if not all(isinstance(m, QuantTensor) and m.kind in KERNEL_KINDS for m in mats):
-            return False
-        return rows <= (self.kernels.MAX_ROWS if any(m.kind == "fp8" for m in mats) else KERNEL_ROW_LIMIT)
+    def _kernel_args(self, w):
+        """(moe kernel arguments, most token rows it takes) for an expert, derived once
+        and kept with it; None when the compiled kernels cannot take its formats."""
+        key = ("cpu", self.kernels is not None)
+        derived = w.derived.get(key)
+        if derived is None and key not in w.derived:
+            mats = (w["gate"], w["up"], w["down"])
+            if self.kernels is not None and all(isinstance(m, QuantTensor) and m.kind in KERNEL_KINDS for m in mats):
+                derived = (tuple(_spec(m) for m in mats), min(self._row_limit(m) for m in mats))
+            w.derived[key] = derived
+        return derived
 
     # -- MLA, DSA and interleaved RoPE --------------------------------------------------
     def layer_norm(self, x, weight, bias, eps):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ColibriError
 from ..safetensors_file import TensorInfo, as_array
@@ -28,6 +28,7 @@ class ExpertWeights:
 
     arrays: dict
     nbytes: int
+    derived: dict = field(default_factory=dict)  # what a backend derives once per expert (e.g. kernel arguments)
 
     def __getitem__(self, role: str):
         return self.arrays[role]

@@ -116,7 +116,8 @@ class Attention:
     def __call__(self, x, step: Step):
         ops = step.ops
         t = x.shape[0]
-        q, k, v = self.q(x, step), self.k(x, step), self.v(x, step)
+        q, k, v = ops.linears(x, [p.weight.value for p in (self.q, self.k, self.v)],
+                              [_v(p.bias) for p in (self.q, self.k, self.v)])
         gate = None
         if self.output_gate:
             q = q.reshape(t, self.n_heads, 2 * self.head_dim)
