@@ -594,6 +594,77 @@ static int moe_rows(const Expert *E, int64_t nE, const float *x, int64_t T, cons
     return 0;
 }
 
+/* Causal attention with grouped KV heads: query t of T sits at position start + t and
+ * sees keys 0..start+t (and of those only the ones ``visible`` (T, S) marks, when
+ * given: DeepSeek's sparse attention; a query left with no key gets zeros). q is (T, Hq, D); keys and values (Hkv, S, D|Dv) are read
+ * through their strides (the KV cache's views over a longer buffer); out is (T, Hq, Dv).
+ * softmax(q.k * scale) @ v, as the numpy path computes it: max subtracted, exponentials
+ * divided by their sum before the values are weighed. */
+typedef struct { const char *base; int64_t head, pos; } KVView;  /* byte strides */
+
+CLONES static void attend_one(const float *q, KVView K, KVView V, int64_t h, int64_t n, const uint8_t *visible, int64_t D,
+                              int64_t Dv, float scale, float *scores, float *out) {
+    float top = -INFINITY;
+    for (int64_t s = 0; s < n; s++) {
+        if (visible && !visible[s]) { scores[s] = -INFINITY; continue; }
+        const float *k = (const float *)(K.base + h * K.head + s * K.pos);
+        float dot = 0.f;
+        for (int64_t d = 0; d < D; d++) dot += q[d] * k[d];
+        scores[s] = dot * scale;
+        top = scores[s] > top ? scores[s] : top;
+    }
+    float total = 0.f;
+    for (int64_t s = 0; s < n; s++) {
+        scores[s] = visible && !visible[s] ? 0.f : expf(scores[s] - top);
+        total += scores[s];
+    }
+    for (int64_t d = 0; d < Dv; d++) out[d] = 0.f;
+    for (int64_t s = 0; s < n; s++) {
+        if (visible && !visible[s]) continue;
+        const float p = scores[s] / total;
+        const float *v = (const float *)(V.base + h * V.head + s * V.pos);
+        for (int64_t d = 0; d < Dv; d++) out[d] += p * v[d];
+    }
+}
+
+static int attention_rows(const float *q, int64_t T, int64_t Hq, int64_t D, KVView K, KVView V, int64_t Hkv, int64_t S,
+                          int64_t Dv, int64_t start, float scale, const uint8_t *visible, float *out) {
+    const int64_t group = Hq / Hkv;
+    int failed = 0;
+    #pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * (S > 0 ? S : 1));
+        if (scores == NULL) {
+            #pragma omp atomic write
+            failed = 1;
+        } else {
+            #pragma omp for schedule(static)
+            for (int64_t th = 0; th < T * Hq; th++) {
+                const int64_t t = th / Hq, h = th % Hq;
+                const int64_t n = start + t + 1 < S ? start + t + 1 : S;
+                attend_one(q + th * D, K, V, h / group, n, visible ? visible + t * S : NULL, D, Dv, scale, scores,
+                           out + th * Dv);
+            }
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}
+
+/* Rotate-half RoPE on the first R features of each head: x (T, H, D), cos/sin (T, R) */
+CLONES static void rope_rows(const float *x, const float *cos, const float *sin, int64_t T, int64_t H, int64_t D, int64_t R,
+                             float *out) {
+    const int64_t half = R / 2;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *xi = x + (t * H + h) * D, *c = cos + t * R, *sn = sin + t * R;
+            float *o = out + (t * H + h) * D;
+            for (int64_t i = 0; i < half; i++) o[i] = xi[i] * c[i] + (-xi[i + half]) * sn[i];
+            for (int64_t i = half; i < R; i++) o[i] = xi[i] * c[i] + xi[i - half] * sn[i];
+            for (int64_t i = R; i < D; i++) o[i] = xi[i];
+        }
+}
+
 /* ---- dequantise the whole weight (for BLAS on many rows) ----
  * Serial on purpose: BLAS multiplies right after with its own threads, and OpenMP
  * threads spinning beside them would take the cores BLAS needs. */
@@ -845,6 +916,78 @@ done:
     return result;
 }
 
+/* a float32 array of 3 dimensions with its last one contiguous, read through strides */
+static int get_view3(PyObject *o, Buf *buf, const char *what, int64_t shape[3], KVView *view) {
+    if (PyObject_GetBuffer(o, &buf->b, PyBUF_RECORDS_RO) != 0) return -1;
+    buf->held = 1;
+    if (buf->b.ndim != 3 || buf->b.itemsize != 4 || strcmp(buf->b.format, "f") != 0 || buf->b.strides[2] != 4 ||
+        buf->b.strides[0] < 0 || buf->b.strides[1] < 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a 3-d float32 array with contiguous rows", what);
+        return -1;
+    }
+    for (int i = 0; i < 3; i++) shape[i] = buf->b.shape[i];
+    view->base = buf->b.buf; view->head = buf->b.strides[0]; view->pos = buf->b.strides[1];
+    return 0;
+}
+
+/* attention(q, k, v, start, scale, out[, visible]): see attention_rows */
+static PyObject *py_attention(PyObject *self, PyObject *args) {
+    PyObject *qo, *ko, *vo, *oo, *mo = Py_None; long long start; float scale;
+    if (!PyArg_ParseTuple(args, "OOOLfO|O", &qo, &ko, &vo, &start, &scale, &oo, &mo)) return NULL;
+    Buf b[5] = {{{0}}};
+    int64_t qs[3], ks[3], vs[3];
+    KVView qv, K, V;
+    PyObject *result = NULL;
+    if (get_view3(qo, &b[0], "q", qs, &qv) || get_view3(ko, &b[1], "k", ks, &K) || get_view3(vo, &b[2], "v", vs, &V)) goto done;
+    if (qv.pos != qs[2] * 4 || qv.head != qs[1] * qs[2] * 4 || qs[2] != ks[2] || ks[0] != vs[0] || ks[1] != vs[1] ||
+        ks[0] < 1 || qs[1] % ks[0] != 0 || start < 0 || start + qs[0] < ks[1]) {
+        PyErr_SetString(PyExc_ValueError, "attention wants contiguous q (T, Hq, D), k (Hkv, S, D), v (Hkv, S, Dv), "
+                                          "Hq a multiple of Hkv and start + T >= S");
+        goto done;
+    }
+    if (get_buf(oo, &b[3], 1, (Py_ssize_t)(qs[0] * qs[1] * vs[2] * 4), "out")) goto done;
+    if (mo != Py_None && get_buf(mo, &b[4], 0, (Py_ssize_t)(qs[0] * ks[1]), "visible")) goto done;
+    int status;
+    float *out = b[3].b.buf;
+    const uint8_t *visible = mo != Py_None ? b[4].b.buf : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = attention_rows((const float *)qv.base, qs[0], qs[1], qs[2], K, V, ks[0], ks[1], vs[2], start, scale, visible,
+                            out);
+    Py_END_ALLOW_THREADS
+    if (status) { PyErr_NoMemory(); goto done; }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(b, 5);
+    return result;
+}
+
+/* rope(x, cos, sin, rotary_dim, out): x (T, H, D) contiguous, cos/sin (T, rotary_dim) */
+static PyObject *py_rope(PyObject *self, PyObject *args) {
+    PyObject *xo, *co, *so, *oo; long long R;
+    if (!PyArg_ParseTuple(args, "OOOLO", &xo, &co, &so, &R, &oo)) return NULL;
+    Buf b[4] = {{{0}}};
+    int64_t xs[3];
+    KVView xv;
+    PyObject *result = NULL;
+    if (get_view3(xo, &b[0], "x", xs, &xv)) goto done;
+    if (xv.pos != xs[2] * 4 || xv.head != xs[1] * xs[2] * 4 || R < 2 || R % 2 || R > xs[2]) {
+        PyErr_SetString(PyExc_ValueError, "rope wants a contiguous x (T, H, D) and an even rotary_dim <= D");
+        goto done;
+    }
+    if (get_buf(co, &b[1], 0, (Py_ssize_t)(xs[0] * R * 4), "cos") || get_buf(so, &b[2], 0, (Py_ssize_t)(xs[0] * R * 4), "sin") ||
+        get_buf(oo, &b[3], 1, (Py_ssize_t)(xs[0] * xs[1] * xs[2] * 4), "out")) goto done;
+    const float *x = (const float *)xv.base, *c = b[1].b.buf, *sn = b[2].b.buf; float *out = b[3].b.buf;
+    Py_BEGIN_ALLOW_THREADS
+    rope_rows(x, c, sn, xs[0], xs[1], xs[2], R, out);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(b, 4);
+    return result;
+}
+
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     const char *kind; PyObject *wo, *so, *oo; long long n, k, bm = 128, bn = 128;
     if (!PyArg_ParseTuple(args, "sOOOLL|LL", &kind, &wo, &so, &oo, &n, &k, &bm, &bn)) return NULL;
@@ -871,6 +1014,8 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, data, scales, out, n, k[, bm, bn]): out = x @ W^T"},
     {"linears", py_linears, METH_VARARGS, "linears(x, specs, outs): outs[i] = x @ W_i^T, one parallel region for all"},
+    {"attention", py_attention, METH_VARARGS, "attention(q, k, v, start, scale, out[, visible]): causal attention, grouped KV heads"},
+    {"rope", py_rope, METH_VARARGS, "rope(x, cos, sin, rotary_dim, out): rotate-half RoPE"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, weight or None, eps, out, d): RMSNorm over rows of d floats"},
     {"dequantize", py_dequantize, METH_VARARGS, "dequantize(kind, data, scales, out, n, k[, bm, bn]): W as float32"},
     {"moe", py_moe, METH_VARARGS,

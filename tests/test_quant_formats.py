@@ -278,3 +278,39 @@ def test_routed_experts_do_not_depend_on_the_batching(kind):
     # one token: the decode path
     single = backend.routed_experts(x[:1], indices[:1], weights[:1], experts.__getitem__)
     np.testing.assert_allclose(single, expected[:1], rtol=tolerance, atol=tolerance * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("t, start, hq, hkv", [(1, 0, 4, 4), (1, 9, 8, 2), (5, 0, 6, 3), (3, 4, 4, 1)])
+def test_compiled_attention_matches_numpy(t, start, hq, hkv):
+    rng = np.random.default_rng(t * 100 + start)
+    d, dv, capacity = 16, 12, 64
+    s = start + t
+    q = rng.standard_normal((t, hq, d)).astype(np.float32)
+    cache_k = rng.standard_normal((hkv, capacity, d)).astype(np.float32)
+    cache_v = rng.standard_normal((hkv, capacity, dv)).astype(np.float32)
+    k, v = cache_k[:, :s], cache_v[:, :s]  # views over a longer buffer, as the KV cache hands out
+    ours, numpy_only = CpuBackend(), CpuBackend(kernels=False)
+    np.testing.assert_allclose(ours.attention(q, k, v, start, 0.3), numpy_only.attention(q, k, v, start, 0.3),
+                               rtol=1e-5, atol=1e-6)
+    selected = np.stack([rng.choice(s, size=min(3, s), replace=False) for _ in range(t)])
+    np.testing.assert_allclose(ours.sparse_attention(q, k, v, start, 0.3, selected),
+                               numpy_only.sparse_attention(q, k, v, start, 0.3, selected), rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_attention_refuses_mismatched_shapes():
+    q = np.zeros((1, 3, 8), np.float32)
+    kv = np.zeros((2, 4, 8), np.float32)  # 3 query heads cannot share 2 KV heads
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        _kernels.attention(q, kv, kv, 3, 1.0, np.zeros((1, 3, 8), np.float32))
+    with pytest.raises(ValueError, match="3-d float32"):
+        _kernels.attention(q, kv.astype(np.float64), kv, 3, 1.0, np.zeros((1, 3, 8), np.float32))
+
+
+@pytest.mark.parametrize("rotary", [8, 16])
+def test_compiled_rope_matches_numpy(rotary):
+    rng = np.random.default_rng(rotary)
+    x = rng.standard_normal((3, 4, 16)).astype(np.float32)
+    angles = rng.random((3, rotary // 2)).astype(np.float32) * 6
+    cos, sin = np.cos(np.concatenate([angles, angles], -1)), np.sin(np.concatenate([angles, angles], -1))
+    np.testing.assert_allclose(CpuBackend().rope(x, cos, sin, rotary), CpuBackend(kernels=False).rope(x, cos, sin, rotary),
+                               rtol=1e-6, atol=1e-6)

@@ -147,6 +147,11 @@ class CpuBackend(Backend):
         return y * weight if weight is not None else y
 
     def rope(self, x, cos, sin, rotary_dim):
+        if self.kernels is not None and x.dtype == np.float32 and cos.dtype == sin.dtype == np.float32:
+            x = np.ascontiguousarray(x)
+            out = np.empty_like(x)
+            self.kernels.rope(x, np.ascontiguousarray(cos), np.ascontiguousarray(sin), rotary_dim, out)
+            return out
         cos = cos[:, None, :]
         sin = sin[:, None, :]
         rot = x[..., :rotary_dim]
@@ -158,6 +163,11 @@ class CpuBackend(Backend):
         return np.concatenate((out, x[..., rotary_dim:]), axis=-1)
 
     def attention(self, q, k, v, start, scale):
+        if self.kernels is not None and q.dtype == k.dtype == v.dtype == np.float32:
+            q = np.ascontiguousarray(q)
+            out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=np.float32)
+            self.kernels.attention(q, k, v, start, scale, out)
+            return out
         t, hq, d = q.shape
         hkv, s, _ = k.shape
         group = hq // hkv
@@ -314,6 +324,12 @@ class CpuBackend(Backend):
         return visible
 
     def sparse_attention(self, q, k, v, start, scale, selected):
+        if self.kernels is not None and q.dtype == k.dtype == v.dtype == np.float32:
+            q = np.ascontiguousarray(q)
+            visible = np.ascontiguousarray(self._visible(q.shape[0], k.shape[1], start, selected), dtype=np.uint8)
+            out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=np.float32)
+            self.kernels.attention(q, k, v, start, scale, out, visible)
+            return out
         t, hq, d = q.shape
         hkv, s, _ = k.shape
         group = hq // hkv
