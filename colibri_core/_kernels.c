@@ -631,7 +631,9 @@ static int attention_rows(const float *q, int64_t T, int64_t Hq, int64_t D, KVVi
                           int64_t Dv, int64_t start, float scale, const uint8_t *visible, float *out) {
     const int64_t group = Hq / Hkv;
     int failed = 0;
-    #pragma omp parallel
+    /* small problems (tiny models, the first tokens) stay on this thread: waking the
+     * other would cost more than it saves */
+    #pragma omp parallel if (T * Hq * S * (D + Dv) >= (1 << 16))
     {
         float *scores = malloc(sizeof(float) * (S > 0 ? S : 1));
         if (scores == NULL) {

@@ -348,3 +348,30 @@ def test_a_device_tier_is_consulted_first_and_changes_nothing(model_dir):
     same(result, reference)
     assert result.stats.hits_device > 0 and device.admitted > 0 and len(device.held) == 4
     assert result.stats.expert_hits == result.stats.hits_device + result.stats.hits_pinned + result.stats.hits_lru
+
+
+def test_expert_buffers_are_reused_only_when_no_array_views_them():
+    import gc
+
+    from colibri_core.experts.buffers import BufferPool
+
+    pool = BufferPool(chunk=1 << 16)  # 16 slots of 4 KiB per mapping
+    a = pool.take(5000)  # two pages
+    assert a.nbytes == 5000 and a.ctypes.data % 4096 == 0
+    a[:] = 7
+    view = a[100:200]
+    address = a.ctypes.data
+    del a
+    gc.collect()
+    others = [pool.take(5000) for _ in range(8)]  # the viewed slot is not handed out again
+    assert address not in {o.ctypes.data for o in others}
+    assert np.all(view == 7)
+    del view, others
+    gc.collect()
+    again = [pool.take(5000) for _ in range(9)]  # every slot mapped so far, the freed ones included
+    assert address in {o.ctypes.data for o in again}
+    del again
+    mapped = pool.mapped_bytes
+    for _ in range(100):  # taking and dropping slots does not map more memory
+        pool.take(5000)[0] = 1
+    assert pool.mapped_bytes == mapped

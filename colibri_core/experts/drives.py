@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import ColibriError, UsageError
 from ..safetensors_file import TensorInfo
 from ..warn import warn
+from .buffers import expert_buffer
 
 ALIGN = 4096  # O_DIRECT offset, length and buffer alignment (the common logical block size)
 _FADVISE = hasattr(os, "posix_fadvise")
@@ -88,12 +89,12 @@ class Drive:
         if direct_fd is not None:
             lo = start - start % ALIGN
             hi = -(-end // ALIGN) * ALIGN
-            buf = aligned_empty(hi - lo)
+            buf = expert_buffer(hi - lo)
             got = _read_full(direct_fd, buf, lo, minimum=end - lo)
             data = buf[start - lo : end - lo]
             nread = got
         else:
-            data = np.empty(end - start, dtype=np.uint8)
+            data = expert_buffer(end - start)
             nread = _read_full(fd, data, start, minimum=end - start)
         if self.fadvise:
             forget(fd, start, end - start)
