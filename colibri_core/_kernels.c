@@ -183,38 +183,70 @@ static int have_avx2(void) { return 0; }
 
 static int use_avx2 = 0;  /* set at import */
 
-/* Activations for the int4 integer path: x quantised to int8 per 64-input group (as
- * llama.cpp does for its 4-bit formats), with the group's scale. */
+/* Activations for the integer paths, per 64-input group. int4 weights take x as int8
+ * (as llama.cpp does for its 4-bit formats); int8 weights take x as int16, whose error
+ * (1/65534 of the group's largest value) is far below the weights' own (1/254 of the
+ * row's), where int8 activations doubled the container's error (measured). Each form is
+ * made only when some weight wants it; a partial last group is zero-padded. */
 typedef struct {
-    int8_t *q;      /* M x G*64 */
-    float *scale;   /* M x G */
-    float *offset;  /* M x G: 8 * scale * (sum of the group's int8 values), for the weights' "- 8" */
+    int8_t *q;       /* M x G*64: int8 form */
+    float *scale;    /* M x G */
+    float *offset;   /* M x G: 8 * scale * (sum of the group's int8 values), for the int4 weights' "- 8" */
+    int16_t *q16;    /* M x G*64: int16 form */
+    float *scale16;  /* M x G */
 } QuantX;
+
+enum { QX8 = 1, QX16 = 2 };  /* the forms a weight wants */
 
 static int use_vnni = 0;  /* AVX-512 VNNI int4 path, set at import */
 
 static int64_t groups64(int64_t K) { return (K + 63) / 64; }
 
-static void quantx_free(QuantX *X) { free(X->q); free(X->scale); free(X->offset); }
+static void quantx_free(QuantX *X) { free(X->q); free(X->scale); free(X->offset); free(X->q16); free(X->scale16); }
 
-/* zeroed room for M rows of K activations (a partial last group stays zero-padded) */
-static int quantx_alloc(int64_t M, int64_t K, QuantX *out) {
+static int quantx_alloc(int64_t M, int64_t K, int forms, QuantX *out) {
     const int64_t G = groups64(K);
-    out->q = calloc((size_t)(M * G * 64), 1);
-    out->scale = calloc((size_t)(M * G), sizeof(float));
-    out->offset = calloc((size_t)(M * G), sizeof(float));
-    if (!out->q || !out->scale || !out->offset) { quantx_free(out); return -1; }
+    memset(out, 0, sizeof(*out));
+    int failed = 0;
+    if (forms & QX8) {
+        out->q = calloc((size_t)(M * G * 64), 1);
+        out->scale = calloc((size_t)(M * G), sizeof(float));
+        out->offset = calloc((size_t)(M * G), sizeof(float));
+        failed |= !out->q || !out->scale || !out->offset;
+    }
+    if (forms & QX16) {
+        out->q16 = calloc((size_t)(M * G * 64), sizeof(int16_t));
+        out->scale16 = calloc((size_t)(M * G), sizeof(float));
+        failed |= !out->q16 || !out->scale16;
+    }
+    if (failed) { quantx_free(out); return -1; }
     return 0;
 }
 
 /* the rows from ``row`` on, as a QuantX of their own */
 static QuantX quantx_at(const QuantX *X, int64_t row, int64_t K) {
     const int64_t G = groups64(K);
-    QuantX v = {X->q + row * G * 64, X->scale + row * G, X->offset + row * G};
+    QuantX v = {X->q ? X->q + row * G * 64 : NULL, X->scale ? X->scale + row * G : NULL,
+                X->offset ? X->offset + row * G : NULL, X->q16 ? X->q16 + row * G * 64 : NULL,
+                X->scale16 ? X->scale16 + row * G : NULL};
     return v;
 }
 
-/* quantise rows [r0, r1) of x (K floats each) into out */
+/* copy row ``from`` of X into row ``to`` of Y (both of K activations, same forms) */
+static void quantx_copy_row(const QuantX *X, int64_t from, QuantX *Y, int64_t to, int64_t K) {
+    const int64_t G = groups64(K);
+    if (X->q) {
+        memcpy(Y->q + to * G * 64, X->q + from * G * 64, (size_t)(G * 64));
+        memcpy(Y->scale + to * G, X->scale + from * G, sizeof(float) * G);
+        memcpy(Y->offset + to * G, X->offset + from * G, sizeof(float) * G);
+    }
+    if (X->q16) {
+        memcpy(Y->q16 + to * G * 64, X->q16 + from * G * 64, sizeof(int16_t) * G * 64);
+        memcpy(Y->scale16 + to * G, X->scale16 + from * G, sizeof(float) * G);
+    }
+}
+
+/* quantise rows [r0, r1) of x (K floats each) into the forms out has room for */
 static void quantize_rows(const float *x, int64_t r0, int64_t r1, int64_t K, QuantX *out) {
     const int64_t G = groups64(K);
     for (int64_t m = r0; m < r1; m++)
@@ -223,21 +255,29 @@ static void quantize_rows(const float *x, int64_t r0, int64_t r1, int64_t K, Qua
             const int64_t width = K - g * 64 < 64 ? K - g * 64 : 64;
             float amax = 0.f;
             for (int64_t j = 0; j < width; j++) amax = fabsf(xg[j]) > amax ? fabsf(xg[j]) : amax;
-            const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-            int8_t *qg = out->q + (m * G + g) * 64;
-            int32_t total = 0;
-            for (int64_t j = 0; j < width; j++) {
-                const int v = (int)lrintf(xg[j] * inv);
-                qg[j] = (int8_t)v;
-                total += v;
+            if (out->q) {
+                const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+                int8_t *qg = out->q + (m * G + g) * 64;
+                int32_t total = 0;
+                for (int64_t j = 0; j < width; j++) {
+                    const int v = (int)lrintf(xg[j] * inv);
+                    qg[j] = (int8_t)v;
+                    total += v;
+                }
+                out->scale[m * G + g] = d;
+                out->offset[m * G + g] = 8.f * d * (float)total;
             }
-            out->scale[m * G + g] = d;
-            out->offset[m * G + g] = 8.f * d * (float)total;
+            if (out->q16) {
+                const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+                int16_t *qg = out->q16 + (m * G + g) * 64;
+                for (int64_t j = 0; j < width; j++) qg[j] = (int16_t)lrintf(xg[j] * inv);
+                out->scale16[m * G + g] = amax / 32767.f;
+            }
         }
 }
 
-static int quantize_x(const float *x, int64_t M, int64_t K, QuantX *out) {
-    if (quantx_alloc(M, K, out)) return -1;
+static int quantize_x(const float *x, int64_t M, int64_t K, int forms, QuantX *out) {
+    if (quantx_alloc(M, K, forms, out)) return -1;
     quantize_rows(x, 0, M, K, out);
     return 0;
 }
@@ -293,28 +333,55 @@ AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, const int M, float 
     }
 }
 
-/* int8 row times float32 activations (the int8 container keeps float activations: int8
- * ones doubled its error). U accumulators per x row keep enough multiply-adds in flight. */
-AVX2_INLINE void q8_rows_m(const Weight *W, const float *x, const int M, const int U, float *out, int64_t ld, int64_t n0,
-                           int64_t n1) {
-    const int8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, step = 8 * U;
-    for (int64_t n = n0; n < n1; n++) {
-        const int8_t *row = q + n * K;
-        __m256 acc[MAX_ROWS][4];
-        for (int m = 0; m < M; m++) for (int u = 0; u < U; u++) acc[m][u] = _mm256_setzero_ps();
-        int64_t k = 0;
-        for (; k + step <= K; k += step)
-            for (int u = 0; u < U; u++) {
-                const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k + 8 * u))));
-                for (int m = 0; m < M; m++) acc[m][u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + m * K + k + 8 * u), acc[m][u]);
-            }
-        for (int m = 0; m < M; m++) {
-            __m256 total = acc[m][0];
-            for (int u = 1; u < U; u++) total = _mm256_add_ps(total, acc[m][u]);
-            float t = hsum256(total);
-            for (int64_t j = k; j < K; j++) t += (float)row[j] * x[m * K + j];
-            out[m * ld + n] = t * s[n];
-        }
+
+/* int8 weights times int16 activations: per 16 inputs one sign extension of the weights,
+ * shared by the x rows, and one multiply-add of int16 pairs per row (vpdpwssd with
+ * VNNI, vpmaddwd + vpaddd without); int32 sums per 64-input group, then scaled. Inputs
+ * past the last whole group take the float path (the weight rows are not padded). */
+#define Q8I_BODY(DOT)                                                                                                  \
+    const int8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = groups64(K), Gw = K / 64;     \
+    for (int64_t n = n0; n < n1; n++) {                                                                                \
+        const int8_t *row = q + n * K;                                                                                 \
+        __m256 acc[MAX_ROWS];                                                                                          \
+        for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                                      \
+        for (int64_t g = 0; g < Gw; g++) {                                                                             \
+            __m256i isum[MAX_ROWS];                                                                                    \
+            for (int m = 0; m < M; m++) isum[m] = _mm256_setzero_si256();                                              \
+            for (int j = 0; j < 4; j++) {                                                                              \
+                const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + g * 64 + 16 * j)));     \
+                for (int m = 0; m < M; m++)                                                                            \
+                    isum[m] = DOT(isum[m], w, _mm256_loadu_si256((const __m256i *)(X->q16 + (m * G + g) * 64 + 16 * j))); \
+            }                                                                                                          \
+            for (int m = 0; m < M; m++)                                                                                \
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(X->scale16[m * G + g]), acc[m]); \
+        }                                                                                                              \
+        for (int m = 0; m < M; m++) {                                                                                  \
+            float t = hsum256(acc[m]);                                                                                 \
+            for (int64_t k = Gw * 64; k < K; k++) t += (float)row[k] * xf[m * K + k];                                  \
+            out[m * ld + n] = t * s[n];                                                                                \
+        }                                                                                                              \
+    }
+
+static inline __attribute__((target("avx2,fma"), always_inline)) __m256i madd16_avx2(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
+
+AVX2_INLINE void q8i_rows_m(const Weight *W, const QuantX *X, const float *xf, const int M, float *out, int64_t ld,
+                            int64_t n0, int64_t n1) {
+    Q8I_BODY(madd16_avx2)
+}
+
+AVX2_FN static void rows_q8i_avx2(const Weight *W, const QuantX *X, const float *xf, int64_t M, float *out, int64_t ld,
+                                  int64_t n0, int64_t n1) {
+    switch (M) {
+    case 1: q8i_rows_m(W, X, xf, 1, out, ld, n0, n1); break;
+    case 2: q8i_rows_m(W, X, xf, 2, out, ld, n0, n1); break;
+    case 3: q8i_rows_m(W, X, xf, 3, out, ld, n0, n1); break;
+    case 4: q8i_rows_m(W, X, xf, 4, out, ld, n0, n1); break;
+    case 5: q8i_rows_m(W, X, xf, 5, out, ld, n0, n1); break;
+    case 6: q8i_rows_m(W, X, xf, 6, out, ld, n0, n1); break;
+    case 7: q8i_rows_m(W, X, xf, 7, out, ld, n0, n1); break;
+    default: q8i_rows_m(W, X, xf, 8, out, ld, n0, n1);
     }
 }
 
@@ -331,18 +398,6 @@ AVX2_FN static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, fl
     }
 }
 
-AVX2_FN static void rows_q8_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
-    switch (M) {
-    case 1: q8_rows_m(W, x, 1, 4, out, ld, n0, n1); break;
-    case 2: q8_rows_m(W, x, 2, 2, out, ld, n0, n1); break;
-    case 3: q8_rows_m(W, x, 3, 2, out, ld, n0, n1); break;
-    case 4: q8_rows_m(W, x, 4, 1, out, ld, n0, n1); break;
-    case 5: q8_rows_m(W, x, 5, 1, out, ld, n0, n1); break;
-    case 6: q8_rows_m(W, x, 6, 1, out, ld, n0, n1); break;
-    case 7: q8_rows_m(W, x, 7, 1, out, ld, n0, n1); break;
-    default: q8_rows_m(W, x, 8, 1, out, ld, n0, n1);
-    }
-}
 
 #define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
 #define VNNI_INLINE __attribute__((target(VNNI_TARGET), always_inline)) static inline
@@ -409,6 +464,24 @@ __attribute__((target(VNNI_TARGET))) static void rows_q4_vnni(const Weight *W, c
     default: q4_rows_vnni_m(W, X, 8, out, ld, n0, n1);
     }
 }
+VNNI_INLINE void q8i_rows_vnni_m(const Weight *W, const QuantX *X, const float *xf, const int M, float *out, int64_t ld,
+                                 int64_t n0, int64_t n1) {
+    Q8I_BODY(_mm256_dpwssd_epi32)
+}
+
+__attribute__((target(VNNI_TARGET))) static void rows_q8i_vnni(const Weight *W, const QuantX *X, const float *xf, int64_t M,
+                                                                 float *out, int64_t ld, int64_t n0, int64_t n1) {
+    switch (M) {
+    case 1: q8i_rows_vnni_m(W, X, xf, 1, out, ld, n0, n1); break;
+    case 2: q8i_rows_vnni_m(W, X, xf, 2, out, ld, n0, n1); break;
+    case 3: q8i_rows_vnni_m(W, X, xf, 3, out, ld, n0, n1); break;
+    case 4: q8i_rows_vnni_m(W, X, xf, 4, out, ld, n0, n1); break;
+    case 5: q8i_rows_vnni_m(W, X, xf, 5, out, ld, n0, n1); break;
+    case 6: q8i_rows_vnni_m(W, X, xf, 6, out, ld, n0, n1); break;
+    case 7: q8i_rows_vnni_m(W, X, xf, 7, out, ld, n0, n1); break;
+    default: q8i_rows_vnni_m(W, X, xf, 8, out, ld, n0, n1);
+    }
+}
 static int have_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
@@ -417,11 +490,16 @@ static int have_vnni(void) {
 static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
     (void)W; (void)X; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
 }
-static void rows_q8_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
-    (void)W; (void)x; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
-}
 static void rows_q4_vnni(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
     (void)W; (void)X; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
+}
+static void rows_q8i_avx2(const Weight *W, const QuantX *X, const float *xf, int64_t M, float *out, int64_t ld, int64_t n0,
+                          int64_t n1) {
+    (void)W; (void)X; (void)xf; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
+}
+static void rows_q8i_vnni(const Weight *W, const QuantX *X, const float *xf, int64_t M, float *out, int64_t ld, int64_t n0,
+                          int64_t n1) {
+    (void)W; (void)X; (void)xf; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
 }
 static int have_vnni(void) { return 0; }
 #endif
@@ -469,27 +547,31 @@ static void my_rows(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = *lo + chunk < n ? *lo + chunk : n;
 }
 
-/* rows [n0, n1) of x @ W^T; int4 weights take the integer path on AVX2 machines, with x
- * quantised once per call (qx) */
+/* rows [n0, n1) of x @ W^T; int4 and int8 weights take the integer paths on AVX2
+ * machines, with x quantised once per call (qx, in the form wants_qx says) */
 static void weight_rows(const Weight *W, const float *x, const QuantX *qx, int64_t M, float *out, int64_t ld, int64_t n0,
                         int64_t n1) {
     if (W->kind == K_Q4 && qx != NULL && use_vnni) rows_q4_vnni(W, qx, M, out, ld, n0, n1);
     else if (W->kind == K_Q4 && qx != NULL) rows_q4_avx2(W, qx, M, out, ld, n0, n1);
-    else if (W->kind == K_Q8 && use_avx2) rows_q8_avx2(W, x, M, out, ld, n0, n1);
+    else if (W->kind == K_Q8 && qx != NULL && use_vnni) rows_q8i_vnni(W, qx, x, M, out, ld, n0, n1);
+    else if (W->kind == K_Q8 && qx != NULL) rows_q8i_avx2(W, qx, x, M, out, ld, n0, n1);
     else ROWS[W->kind](W, x, M, out, ld, n0, n1);
 }
 
-static int wants_qx(const Weight *W) { return W->kind == K_Q4 && use_avx2; }
+static int wants_qx(const Weight *W) {
+    if (!use_avx2) return 0;
+    return W->kind == K_Q4 ? QX8 : W->kind == K_Q8 ? QX16 : 0;
+}
 
 /* out_i = x @ W_i^T for several weights taking the same x (e.g. the q, k and v
  * projections) in one parallel region, x quantised once; any number of x rows, taken
  * MAX_ROWS at a time. */
 static int linears_rows(const Weight *W, int nW, const float *x, int64_t M, float *const *outs) {
     const int64_t K = W[0].K;
-    QuantX qx;
+    QuantX qx = {0};
     int need_qx = 0;
     for (int i = 0; i < nW; i++) need_qx |= wants_qx(&W[i]);
-    if (need_qx && quantize_x(x, M, K, &qx)) return -1;
+    if (need_qx && quantize_x(x, M, K, need_qx, &qx)) return -1;
     #pragma omp parallel
     {
         for (int i = 0; i < nW; i++) {
@@ -532,27 +614,22 @@ static int moe_rows(const Expert *E, int64_t nE, const float *x, int64_t T, cons
     const int64_t H = E[0].gate.K, I = E[0].gate.N, R = off[nE];
     int need_qx = 0, need_qh = 0;
     for (int64_t e = 0; e < nE; e++) {
-        need_qx |= wants_qx(&E[e].gate) || wants_qx(&E[e].up);
+        need_qx |= wants_qx(&E[e].gate) | wants_qx(&E[e].up);
         need_qh |= wants_qx(&E[e].down);
     }
     float *xg = malloc(sizeof(float) * R * H), *g = malloc(sizeof(float) * R * I), *h = malloc(sizeof(float) * R * I),
           *y = malloc(sizeof(float) * R * H);
     QuantX qx = {0}, qxg = {0}, qh = {0};
     int failed = !xg || !g || !h || !y;
-    if (!failed && need_qx) failed = quantize_x(x, T, H, &qx) || quantx_alloc(R, H, &qxg);
-    if (!failed && need_qh) failed = quantx_alloc(R, I, &qh);
+    if (!failed && need_qx) failed = quantize_x(x, T, H, need_qx, &qx) || quantx_alloc(R, H, need_qx, &qxg);
+    if (!failed && need_qh) failed = quantx_alloc(R, I, need_qh, &qh);
     if (failed) {
         free(xg); free(g); free(h); free(y); quantx_free(&qx); quantx_free(&qxg); quantx_free(&qh);
         return -1;
     }
-    const int64_t Gh = groups64(H);
     for (int64_t r = 0; r < R; r++) {  /* each expert's rows side by side (x is quantised once for all) */
         memcpy(xg + r * H, x + (int64_t)rows[r] * H, sizeof(float) * H);
-        if (need_qx) {
-            memcpy(qxg.q + r * Gh * 64, qx.q + (int64_t)rows[r] * Gh * 64, (size_t)(Gh * 64));
-            memcpy(qxg.scale + r * Gh, qx.scale + (int64_t)rows[r] * Gh, sizeof(float) * Gh);
-            memcpy(qxg.offset + r * Gh, qx.offset + (int64_t)rows[r] * Gh, sizeof(float) * Gh);
-        }
+        if (need_qx) quantx_copy_row(&qx, rows[r], &qxg, r, H);
     }
     #pragma omp parallel
     {

@@ -136,10 +136,11 @@ def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
     expected = x.astype(np.float64) @ reference.astype(np.float64).T
     # float32 accumulation over k terms: relative error ~ k * 2^-24 of the absolute sum
     bound = 8e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(reference).T) + 1e-30
-    if kind == "q4" and rows <= KERNEL_ROW_LIMIT and _kernels.INT4_INTEGER_PATH:
-        # the int4 decode path quantises activations to int8 per 64 inputs (half a step of
-        # 1/127 of the group's largest value per element at most)
-        bound = bound + (np.abs(reference) @ np.abs(x).T).T / 254
+    if kind in ("q4", "q8") and rows <= KERNEL_ROW_LIMIT and _kernels.INT4_INTEGER_PATH:
+        # the integer paths quantise activations per 64 inputs, to int8 for int4 weights
+        # and to int16 for int8 weights (half a step of 1/127 or 1/32767 of the group's
+        # largest value per element)
+        bound = bound + (np.abs(reference) @ np.abs(x).T).T / (254 if kind == "q4" else 65534)
     assert ours.shape == (rows, n)
     assert np.all(np.abs(ours - expected) <= bound), float(np.abs(ours - expected).max())
 
