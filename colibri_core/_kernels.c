@@ -175,7 +175,9 @@ __attribute__((target("avx2"))) static void mxfp4_row_avx2(const uint8_t *row, c
         _mm256_storeu_ps(dst + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), half));
     }
 }
-static int have_avx2(void) { return __builtin_cpu_supports("avx2"); }
+static int have_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
 #else
 static void mxfp4_row_avx2(const uint8_t *row, const uint8_t *ex, int64_t G, float *out) { (void)row; (void)ex; (void)G; (void)out; }
 static int have_avx2(void) { return 0; }
@@ -283,8 +285,8 @@ static int quantize_x(const float *x, int64_t M, int64_t K, int forms, QuantX *o
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define AVX2_FN __attribute__((target("avx2,fma")))
-#define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
 AVX2_INLINE float hsum256(__m256 a) {
     __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -385,6 +387,65 @@ AVX2_FN static void rows_q8i_avx2(const Weight *W, const QuantX *X, const float 
     }
 }
 
+/* fp8 e4m3 on AVX2 + F16C: (byte & 0x7F) << 7 is the half-precision number with the
+ * same exponent and mantissa bits, 2^8 times too small (e4m3's bias is 7, half's 15;
+ * subnormal bytes become half subnormals of the same ratio), and the sign moves from bit
+ * 14 to 15 by adding bit 14 to itself. vcvtph2ps then widens 8 at a time, exactly; the
+ * 2^8 joins the block scale. NaN bytes (0x7F, 0xFF) read as +-480, as the scalar path. */
+AVX2_INLINE __m256i e4m3_to_half16(__m128i bytes) {
+    const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 7);
+    return _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
+}
+
+AVX2_INLINE void fp8_rows_m(const Weight *W, const float *x, const int M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    const uint8_t *q = W->data; const float *s = W->scales;
+    const int64_t K = W->K, bm = W->bm, bn = W->bn, KB = (K + bn - 1) / bn;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = q + n * K;
+        const float *sc = s + (n / bm) * KB;
+        __m256 acc[MAX_ROWS];
+        float tail[MAX_ROWS];
+        for (int m = 0; m < M; m++) { acc[m] = _mm256_setzero_ps(); tail[m] = 0.f; }
+        for (int64_t b = 0; b < KB; b++) {
+            const int64_t lo = b * bn, hi = lo + bn < K ? lo + bn : K;
+            __m256 part[MAX_ROWS][2];
+            for (int m = 0; m < M; m++) part[m][0] = part[m][1] = _mm256_setzero_ps();
+            int64_t k = lo;
+            for (; k + 16 <= hi; k += 16) {
+                const __m256i h = e4m3_to_half16(_mm_loadu_si128((const __m128i *)(row + k)));
+                const __m256 w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+                const __m256 w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+                for (int m = 0; m < M; m++) {
+                    part[m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * K + k), part[m][0]);
+                    part[m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * K + k + 8), part[m][1]);
+                }
+            }
+            const __m256 scale = _mm256_set1_ps(sc[b] * 256.f);
+            for (int m = 0; m < M; m++) {
+                acc[m] = _mm256_fmadd_ps(_mm256_add_ps(part[m][0], part[m][1]), scale, acc[m]);
+                float rest = 0.f;
+                for (int64_t j = k; j < hi; j++) rest += e4m3_to_float(row[j]) * x[m * K + j];
+                tail[m] += rest * sc[b];
+            }
+        }
+        for (int m = 0; m < M; m++) out[m * ld + n] = hsum256(acc[m]) + tail[m];
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void rows_fp8_avx2(const Weight *W, const float *x, int64_t M, float *out,
+                                                                    int64_t ld, int64_t n0, int64_t n1) {
+    switch (M) {
+    case 1: fp8_rows_m(W, x, 1, out, ld, n0, n1); break;
+    case 2: fp8_rows_m(W, x, 2, out, ld, n0, n1); break;
+    case 3: fp8_rows_m(W, x, 3, out, ld, n0, n1); break;
+    case 4: fp8_rows_m(W, x, 4, out, ld, n0, n1); break;
+    case 5: fp8_rows_m(W, x, 5, out, ld, n0, n1); break;
+    case 6: fp8_rows_m(W, x, 6, out, ld, n0, n1); break;
+    case 7: fp8_rows_m(W, x, 7, out, ld, n0, n1); break;
+    default: fp8_rows_m(W, x, 8, out, ld, n0, n1);
+    }
+}
+
 AVX2_FN static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
     switch (M) {
     case 1: q4_rows_m(W, X, 1, out, ld, n0, n1); break;
@@ -399,7 +460,7 @@ AVX2_FN static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, fl
 }
 
 
-#define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
+#define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"
 #define VNNI_INLINE __attribute__((target(VNNI_TARGET), always_inline)) static inline
 
 /* The int4 path with AVX-512 VNNI (on 256-bit vectors): per group of 64 inputs, two
@@ -501,6 +562,9 @@ static void rows_q8i_vnni(const Weight *W, const QuantX *X, const float *xf, int
                           int64_t n1) {
     (void)W; (void)X; (void)xf; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
 }
+static void rows_fp8_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    (void)W; (void)x; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
+}
 static int have_vnni(void) { return 0; }
 #endif
 
@@ -555,6 +619,7 @@ static void weight_rows(const Weight *W, const float *x, const QuantX *qx, int64
     else if (W->kind == K_Q4 && qx != NULL) rows_q4_avx2(W, qx, M, out, ld, n0, n1);
     else if (W->kind == K_Q8 && qx != NULL && use_vnni) rows_q8i_vnni(W, qx, x, M, out, ld, n0, n1);
     else if (W->kind == K_Q8 && qx != NULL) rows_q8i_avx2(W, qx, x, M, out, ld, n0, n1);
+    else if (W->kind == K_FP8 && use_avx2) rows_fp8_avx2(W, x, M, out, ld, n0, n1);
     else ROWS[W->kind](W, x, M, out, ld, n0, n1);
 }
 

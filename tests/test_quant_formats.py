@@ -315,3 +315,20 @@ def test_compiled_rope_matches_numpy(rotary):
     cos, sin = np.cos(np.concatenate([angles, angles], -1)), np.sin(np.concatenate([angles, angles], -1))
     np.testing.assert_allclose(CpuBackend().rope(x, cos, sin, rotary), CpuBackend(kernels=False).rope(x, cos, sin, rotary),
                                rtol=1e-6, atol=1e-6)
+
+
+def test_fp8_kernel_reads_every_byte_as_the_scalar_decoder_does():
+    """The vector path (bytes widened through half precision) against the scalar decoder,
+    over all 256 byte values: subnormals, both zeros, and the NaN bytes (read as +-480)."""
+    codes = np.arange(256, dtype=np.uint8).reshape(1, 256).repeat(3, axis=0)
+    codes[1] = codes[1][::-1]
+    codes[2] = np.roll(codes[2], 77)
+    scales = np.array([[0.5, 2.0]], dtype=np.float32)
+    decoded = np.empty((3, 256), np.float32)
+    _kernels.dequantize("fp8", codes, scales, decoded, 3, 256, 128, 128)
+    assert np.isfinite(decoded).all() and decoded[0, 0x7F] == 480 * 0.5 and decoded[0, 0xFF] == -480 * 2.0 and decoded[0, 0x01] == 2.0 ** -9 * 0.5
+    x = np.eye(256, dtype=np.float32)[:8]  # picks single columns: no rounding in the sums
+    for rows in (x, np.random.default_rng(0).standard_normal((5, 256)).astype(np.float32)):
+        out = np.empty((rows.shape[0], 3), np.float32)
+        _kernels.matmul("fp8", rows, codes, scales, out, 3, 256, 128, 128)
+        np.testing.assert_allclose(out, rows.astype(np.float64) @ decoded.T.astype(np.float64), rtol=1e-5, atol=1e-5)
