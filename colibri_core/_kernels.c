@@ -1170,8 +1170,12 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "colibri's CPU kernels", -1, methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) {
-    use_avx2 = have_avx2();
-    use_vnni = use_avx2 && have_vnni() && getenv("COLIBRI_NO_VNNI") == NULL;
+    /* COLIBRI_KERNEL_PATH=avx2 or =portable holds the kernels to a lower level than the
+     * machine has (to test those paths, or to rule them out when hunting a bug) */
+    const char *path = getenv("COLIBRI_KERNEL_PATH");
+    const int portable = path && !strcmp(path, "portable"), avx2_only = path && !strcmp(path, "avx2");
+    use_avx2 = have_avx2() && !portable;
+    use_vnni = use_avx2 && have_vnni() && !avx2_only;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyModule_AddIntConstant(m, "MAX_ROWS", MAX_ROWS);

@@ -332,3 +332,21 @@ def test_fp8_kernel_reads_every_byte_as_the_scalar_decoder_does():
         out = np.empty((rows.shape[0], 3), np.float32)
         _kernels.matmul("fp8", rows, codes, scales, out, 3, 256, 128, 128)
         np.testing.assert_allclose(out, rows.astype(np.float64) @ decoded.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("level", ["avx2", "portable"])
+def test_the_lower_kernel_paths_pass_the_kernel_tests_too(level):
+    """The machine picks its best path at import; the others are run here in a child
+    process held to them (COLIBRI_KERNEL_PATH), so every path stays tested."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLIBRI_KERNEL_PATH": level}
+    probe = subprocess.run([sys.executable, "-c", "from colibri_core import _kernels; print(_kernels.INT4_PATH)"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == ("float" if level == "portable" else "avx2")
+    selection = "(kernel or fused or routed or linears or every_byte) and not lower_kernel_paths"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", selection],
+                         env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
