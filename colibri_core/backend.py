@@ -94,7 +94,7 @@ class Backend:
         """down(silu(gate(x)) * up(x)) for one expert's matrices."""
         return self.linear(self.silu_mul(self.linear(x, gate), self.linear(x, up)), down)
 
-    def routed_experts(self, x: Array, indices, weights, fetch, window: int = 8) -> Array:
+    def routed_experts(self, x: Array, indices, weights, fetch, window: int = 8, ready=None) -> Array:
         """Apply the routed SwiGLU experts of one MoE layer.
 
         ``indices`` and ``weights`` (host arrays, (T, k)) say which experts each token
@@ -102,7 +102,9 @@ class Backend:
         is fetched once for all its tokens (batch-union), and outputs must be summed in
         ascending expert order: the reduction order may never depend on placement. At
         most ``window`` fetched experts may be held at once beyond the store's own (the
-        store reserves that much of its budget for them).
+        store reserves that much of its budget for them). ``ready(e)``, when given, says
+        whether fetching e would answer at once (a backend computing experts in batches
+        computes what it holds before waiting for a read).
         """
         raise NotImplementedError
 

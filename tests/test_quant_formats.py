@@ -265,6 +265,8 @@ def test_routed_experts_do_not_depend_on_the_batching(kind):
     weights = rng.random((tokens, k)).astype(np.float32)
     backend = CpuBackend()
     results = [backend.routed_experts(x, indices, weights, experts.__getitem__, window) for window in (1, 2, 8)]
+    # experts not yet read split a batch (what is held is computed first)
+    results.append(backend.routed_experts(x, indices, weights, experts.__getitem__, 8, lambda e: e % 3 != 1))
     for other in results[1:]:
         np.testing.assert_array_equal(other, results[0])
     expected = np.zeros((tokens, hidden))

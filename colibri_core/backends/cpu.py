@@ -199,7 +199,7 @@ class CpuBackend(Backend):
         e = np.exp(x - m)
         return e / np.sum(e, axis=-1, keepdims=True)
 
-    def routed_experts(self, x, indices, weights, fetch, window: int = 8):
+    def routed_experts(self, x, indices, weights, fetch, window: int = 8, ready=None):
         out = np.zeros_like(x)
         t, k = indices.shape
         if t == 1:  # decode: one token, k distinct experts
@@ -227,6 +227,8 @@ class CpuBackend(Backend):
                 batch.clear()
 
         for i, e in enumerate(experts.tolist()):  # ascending expert ids: a fixed reduction order
+            if batch and ready is not None and not ready(e):
+                flush()  # compute what is here while e's read finishes
             w = fetch(e)
             specs = self._kernel_args(w)
             if specs is not None and counts[i] <= specs[1]:

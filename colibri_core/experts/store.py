@@ -126,6 +126,13 @@ class ExpertStore:
         self.ram.put(layer, expert, weights)
         return weights
 
+    def ready(self, layer: int, expert: int) -> bool:
+        """Whether ``get`` would answer without waiting for a read."""
+        if self.ram.holds(layer, expert) or (self.device is not None and self.device.get(layer, expert) is not None):
+            return True
+        future = self._staged[layer].get(expert) or self._demand[layer].get(expert)
+        return future is not None and future.done()
+
     def request(self, layer: int, experts) -> None:
         """A layer is about to use these experts (ascending): start reading the ones not
         resident, up to ``io_window`` at a time, so their reads overlap each other and the

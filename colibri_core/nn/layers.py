@@ -193,7 +193,8 @@ class RoutedExperts:
             step.routing.append((self.decl.layer, indices.copy()))
         experts = np.unique(indices)
         self.store.request(layer, experts)  # the misses are read together
-        out = step.ops.routed_experts(x, indices, weights, lambda e: self.store.get(layer, e), self.store.io_window)
+        out = step.ops.routed_experts(x, indices, weights, lambda e: self.store.get(layer, e), self.store.io_window,
+                                      lambda e: self.store.ready(layer, e))
         self.store.end_layer(layer, indices, experts)
         return out
 
