@@ -28,7 +28,9 @@ CHUNK = 64 << 20  # bytes mapped at a time per slot size (untouched pages cost n
 class BufferPool:
     def __init__(self, chunk: int = CHUNK):
         self.chunk = chunk
-        self._lock = threading.Lock()
+        # reentrant: a garbage collection inside ``take`` may free a slot and call
+        # ``_give_back`` on this same thread
+        self._lock = threading.RLock()
         self._free: dict[int, list[tuple[mmap.mmap, int]]] = defaultdict(list)
         self._maps: list[mmap.mmap] = []
         self.mapped_bytes = 0
