@@ -65,9 +65,14 @@ class BufferPool:
             self._free[size].append((mapping, offset))
 
 
-_POOL = BufferPool()
+_POOL = BufferPool() if hasattr(mmap, "MAP_ANONYMOUS") else None  # POSIX anonymous mappings
 
 
 def expert_buffer(nbytes: int) -> np.ndarray:
-    """A read buffer for expert bytes from the process's pool."""
-    return _POOL.take(nbytes)
+    """A 4096-aligned read buffer for expert bytes from the process's pool (plain memory
+    where the platform has no anonymous mappings)."""
+    if _POOL is not None:
+        return _POOL.take(nbytes)
+    raw = np.empty(nbytes + PAGE, dtype=np.uint8)
+    start = (-raw.ctypes.data) % PAGE
+    return raw[start : start + nbytes]
