@@ -288,6 +288,23 @@ static int quantize_x(const float *x, int64_t M, int64_t K, int forms, QuantX *o
 #define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
+/* Call fn(args..., m) with m = M as a compile-time constant 1..8: each row count gets
+ * its own copy of the always-inline kernel body, whose per-row accumulators then live in
+ * registers. */
+#define BY_ROWS(M, fn, ...)                                                                                            \
+    do {                                                                                                               \
+        switch (M) {                                                                                                   \
+        case 1: fn(__VA_ARGS__, 1); break;                                                                             \
+        case 2: fn(__VA_ARGS__, 2); break;                                                                             \
+        case 3: fn(__VA_ARGS__, 3); break;                                                                             \
+        case 4: fn(__VA_ARGS__, 4); break;                                                                             \
+        case 5: fn(__VA_ARGS__, 5); break;                                                                             \
+        case 6: fn(__VA_ARGS__, 6); break;                                                                             \
+        case 7: fn(__VA_ARGS__, 7); break;                                                                             \
+        default: fn(__VA_ARGS__, 8);                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
 AVX2_INLINE float hsum256(__m256 a) {
     __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     v = _mm_add_ps(v, _mm_movehl_ps(v, v));
@@ -310,7 +327,8 @@ AVX2_INLINE float dot_g(const float *a, const float *b, int64_t G) {
  * store-to-load round trip on every group halved the kernel's speed). Groups alternate
  * between two accumulators per x row so that one fused multiply-add need not wait for
  * the previous one. */
-AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, const int M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t ld, int64_t n0, int64_t n1,
+                           const int M) {
     const uint8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = groups64(K);
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int64_t n = n0; n < n1; n++) {
@@ -368,23 +386,14 @@ static inline __attribute__((target("avx2,fma"), always_inline)) __m256i madd16_
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 
-AVX2_INLINE void q8i_rows_m(const Weight *W, const QuantX *X, const float *xf, const int M, float *out, int64_t ld,
-                            int64_t n0, int64_t n1) {
+AVX2_INLINE void q8i_rows_m(const Weight *W, const QuantX *X, const float *xf, float *out, int64_t ld, int64_t n0,
+                            int64_t n1, const int M) {
     Q8I_BODY(madd16_avx2)
 }
 
 AVX2_FN static void rows_q8i_avx2(const Weight *W, const QuantX *X, const float *xf, int64_t M, float *out, int64_t ld,
                                   int64_t n0, int64_t n1) {
-    switch (M) {
-    case 1: q8i_rows_m(W, X, xf, 1, out, ld, n0, n1); break;
-    case 2: q8i_rows_m(W, X, xf, 2, out, ld, n0, n1); break;
-    case 3: q8i_rows_m(W, X, xf, 3, out, ld, n0, n1); break;
-    case 4: q8i_rows_m(W, X, xf, 4, out, ld, n0, n1); break;
-    case 5: q8i_rows_m(W, X, xf, 5, out, ld, n0, n1); break;
-    case 6: q8i_rows_m(W, X, xf, 6, out, ld, n0, n1); break;
-    case 7: q8i_rows_m(W, X, xf, 7, out, ld, n0, n1); break;
-    default: q8i_rows_m(W, X, xf, 8, out, ld, n0, n1);
-    }
+    BY_ROWS(M, q8i_rows_m, W, X, xf, out, ld, n0, n1);
 }
 
 /* fp8 e4m3 on AVX2 + F16C: (byte & 0x7F) << 7 is the half-precision number with the
@@ -397,7 +406,8 @@ AVX2_INLINE __m256i e4m3_to_half16(__m128i bytes) {
     return _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
 }
 
-AVX2_INLINE void fp8_rows_m(const Weight *W, const float *x, const int M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+AVX2_INLINE void fp8_rows_m(const Weight *W, const float *x, float *out, int64_t ld, int64_t n0, int64_t n1,
+                            const int M) {
     const uint8_t *q = W->data; const float *s = W->scales;
     const int64_t K = W->K, bm = W->bm, bn = W->bn, KB = (K + bn - 1) / bn;
     for (int64_t n = n0; n < n1; n++) {
@@ -434,29 +444,11 @@ AVX2_INLINE void fp8_rows_m(const Weight *W, const float *x, const int M, float 
 
 __attribute__((target("avx2,fma,f16c"))) static void rows_fp8_avx2(const Weight *W, const float *x, int64_t M, float *out,
                                                                     int64_t ld, int64_t n0, int64_t n1) {
-    switch (M) {
-    case 1: fp8_rows_m(W, x, 1, out, ld, n0, n1); break;
-    case 2: fp8_rows_m(W, x, 2, out, ld, n0, n1); break;
-    case 3: fp8_rows_m(W, x, 3, out, ld, n0, n1); break;
-    case 4: fp8_rows_m(W, x, 4, out, ld, n0, n1); break;
-    case 5: fp8_rows_m(W, x, 5, out, ld, n0, n1); break;
-    case 6: fp8_rows_m(W, x, 6, out, ld, n0, n1); break;
-    case 7: fp8_rows_m(W, x, 7, out, ld, n0, n1); break;
-    default: fp8_rows_m(W, x, 8, out, ld, n0, n1);
-    }
+    BY_ROWS(M, fp8_rows_m, W, x, out, ld, n0, n1);
 }
 
 AVX2_FN static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
-    switch (M) {
-    case 1: q4_rows_m(W, X, 1, out, ld, n0, n1); break;
-    case 2: q4_rows_m(W, X, 2, out, ld, n0, n1); break;
-    case 3: q4_rows_m(W, X, 3, out, ld, n0, n1); break;
-    case 4: q4_rows_m(W, X, 4, out, ld, n0, n1); break;
-    case 5: q4_rows_m(W, X, 5, out, ld, n0, n1); break;
-    case 6: q4_rows_m(W, X, 6, out, ld, n0, n1); break;
-    case 7: q4_rows_m(W, X, 7, out, ld, n0, n1); break;
-    default: q4_rows_m(W, X, 8, out, ld, n0, n1);
-    }
+    BY_ROWS(M, q4_rows_m, W, X, out, ld, n0, n1);
 }
 
 
@@ -470,8 +462,8 @@ AVX2_FN static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, fl
  * Measured on Zen 4: ~1.5x the AVX2 path's throughput from cache. A 512-bit variant
  * taking two groups per step was slower (Zen 4 splits 512-bit operations in two, and
  * spreading two groups' scales over one vector cost more than it saved). */
-VNNI_INLINE void q4_rows_vnni_m(const Weight *W, const QuantX *X, const int M, float *out, int64_t ld, int64_t n0,
-                                   int64_t n1) {
+VNNI_INLINE void q4_rows_vnni_m(const Weight *W, const QuantX *X, float *out, int64_t ld, int64_t n0, int64_t n1,
+                                const int M) {
     const uint8_t *q = W->data; const float *s = W->scales;
     const int64_t K = W->K, G = groups64(K);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -514,34 +506,16 @@ VNNI_INLINE void q4_rows_vnni_m(const Weight *W, const QuantX *X, const int M, f
 
 __attribute__((target(VNNI_TARGET))) static void rows_q4_vnni(const Weight *W, const QuantX *X, int64_t M, float *out,
                                                                    int64_t ld, int64_t n0, int64_t n1) {
-    switch (M) {
-    case 1: q4_rows_vnni_m(W, X, 1, out, ld, n0, n1); break;
-    case 2: q4_rows_vnni_m(W, X, 2, out, ld, n0, n1); break;
-    case 3: q4_rows_vnni_m(W, X, 3, out, ld, n0, n1); break;
-    case 4: q4_rows_vnni_m(W, X, 4, out, ld, n0, n1); break;
-    case 5: q4_rows_vnni_m(W, X, 5, out, ld, n0, n1); break;
-    case 6: q4_rows_vnni_m(W, X, 6, out, ld, n0, n1); break;
-    case 7: q4_rows_vnni_m(W, X, 7, out, ld, n0, n1); break;
-    default: q4_rows_vnni_m(W, X, 8, out, ld, n0, n1);
-    }
+    BY_ROWS(M, q4_rows_vnni_m, W, X, out, ld, n0, n1);
 }
-VNNI_INLINE void q8i_rows_vnni_m(const Weight *W, const QuantX *X, const float *xf, const int M, float *out, int64_t ld,
-                                 int64_t n0, int64_t n1) {
+VNNI_INLINE void q8i_rows_vnni_m(const Weight *W, const QuantX *X, const float *xf, float *out, int64_t ld,
+                                 int64_t n0, int64_t n1, const int M) {
     Q8I_BODY(_mm256_dpwssd_epi32)
 }
 
 __attribute__((target(VNNI_TARGET))) static void rows_q8i_vnni(const Weight *W, const QuantX *X, const float *xf, int64_t M,
                                                                  float *out, int64_t ld, int64_t n0, int64_t n1) {
-    switch (M) {
-    case 1: q8i_rows_vnni_m(W, X, xf, 1, out, ld, n0, n1); break;
-    case 2: q8i_rows_vnni_m(W, X, xf, 2, out, ld, n0, n1); break;
-    case 3: q8i_rows_vnni_m(W, X, xf, 3, out, ld, n0, n1); break;
-    case 4: q8i_rows_vnni_m(W, X, xf, 4, out, ld, n0, n1); break;
-    case 5: q8i_rows_vnni_m(W, X, xf, 5, out, ld, n0, n1); break;
-    case 6: q8i_rows_vnni_m(W, X, xf, 6, out, ld, n0, n1); break;
-    case 7: q8i_rows_vnni_m(W, X, xf, 7, out, ld, n0, n1); break;
-    default: q8i_rows_vnni_m(W, X, xf, 8, out, ld, n0, n1);
-    }
+    BY_ROWS(M, q8i_rows_vnni_m, W, X, xf, out, ld, n0, n1);
 }
 static int have_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
