@@ -118,15 +118,21 @@ class Int8Row(StampedFormat):
         return raw.astype(np.float32) * companions[info.name + SCALES_SUFFIX][:, None]
 
 
-class Int4GS64(StampedFormat):
+class NibbleFormat(StampedFormat):
+    """4-bit values, two per byte, with one scale per ``group`` inputs (the last group
+    zero-padded)."""
+
+    def packed_shape(self, shape):
+        n, k = shape
+        g = -(-k // self.group)
+        return {"data": (n, g * self.group // 2), "scales": (n, g)}
+
+
+class Int4GS64(NibbleFormat):
     name = "int4-gs64"
     kernel = "q4"
     group = 64
 
-    def packed_shape(self, shape):
-        n, k = shape
-        g = -(-k // 64)
-        return {"data": (n, g * 32), "scales": (n, g)}
 
     def encode(self, name, weight):
         w = _as_rows(weight, name)
@@ -147,16 +153,12 @@ class Int4GS64(StampedFormat):
         return (q * scale[..., None]).reshape(n, g * 64)[:, : self.shape_of(info)[1]]
 
 
-class MXFP4(StampedFormat):
+class MXFP4(NibbleFormat):
     name = "mxfp4"
     kernel = "mxfp4"
     group = 32
     scale_dtype = "U8"
 
-    def packed_shape(self, shape):
-        n, k = shape
-        g = -(-k // 32)
-        return {"data": (n, g * 16), "scales": (n, g)}
 
     def encode(self, name, weight):
         w = _as_rows(weight, name)
