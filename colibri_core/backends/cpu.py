@@ -53,8 +53,7 @@ class CpuBackend(Backend):
 
     def swiglu_expert(self, x, gate, up, down):
         mats = (gate, up, down)
-        if (self.kernels is not None and all(isinstance(w, QuantTensor) and w.kind in KERNEL_KINDS for w in mats)
-                and x.shape[0] <= min(self._row_limit(w) for w in mats)):
+        if x.shape[0] <= self._kernel_rows(mats):
             # the layer kernel with one expert taking every row at weight 1 (0 + 1 * y is y)
             x = np.ascontiguousarray(x, dtype=np.float32)
             t = x.shape[0]
@@ -69,10 +68,15 @@ class CpuBackend(Backend):
         dequantised for BLAS (fp8's per-element decode makes repeated passes dearer)."""
         return self.kernels.MAX_ROWS if w.kind == "fp8" else KERNEL_ROW_LIMIT
 
+    def _kernel_rows(self, weights) -> int:
+        """The most x rows the compiled kernels take for these weights together; 0 when
+        they cannot take them all (no kernels, float32 arrays, a kind without a kernel)."""
+        if self.kernels is None or not all(isinstance(w, QuantTensor) and w.kind in KERNEL_KINDS for w in weights):
+            return 0
+        return min(self._row_limit(w) for w in weights)
+
     def linears(self, x, weights, biases=None):
-        if (self.kernels is None or len(weights) < 2
-                or not all(isinstance(w, QuantTensor) and w.kind in KERNEL_KINDS for w in weights)
-                or x.shape[0] > min(self._row_limit(w) for w in weights)):
+        if len(weights) < 2 or x.shape[0] > self._kernel_rows(weights):
             return super().linears(x, weights, biases)
         x = np.ascontiguousarray(x, dtype=np.float32)
         outs = [np.empty((x.shape[0], w.shape[0]), dtype=np.float32) for w in weights]
@@ -252,8 +256,8 @@ class CpuBackend(Backend):
         derived = w.derived.get(key)
         if derived is None and key not in w.derived:
             mats = (w["gate"], w["up"], w["down"])
-            if self.kernels is not None and all(isinstance(m, QuantTensor) and m.kind in KERNEL_KINDS for m in mats):
-                derived = (tuple(_spec(m) for m in mats), min(self._row_limit(m) for m in mats))
+            rows = self._kernel_rows(mats)
+            derived = (tuple(_spec(m) for m in mats), rows) if rows else None
             w.derived[key] = derived
         return derived
 
