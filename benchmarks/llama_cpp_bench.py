@@ -112,16 +112,16 @@ def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int)
     load_s = time.perf_counter() - started
     vocab = llm.n_vocab()
     ids = np.random.default_rng(seed).integers(0, vocab, prompt_tokens).tolist()  # as colibri bench's prompt
-    rng = np.random.default_rng(seed)
+    from colibri_core.sampling import Sampler, SamplingParams
+
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=seed))  # colibri's sampler: both engines pay the same for it
     before = _io_read_bytes()
     t0 = time.perf_counter()
     llm.eval(ids)
     prefill_s = time.perf_counter() - t0
     times = []
     for _ in range(tokens):
-        logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-        probs = np.exp(logits - logits.max())
-        token = int(rng.choice(probs.size, p=probs / probs.sum()))  # temperature 1, as the colibri runs
+        token = sampler(np.asarray(llm.scores[llm.n_tokens - 1]))  # temperature 1, as the colibri runs
         times.append(time.perf_counter())
         if len(times) == tokens:
             break

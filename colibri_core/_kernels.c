@@ -15,11 +15,13 @@
  *   bf16   uint16 [N, K]                                                w = bf16
  * Padding inputs of a last partial group are stored as zeros.
  *
- * matmul(kind, x, data, scales, out, n, k[, bm, bn]): out[M, N] = x[M, K] @ W^T, passing
- * over the packed weight once per MAX_ROWS rows of x (decode, short prompts); linears()
- * does several weights sharing x at once; moe() a layer's routed SwiGLU experts;
- * dequantize(kind, data, scales, out, n, k[, bm, bn]) writes W as float32 [N, K] (the
- * caller then uses BLAS for many rows, i.e. long prompts); rms_norm() normalises rows.
+ * weight(kind, data, scales, n, k[, bm, bn]) checks a packed weight once and returns its
+ * prepared form; matmul(x, w, out): out[M, N] = x[M, K] @ W^T, passing over the packed
+ * weight once per MAX_ROWS rows of x (decode, short prompts); linears() does several
+ * weights sharing x at once; moe() a layer's routed SwiGLU experts; route() the softmax
+ * top-k router; dequantize(kind, data, scales, out, n, k[, bm, bn]) writes W as float32
+ * [N, K] (the caller then uses BLAS for many rows, i.e. long prompts); rms_norm(),
+ * rope() and attention() do the rest of a decoder layer.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -769,6 +771,40 @@ static int attention_rows(const float *q, int64_t T, int64_t Hq, int64_t D, KVVi
     return failed ? -1 : 0;
 }
 
+/* The softmax top-k router of most MoE layers, for each of T rows of x: logits = W x
+ * (W: E x H float32), probabilities softmax(logits), the k largest (largest first; of
+ * equal ones the lower index, as a stable sort), and their probabilities, renormalised
+ * to sum 1 when asked. */
+#define MAX_ROUTED 4096
+static int route_rows(const float *x, int64_t T, const float *w, int64_t E, int64_t H, int64_t k, int renormalise,
+                      int64_t *indices, float *weights) {
+    float *logits = malloc(sizeof(float) * (size_t)(T * E));
+    if (logits == NULL) return -1;
+    #pragma omp parallel for schedule(static) if (T * E * H >= (1 << 16))
+    for (int64_t i = 0; i < T * E; i++) logits[i] = dot_f32(w + (i % E) * H, x + (i / E) * H, H);
+    for (int64_t t = 0; t < T; t++) {
+        float *p = logits + t * E, top = p[0], total = 0.f, picked = 0.f;
+        uint8_t taken[MAX_ROUTED];
+        memset(taken, 0, (size_t)E);
+        for (int64_t e = 1; e < E; e++) top = p[e] > top ? p[e] : top;
+        for (int64_t e = 0; e < E; e++) { p[e] = expf(p[e] - top); total += p[e]; }
+        for (int64_t e = 0; e < E; e++) p[e] /= total;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++)
+                if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+            taken[best] = 1;
+            indices[t * k + j] = best;
+            weights[t * k + j] = p[best];
+            picked += p[best];
+        }
+        if (renormalise)
+            for (int64_t j = 0; j < k; j++) weights[t * k + j] /= picked;
+    }
+    free(logits);
+    return 0;
+}
+
 /* Rotate-half RoPE on the first R features of each head: x (T, H, D), cos/sin (T, R) */
 CLONES static void rope_rows(const float *x, const float *cos, const float *sin, int64_t T, int64_t H, int64_t D, int64_t R,
                              float *out) {
@@ -889,115 +925,152 @@ static int rows_of(Buf *x, int64_t k, Py_ssize_t most, Py_ssize_t *M) {
     return 0;
 }
 
+/* ---- weights prepared once ----
+ * weight(kind, data, scales, n, k[, bm, bn]) checks a packed weight's sizes and returns a
+ * capsule holding its description and its buffers (which keep the arrays alive and
+ * unresizable). The hot entry points take these, so a token's kernel calls do no
+ * argument parsing per weight. */
+#define WEIGHT_CAPSULE "colibri_core._kernels.weight"
+typedef struct { Weight W; Buf bufs[2]; } Prepared;
+
+static void prepared_free(PyObject *capsule) {
+    Prepared *p = PyCapsule_GetPointer(capsule, WEIGHT_CAPSULE);
+    if (p != NULL) { release(p->bufs, 2); free(p); }
+}
+
+static PyObject *py_weight(PyObject *self, PyObject *args) {
+    const char *kind; PyObject *wo, *so; long long n, k, bm = 128, bn = 128;
+    if (!PyArg_ParseTuple(args, "sOOLL|LL", &kind, &wo, &so, &n, &k, &bm, &bn)) return NULL;
+    Prepared *p = calloc(1, sizeof(Prepared));
+    if (p == NULL) return PyErr_NoMemory();
+    PyObject *capsule = NULL;
+    if (parse_weight(kind, wo, so, n, k, bm, bn, &p->W, p->bufs) == 0)
+        capsule = PyCapsule_New(p, WEIGHT_CAPSULE, prepared_free);
+    if (capsule == NULL) { release(p->bufs, 2); free(p); }
+    return capsule;
+}
+
+static const Weight *weight_of(PyObject *o, const char *what, Py_ssize_t i) {
+    if (!PyCapsule_IsValid(o, WEIGHT_CAPSULE)) {
+        PyErr_Format(PyExc_TypeError, "%s %zd is not a weight made by _kernels.weight()", what, i);
+        return NULL;
+    }
+    return &((Prepared *)PyCapsule_GetPointer(o, WEIGHT_CAPSULE))->W;
+}
+
+/* matmul(x, w, out): out[M, N] = x[M, K] @ W^T */
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
-    const char *kind; PyObject *xo, *wo, *so, *oo; long long n, k, bm = 128, bn = 128;
-    if (!PyArg_ParseTuple(args, "sOOOOLL|LL", &kind, &xo, &wo, &so, &oo, &n, &k, &bm, &bn)) return NULL;
-    Buf b[4] = {{0}};
-    Weight W;
+    PyObject *xo, *wo, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &xo, &wo, &oo)) return NULL;
+    const Weight *W = weight_of(wo, "weight", 0);
+    if (W == NULL) return NULL;
+    Buf b[2] = {{{0}}};
     Py_ssize_t M;
-    if (parse_weight(kind, wo, so, n, k, bm, bn, &W, &b[1]) || get_buf(xo, &b[0], 0, 0, "x") ||
-        rows_of(&b[0], k, PY_SSIZE_T_MAX / 4, &M) ||
-        get_buf(oo, &b[3], 1, 0, "out")) { release(b, 4); return NULL; }
-    if (b[3].b.len < M * n * 4) { release(b, 4); PyErr_SetString(PyExc_ValueError, "out is too small"); return NULL; }
-    const float *x = b[0].b.buf; float *out = b[3].b.buf;
+    if (get_buf(xo, &b[0], 0, 0, "x") || rows_of(&b[0], W->K, PY_SSIZE_T_MAX / 4, &M) ||
+        get_buf(oo, &b[1], 1, (Py_ssize_t)(M * W->N * 4), "out")) { release(b, 2); return NULL; }
+    const float *x = b[0].b.buf; float *out = b[1].b.buf;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = linears_rows(&W, 1, x, M, &out);
+    status = linears_rows(W, 1, x, M, &out);
     Py_END_ALLOW_THREADS
-    release(b, 4);
+    release(b, 2);
     if (status) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
-/* moe(x, experts, rows, wts, off, out): experts is a sequence of (gate, up, down) weight
- * specs; see moe_rows. */
+#define MAX_LINEARS 16
+#define MAX_MOE_EXPERTS 1024
+
+/* moe(x, experts, rows, wts, off, out): experts is a sequence of (gate, up, down)
+ * prepared weights; see moe_rows. */
 static PyObject *py_moe(PyObject *self, PyObject *args) {
     PyObject *xo, *eo, *ro, *wo, *offo, *oo;
     if (!PyArg_ParseTuple(args, "OOOOOO", &xo, &eo, &ro, &wo, &offo, &oo)) return NULL;
     PyObject *seq = PySequence_Fast(eo, "experts must be a sequence");
     if (seq == NULL) return NULL;
     const Py_ssize_t nE = PySequence_Fast_GET_SIZE(seq);
-    Buf *b = calloc((size_t)(6 * nE + 5), sizeof(Buf));
-    Expert *E = calloc((size_t)(nE > 0 ? nE : 1), sizeof(Expert));
+    Buf b[5] = {{{0}}};
+    Expert *E = NULL;
     PyObject *result = NULL;
-    if (b == NULL || E == NULL) { PyErr_NoMemory(); goto done; }
-    if (nE < 1) { PyErr_SetString(PyExc_ValueError, "moe needs at least one expert"); goto done; }
+    if (nE < 1 || nE > MAX_MOE_EXPERTS) {
+        PyErr_Format(PyExc_ValueError, "moe takes 1..%d experts per call", MAX_MOE_EXPERTS);
+        goto done;
+    }
+    E = malloc(sizeof(Expert) * (size_t)nE);
+    if (E == NULL) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t e = 0; e < nE; e++) {
-        const char *kinds[3]; PyObject *data[3], *scales[3]; long long n[3], k[3], bm[3], bn[3];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, e), "(sOOLLLL)(sOOLLLL)(sOOLLLL)",
-                              &kinds[0], &data[0], &scales[0], &n[0], &k[0], &bm[0], &bn[0],
-                              &kinds[1], &data[1], &scales[1], &n[1], &k[1], &bm[1], &bn[1],
-                              &kinds[2], &data[2], &scales[2], &n[2], &k[2], &bm[2], &bn[2])) goto done;
-        Weight *W[3] = {&E[e].gate, &E[e].up, &E[e].down};
-        for (int i = 0; i < 3; i++)
-            if (parse_weight(kinds[i], data[i], scales[i], n[i], k[i], bm[i], bn[i], W[i], &b[6 * e + 2 * i])) goto done;
-        if (E[e].gate.N != E[0].gate.N || E[e].gate.K != E[0].gate.K || E[e].up.N != E[0].gate.N ||
-            E[e].up.K != E[0].gate.K || E[e].down.N != E[0].gate.K || E[e].down.K != E[0].gate.N) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, e);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+            PyErr_Format(PyExc_TypeError, "expert %zd must be a (gate, up, down) tuple", e);
+            goto done;
+        }
+        const Weight *g = weight_of(PyTuple_GET_ITEM(item, 0), "expert", e), *u, *d;
+        if (g == NULL || (u = weight_of(PyTuple_GET_ITEM(item, 1), "expert", e)) == NULL ||
+            (d = weight_of(PyTuple_GET_ITEM(item, 2), "expert", e)) == NULL) goto done;
+        E[e].gate = *g; E[e].up = *u; E[e].down = *d;
+        if (g->N != E[0].gate.N || g->K != E[0].gate.K || u->N != g->N || u->K != g->K || d->N != g->K || d->K != g->N) {
             PyErr_Format(PyExc_ValueError, "expert %zd: gate and up must be (I, H) and down (H, I), the same for all", e);
             goto done;
         }
     }
     const int64_t H = E[0].gate.K;
-    Buf *bx = &b[6 * nE], *br = bx + 1, *bw = bx + 2, *boff = bx + 3, *bo = bx + 4;
-    if (get_buf(xo, bx, 0, 0, "x") || get_buf(offo, boff, 0, (Py_ssize_t)(8 * (nE + 1)), "off")) goto done;
-    const int64_t T = bx->b.len / (Py_ssize_t)(4 * H);
-    if (T < 1 || bx->b.len != T * H * 4) { PyErr_Format(PyExc_ValueError, "x must be rows of %lld float32", (long long)H); goto done; }
-    const int64_t *off = boff->b.buf;
+    if (get_buf(xo, &b[0], 0, 0, "x") || get_buf(offo, &b[3], 0, (Py_ssize_t)(8 * (nE + 1)), "off")) goto done;
+    const int64_t T = b[0].b.len / (Py_ssize_t)(4 * H);
+    if (T < 1 || b[0].b.len != T * H * 4) { PyErr_Format(PyExc_ValueError, "x must be rows of %lld float32", (long long)H); goto done; }
+    const int64_t *off = b[3].b.buf;
     for (Py_ssize_t e = 0; e < nE; e++)
         if (off[0] != 0 || off[e + 1] < off[e]) { PyErr_SetString(PyExc_ValueError, "off must rise from 0"); goto done; }
     const int64_t R = off[nE];
-    if (get_buf(ro, br, 0, (Py_ssize_t)(4 * R), "rows") || get_buf(wo, bw, 0, (Py_ssize_t)(4 * R), "wts") ||
-        get_buf(oo, bo, 1, (Py_ssize_t)(T * H * 4), "out")) goto done;
-    const int32_t *rows = br->b.buf;
+    if (get_buf(ro, &b[1], 0, (Py_ssize_t)(4 * R), "rows") || get_buf(wo, &b[2], 0, (Py_ssize_t)(4 * R), "wts") ||
+        get_buf(oo, &b[4], 1, (Py_ssize_t)(T * H * 4), "out")) goto done;
+    const int32_t *rows = b[1].b.buf;
     for (int64_t r = 0; r < R; r++)
         if (rows[r] < 0 || rows[r] >= T) { PyErr_Format(PyExc_ValueError, "row %d is outside x's %lld rows", rows[r], (long long)T); goto done; }
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = R > 0 ? moe_rows(E, nE, bx->b.buf, T, rows, bw->b.buf, off, bo->b.buf) : 0;
+    status = R > 0 ? moe_rows(E, nE, b[0].b.buf, T, rows, b[2].b.buf, off, b[4].b.buf) : 0;
     Py_END_ALLOW_THREADS
     if (status) { PyErr_NoMemory(); goto done; }
     result = Py_None;
     Py_INCREF(result);
 done:
-    if (b != NULL) release(b, (int)(6 * nE + 5));
-    free(b);
+    release(b, 5);
     free(E);
     Py_DECREF(seq);
     return result;
 }
 
-/* linears(x, specs, outs): outs[i] = x @ W_i^T for weights of the same input width */
+/* linears(x, weights, outs): outs[i] = x @ W_i^T for prepared weights of the same input width */
 static PyObject *py_linears(PyObject *self, PyObject *args) {
     PyObject *xo, *so, *oo;
     if (!PyArg_ParseTuple(args, "OOO", &xo, &so, &oo)) return NULL;
-    PyObject *specs = PySequence_Fast(so, "specs must be a sequence");
+    PyObject *specs = PySequence_Fast(so, "weights must be a sequence");
     if (specs == NULL) return NULL;
     PyObject *outs = PySequence_Fast(oo, "outs must be a sequence");
     if (outs == NULL) { Py_DECREF(specs); return NULL; }
     const Py_ssize_t nW = PySequence_Fast_GET_SIZE(specs);
-    Buf *b = calloc((size_t)(3 * nW + 1), sizeof(Buf));
-    Weight *W = calloc((size_t)(nW > 0 ? nW : 1), sizeof(Weight));
-    float **out = calloc((size_t)(nW > 0 ? nW : 1), sizeof(float *));
+    Buf b[MAX_LINEARS + 1] = {{{0}}};
+    Weight W[MAX_LINEARS];
+    float *out[MAX_LINEARS];
     PyObject *result = NULL;
     Py_ssize_t M;
-    if (b == NULL || W == NULL || out == NULL) { PyErr_NoMemory(); goto done; }
-    if (nW < 1 || nW > 64 || PySequence_Fast_GET_SIZE(outs) != nW) {
-        PyErr_SetString(PyExc_ValueError, "linears needs 1..64 weights and as many outputs");
+    if (nW < 1 || nW > MAX_LINEARS || PySequence_Fast_GET_SIZE(outs) != nW) {
+        PyErr_Format(PyExc_ValueError, "linears needs 1..%d weights and as many outputs", MAX_LINEARS);
         goto done;
     }
     for (Py_ssize_t i = 0; i < nW; i++) {
-        const char *kind; PyObject *data, *scales; long long n, k, bm, bn;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(specs, i), "sOOLLLL", &kind, &data, &scales, &n, &k, &bm, &bn) ||
-            parse_weight(kind, data, scales, n, k, bm, bn, &W[i], &b[3 * i])) goto done;
+        const Weight *w = weight_of(PySequence_Fast_GET_ITEM(specs, i), "weight", i);
+        if (w == NULL) goto done;
+        W[i] = *w;
         if (W[i].K != W[0].K) { PyErr_Format(PyExc_ValueError, "weight %zd takes %lld inputs, weight 0 %lld", i, (long long)W[i].K, (long long)W[0].K); goto done; }
     }
-    if (get_buf(xo, &b[3 * nW], 0, 0, "x") || rows_of(&b[3 * nW], W[0].K, PY_SSIZE_T_MAX / 4, &M)) goto done;
+    if (get_buf(xo, &b[nW], 0, 0, "x") || rows_of(&b[nW], W[0].K, PY_SSIZE_T_MAX / 4, &M)) goto done;
     for (Py_ssize_t i = 0; i < nW; i++) {
-        if (get_buf(PySequence_Fast_GET_ITEM(outs, i), &b[3 * i + 2], 1, (Py_ssize_t)(M * W[i].N * 4), "out")) goto done;
-        out[i] = b[3 * i + 2].b.buf;
+        if (get_buf(PySequence_Fast_GET_ITEM(outs, i), &b[i], 1, (Py_ssize_t)(M * W[i].N * 4), "out")) goto done;
+        out[i] = b[i].b.buf;
     }
     int status;
-    const float *x = b[3 * nW].b.buf;
+    const float *x = b[nW].b.buf;
     Py_BEGIN_ALLOW_THREADS
     status = linears_rows(W, (int)nW, x, M, out);
     Py_END_ALLOW_THREADS
@@ -1005,9 +1078,34 @@ static PyObject *py_linears(PyObject *self, PyObject *args) {
     result = Py_None;
     Py_INCREF(result);
 done:
-    if (b != NULL) release(b, (int)(3 * nW + 1));
-    free(b); free(W); free(out);
+    release(b, MAX_LINEARS + 1);
     Py_DECREF(specs); Py_DECREF(outs);
+    return result;
+}
+
+/* route(x, w, k, renormalise, indices, weights): the softmax top-k router; see route_rows */
+static PyObject *py_route(PyObject *self, PyObject *args) {
+    PyObject *xo, *wo, *io, *po; long long k; int renormalise;
+    if (!PyArg_ParseTuple(args, "OOLpOO", &xo, &wo, &k, &renormalise, &io, &po)) return NULL;
+    Buf b[4] = {{{0}}};
+    PyObject *result = NULL;
+    Py_ssize_t T;
+    if (PyObject_GetBuffer(wo, &b[1].b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) goto done;
+    b[1].held = 1;
+    if (b[1].b.ndim != 2 || b[1].b.itemsize != 4 || strcmp(b[1].b.format, "f") != 0) { PyErr_SetString(PyExc_ValueError, "weight must be (experts, hidden) float32"); goto done; }
+    const int64_t E = b[1].b.shape[0], H = b[1].b.shape[1];
+    if (k < 1 || k > E || E > MAX_ROUTED) { PyErr_Format(PyExc_ValueError, "route picks 1..experts (at most %d) of %lld", MAX_ROUTED, (long long)E); goto done; }
+    if (get_buf(xo, &b[0], 0, 0, "x") || rows_of(&b[0], H, PY_SSIZE_T_MAX / 4, &T) ||
+        get_buf(io, &b[2], 1, (Py_ssize_t)(T * k * 8), "indices") || get_buf(po, &b[3], 1, (Py_ssize_t)(T * k * 4), "weights")) goto done;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = route_rows(b[0].b.buf, T, b[1].b.buf, E, H, k, renormalise, b[2].b.buf, b[3].b.buf);
+    Py_END_ALLOW_THREADS
+    if (status) { PyErr_NoMemory(); goto done; }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(b, 4);
     return result;
 }
 
@@ -1109,7 +1207,7 @@ done:
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     const char *kind; PyObject *wo, *so, *oo; long long n, k, bm = 128, bn = 128;
     if (!PyArg_ParseTuple(args, "sOOOLL|LL", &kind, &wo, &so, &oo, &n, &k, &bm, &bn)) return NULL;
-    Buf b[3] = {{0}};
+    Buf b[3] = {{{0}}};
     Weight W;
     if (parse_weight(kind, wo, so, n, k, bm, bn, &W, &b[0]) || get_buf(oo, &b[2], 1, (Py_ssize_t)(n * k * 4), "out")) {
         release(b, 3);
@@ -1130,8 +1228,12 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, data, scales, out, n, k[, bm, bn]): out = x @ W^T"},
-    {"linears", py_linears, METH_VARARGS, "linears(x, specs, outs): outs[i] = x @ W_i^T, one parallel region for all"},
+    {"weight", py_weight, METH_VARARGS,
+     "weight(kind, data, scales, n, k[, bm, bn]): a packed weight checked once, for matmul, linears and moe"},
+    {"matmul", py_matmul, METH_VARARGS, "matmul(x, w, out): out = x @ W^T"},
+    {"linears", py_linears, METH_VARARGS, "linears(x, weights, outs): outs[i] = x @ W_i^T, one parallel region for all"},
+    {"route", py_route, METH_VARARGS,
+     "route(x, w, k, renormalise, indices, weights): softmax(x @ w^T), its k largest per row and their probabilities"},
     {"attention", py_attention, METH_VARARGS, "attention(q, k, v, start, scale, out[, visible]): causal attention, grouped KV heads"},
     {"rope", py_rope, METH_VARARGS, "rope(x, cos, sin, rotary_dim, out): rotate-half RoPE"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, weight or None, eps, out, d): RMSNorm over rows of d floats"},

@@ -90,6 +90,16 @@ class Backend:
         """Softmax over the last axis."""
         raise NotImplementedError
 
+    def softmax_top_k(self, x: Array, weight: Array, k: int, renormalise: bool):
+        """The router of most MoE layers: probabilities softmax(x @ weight.T) over the
+        experts, the k largest of each row (largest first; of equal ones the lower index)
+        and their probabilities, renormalised to sum 1 when asked. Returns host arrays:
+        indices (T, k) int64 and weights (T, k) float32."""
+        from .nn.layers import softmax_top_k
+
+        logits = self.to_numpy(self.linear(x, weight)).astype("float32", copy=False)
+        return softmax_top_k(logits, k, renormalise)
+
     def swiglu_expert(self, x: Array, gate: Array, up: Array, down: Array) -> Array:
         """down(silu(gate(x)) * up(x)) for one expert's matrices."""
         return self.linear(self.silu_mul(self.linear(x, gate), self.linear(x, up)), down)

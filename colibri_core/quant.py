@@ -7,7 +7,7 @@ float formats; quantised formats plug in through the same ``QuantSpec`` hook.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class QuantTensor:
     scales: np.ndarray | None
     shape: tuple[int, int]
     block: tuple[int, int] = (128, 128)  # fp8 scale blocks
+    derived: dict = field(default_factory=dict, repr=False, compare=False)  # what a backend prepares once (kernel handles)
 
     @property
     def nbytes(self) -> int:

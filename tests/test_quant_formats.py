@@ -148,16 +148,35 @@ def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
 def test_kernels_refuse_bad_buffers():
     x = np.ones((1, 64), np.float32)
     out = np.empty((1, 4), np.float32)
+    q8 = _kernels.weight("q8", np.zeros((4, 64), np.int8), np.ones(4, np.float32), 4, 64)
     with pytest.raises(ValueError, match="weight holds"):
-        _kernels.matmul("q4", x, np.zeros(10, np.uint8), np.ones((4, 1), np.float32), out, 4, 64)
+        _kernels.weight("q4", np.zeros(10, np.uint8), np.ones((4, 1), np.float32), 4, 64)
+    with pytest.raises(ValueError, match="scales holds"):
+        _kernels.weight("q4", np.zeros(128, np.uint8), np.ones(3, np.float32), 4, 64)
     with pytest.raises(ValueError, match="unknown kernel"):
-        _kernels.matmul("q3", x, np.zeros(128, np.uint8), np.ones(4, np.float32), out, 4, 64)
+        _kernels.weight("q3", np.zeros(128, np.uint8), np.ones(4, np.float32), 4, 64)
+    with pytest.raises(TypeError, match="weight 0 is not a weight made by"):
+        _kernels.matmul(x, ("q8", np.zeros((4, 64), np.int8)), out)
     with pytest.raises(ValueError, match="rows"):  # x is not whole rows of k floats
-        _kernels.matmul("q8", np.ones(100, np.float32), np.zeros((4, 64), np.int8), np.ones(4, np.float32),
-                        np.empty((9, 4), np.float32), 4, 64)
+        _kernels.matmul(np.ones(100, np.float32), q8, np.empty((9, 4), np.float32))
     with pytest.raises(ValueError, match="out"):
-        _kernels.matmul("q8", np.ones((3, 64), np.float32), np.zeros((4, 64), np.int8), np.ones(4, np.float32),
-                        np.empty((2, 4), np.float32), 4, 64)
+        _kernels.matmul(np.ones((3, 64), np.float32), q8, np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="weight 1 takes 32 inputs"):
+        q8_32 = _kernels.weight("q8", np.zeros((4, 32), np.int8), np.ones(4, np.float32), 4, 32)
+        _kernels.linears(x, [q8, q8_32], [out, out])
+
+
+def test_a_prepared_weight_keeps_its_arrays():
+    """The prepared form holds the weight's buffers: dropping every other reference to
+    the arrays must not free the memory the kernels read."""
+    rng = np.random.default_rng(0)
+    w, reference = packed("q8", 16, 64, rng)
+    handle = _kernels.weight(w.kind, w.data, w.scales, 16, 64)
+    del w
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    out = np.empty((1, 16), np.float32)
+    _kernels.matmul(x, handle, out)
+    np.testing.assert_allclose(out, x @ reference.T, rtol=1e-3, atol=1e-3)
 
 
 def test_layer_kernel_refuses_bad_routing():
@@ -165,7 +184,7 @@ def test_layer_kernel_refuses_bad_routing():
     gate, _ = packed("q4", 8, 64, rng)
     up, _ = packed("q4", 8, 64, rng)
     down, _ = packed("q4", 64, 8, rng)
-    expert = tuple((w.kind, w.data, w.scales, *w.shape, 128, 128) for w in (gate, up, down))
+    expert = tuple(_kernels.weight(w.kind, w.data, w.scales, *w.shape) for w in (gate, up, down))
     x, out = np.ones((2, 64), np.float32), np.zeros((2, 64), np.float32)
     ones, off = np.ones(2, np.float32), np.array([0, 2], np.int64)
     with pytest.raises(ValueError, match="row 5 is outside"):
@@ -176,6 +195,8 @@ def test_layer_kernel_refuses_bad_routing():
         _kernels.moe(x, [expert], np.array([0, 1], np.int32), ones, np.array([0, 3], np.int64), out)
     with pytest.raises(ValueError, match="gate and up"):
         _kernels.moe(x, [(expert[0], expert[1], expert[0])], np.array([0, 1], np.int32), ones, off, out)
+    with pytest.raises(TypeError, match="expert 0 must be a"):
+        _kernels.moe(x, [expert[:2]], np.array([0, 1], np.int32), ones, off, out)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 17])
@@ -281,6 +302,39 @@ def test_routed_experts_do_not_depend_on_the_batching(kind):
     # one token: the decode path
     single = backend.routed_experts(x[:1], indices[:1], weights[:1], experts.__getitem__)
     np.testing.assert_allclose(single, expected[:1], rtol=tolerance, atol=tolerance * np.abs(expected).max())
+    # ... which, every expert at hand, is one call; the general path gives the same sums
+    general = backend.routed_experts(x[:1], indices[:1], weights[:1], experts.__getitem__, 8, lambda e: True)
+    np.testing.assert_array_equal(single, general)
+
+
+def test_decode_fetches_each_expert_once_when_one_has_no_kernel():
+    """An expert the kernels cannot take (float32 arrays) sends decode down the general
+    path, without fetching the others twice (the store counts every fetch as a use)."""
+    from collections import Counter
+
+    from colibri_core.experts.tiers import ExpertWeights
+
+    rng = np.random.default_rng(8)
+    hidden, inter = 64, 32
+    experts, refs = [], []
+    for e in range(4):
+        mats = {r: packed("q4", *shape, rng) for r, shape in (("gate", (inter, hidden)), ("up", (inter, hidden)),
+                                                              ("down", (hidden, inter)))}
+        refs.append({r: m[1] for r, m in mats.items()})
+        experts.append(ExpertWeights({r: (m[1] if e == 2 else m[0]) for r, m in mats.items()}, 0))
+    fetched = Counter()
+
+    def fetch(e):
+        fetched[e] += 1
+        return experts[e]
+
+    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    indices, weights = np.array([[3, 2, 0]]), np.array([[0.5, 0.3, 0.2]], np.float32)
+    out = CpuBackend().routed_experts(x, indices, weights, fetch)
+    assert fetched == {0: 1, 2: 1, 3: 1}
+    expected = sum(w * (refs[e]["down"] @ (lambda g, u: g / (1 + np.exp(-g)) * u)(refs[e]["gate"] @ x[0], refs[e]["up"] @ x[0]))
+                   for e, w in zip(indices[0], weights[0]))
+    np.testing.assert_allclose(out[0], expected, rtol=2e-2, atol=2e-2 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("t, start, hq, hkv", [(1, 0, 4, 4), (1, 9, 8, 2), (5, 0, 6, 3), (3, 4, 4, 1)])
@@ -319,6 +373,32 @@ def test_compiled_rope_matches_numpy(rotary):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("t, experts, k, renormalise", [(1, 64, 8, False), (1, 64, 8, True), (3, 60, 4, True), (8, 7, 7, False)])
+def test_compiled_router_matches_numpy(t, experts, k, renormalise):
+    rng = np.random.default_rng(t * experts + k)
+    x = rng.standard_normal((t, 96)).astype(np.float32)
+    w = rng.standard_normal((experts, 96)).astype(np.float32) * 0.3
+    w[3] = w[2] = x.sum(axis=0) / np.sqrt(t)  # two experts that tie near the top: the lower index comes first
+    indices, weights = CpuBackend().softmax_top_k(x, w, k, renormalise)
+    for row in indices.tolist():
+        assert row.index(2) + 1 == row.index(3)
+    want_indices, want_weights = CpuBackend(kernels=False).softmax_top_k(x, w, k, renormalise)
+    assert indices.dtype == np.int64 and weights.dtype == np.float32 and indices.shape == (t, k)
+    np.testing.assert_array_equal(indices, want_indices)
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-5, atol=1e-7)
+
+
+def test_compiled_router_refuses_bad_shapes():
+    x, w = np.ones((1, 16), np.float32), np.ones((4, 16), np.float32)
+    out_i, out_w = np.empty((1, 5), np.int64), np.empty((1, 5), np.float32)
+    with pytest.raises(ValueError, match="route picks"):
+        _kernels.route(x, w, 5, True, out_i, out_w)
+    with pytest.raises(ValueError, match="experts, hidden"):
+        _kernels.route(x, w.astype(np.float64), 2, True, out_i, out_w)
+    with pytest.raises(ValueError, match="rows of 16"):
+        _kernels.route(np.ones((1, 8), np.float32), w, 2, True, out_i, out_w)
+
+
 def test_fp8_kernel_reads_every_byte_as_the_scalar_decoder_does():
     """The vector path (bytes widened through half precision) against the scalar decoder,
     over all 256 byte values: subnormals, both zeros, and the NaN bytes (read as +-480)."""
@@ -332,7 +412,7 @@ def test_fp8_kernel_reads_every_byte_as_the_scalar_decoder_does():
     x = np.eye(256, dtype=np.float32)[:8]  # picks single columns: no rounding in the sums
     for rows in (x, np.random.default_rng(0).standard_normal((5, 256)).astype(np.float32)):
         out = np.empty((rows.shape[0], 3), np.float32)
-        _kernels.matmul("fp8", rows, codes, scales, out, 3, 256, 128, 128)
+        _kernels.matmul(rows, _kernels.weight("fp8", codes, scales, 3, 256, 128, 128), out)
         np.testing.assert_allclose(out, rows.astype(np.float64) @ decoded.T.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 

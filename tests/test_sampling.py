@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from colibri_core.errors import UsageError
-from colibri_core.sampling import Sampler, SamplingParams
+from colibri_core.sampling import BLOCK, Sampler, SamplingParams, draw
 
 
 def logits(seed=0, n=50):
@@ -59,3 +59,21 @@ def test_sampling_follows_the_distribution():
 def test_bad_parameters_are_refused(kwargs):
     with pytest.raises(UsageError):
         SamplingParams(**kwargs)
+
+
+def test_draw_is_the_inverse_cdf():
+    """The block-wise draw picks what a full cumulative sum picks, never a zero weight,
+    also at the edges of blocks and of [0, 1)."""
+    rng = np.random.default_rng(0)
+    for size in (5, BLOCK, 3 * BLOCK + 17):
+        weights = rng.random(size) ** 4
+        weights[rng.random(size) < 0.3] = 0.0  # masked tokens (top-k / top-p)
+        weights[-min(5, size // 2):] = 0.0
+        weights[0] = 0.5
+        cdf = np.cumsum(weights) / weights.sum()
+        for u in [0.0, 1.0 - 2**-53, *rng.random(300), *cdf[:: max(1, size // 50)]]:
+            i = draw(weights, u)
+            assert weights[i] > 0
+            expected = int(np.searchsorted(cdf, u, side="right"))
+            if expected < size and abs(cdf[expected] - u) > 1e-9 and (expected == 0 or abs(cdf[expected - 1] - u) > 1e-9):
+                assert i == expected, (size, u)

@@ -19,11 +19,8 @@ KERNEL_KINDS = frozenset({"q8", "q4", "mxfp4", "fp8", "bf16"})
 DEQUANT_ROWS = 512  # prefill dequantises this many weight rows at a time into a reused buffer
 KERNEL_ROW_LIMIT = 64  # up to this many activation rows, the kernels take them a few at a time:
 # passes over the packed weight are cheaper than dequantising it for BLAS
+ROUTE_ROW_LIMIT = 8  # up to this many tokens the compiled router runs; beyond, BLAS and numpy
 _NO_SCALES = np.zeros(1, dtype=np.float32)
-
-
-def _spec(w: QuantTensor):
-    return (w.kind, w.data, w.scales if w.scales is not None else _NO_SCALES, w.shape[0], w.shape[1], *w.block)
 
 
 class CpuBackend(Backend):
@@ -58,10 +55,18 @@ class CpuBackend(Backend):
             x = np.ascontiguousarray(x, dtype=np.float32)
             t = x.shape[0]
             out = np.zeros((t, down.shape[0]), dtype=np.float32)
-            self.kernels.moe(x, [tuple(_spec(w) for w in mats)], np.arange(t, dtype=np.int32),
+            self.kernels.moe(x, [tuple(self._prepared(w) for w in mats)], np.arange(t, dtype=np.int32),
                              np.ones(t, dtype=np.float32), np.array([0, t], dtype=np.int64), out)
             return out
         return super().swiglu_expert(x, gate, up, down)
+
+    def _prepared(self, w: QuantTensor):
+        """w as the kernels take it: checked once by ``_kernels.weight`` and kept with w."""
+        handle = w.derived.get("cpu")
+        if handle is None:
+            scales = w.scales if w.scales is not None else _NO_SCALES
+            handle = w.derived["cpu"] = self.kernels.weight(w.kind, w.data, scales, w.shape[0], w.shape[1], *w.block)
+        return handle
 
     def _row_limit(self, w: QuantTensor) -> int:
         """Up to this many x rows the kernels pass over the packed weight; beyond, it is
@@ -80,7 +85,7 @@ class CpuBackend(Backend):
             return super().linears(x, weights, biases)
         x = np.ascontiguousarray(x, dtype=np.float32)
         outs = [np.empty((x.shape[0], w.shape[0]), dtype=np.float32) for w in weights]
-        self.kernels.linears(x, [_spec(w) for w in weights], outs)
+        self.kernels.linears(x, [self._prepared(w) for w in weights], outs)
         for y, b in zip(outs, biases or ()):
             if b is not None:
                 y += b
@@ -93,7 +98,7 @@ class CpuBackend(Backend):
         scales = w.scales if w.scales is not None else _NO_SCALES
         out = np.empty((m, n), dtype=np.float32)
         if m <= self._row_limit(w):  # decode and short prompts: passes over the packed weight
-            self.kernels.matmul(w.kind, x, w.data, scales, out, n, k, *w.block)
+            self.kernels.matmul(x, self._prepared(w), out)
             return out
         # many rows (prefill): dequantise a block of rows at a time and let BLAS multiply
         step = DEQUANT_ROWS
@@ -203,9 +208,31 @@ class CpuBackend(Backend):
         e = np.exp(x - m)
         return e / np.sum(e, axis=-1, keepdims=True)
 
+    def softmax_top_k(self, x, weight, k, renormalise):
+        if self.kernels is None or not isinstance(weight, np.ndarray) or x.shape[0] > ROUTE_ROW_LIMIT:
+            return super().softmax_top_k(x, weight, k, renormalise)
+        t = x.shape[0]
+        indices = np.empty((t, k), dtype=np.int64)
+        weights = np.empty((t, k), dtype=np.float32)
+        self.kernels.route(np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(weight, dtype=np.float32), k,
+                           renormalise, indices, weights)
+        return indices, weights
+
     def routed_experts(self, x, indices, weights, fetch, window: int = 8, ready=None):
-        out = np.zeros_like(x)
         t, k = indices.shape
+        if t == 1 and ready is None and k <= window and self.kernels is not None:
+            # decode with every expert at hand: one kernel call, little else
+            order = np.argsort(indices[0])
+            experts = indices[0, order].tolist()
+            fetched = [fetch(e) for e in experts]
+            args = [self._kernel_args(w) for w in fetched]
+            if all(a is not None for a in args):
+                out = np.zeros((1, x.shape[-1]), dtype=np.float32)
+                self.kernels.moe(np.ascontiguousarray(x, dtype=np.float32), [a[0] for a in args], np.zeros(k, np.int32),
+                                 np.ascontiguousarray(weights[0, order], dtype=np.float32), np.arange(k + 1, dtype=np.int64), out)
+                return out
+            fetch = dict(zip(experts, fetched)).__getitem__  # fetched once: the store counts each use
+        out = np.zeros_like(x)
         if t == 1:  # decode: one token, k distinct experts
             order = np.argsort(indices[0])
             experts = indices[0, order]
@@ -257,7 +284,7 @@ class CpuBackend(Backend):
         if derived is None and key not in w.derived:
             mats = (w["gate"], w["up"], w["down"])
             rows = self._kernel_rows(mats)
-            derived = (tuple(_spec(m) for m in mats), rows) if rows else None
+            derived = (tuple(self._prepared(m) for m in mats), rows) if rows else None
             w.derived[key] = derived
         return derived
 

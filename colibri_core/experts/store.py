@@ -133,21 +133,23 @@ class ExpertStore:
         future = self._staged[layer].get(expert) or self._demand[layer].get(expert)
         return future is not None and future.done()
 
-    def request(self, layer: int, experts) -> None:
+    def request(self, layer: int, experts) -> bool:
         """A layer is about to use these experts (ascending): start reading the ones not
         resident, up to ``io_window`` at a time, so their reads overlap each other and the
-        computation of the experts already at hand."""
-        if self._pool is None:
-            return
+        computation of the experts already at hand. Returns whether all of them are at
+        hand already (no read to wait for)."""
+        at_hand = True
         queue = self._queue[layer]
         for e in experts:
             e = int(e)
-            if e in self._staged[layer] or e in self._demand[layer] or self.ram.holds(layer, e):
+            if self.ram.holds(layer, e) or (self.device is not None and self.device.get(layer, e) is not None):
                 continue
-            if self.device is not None and self.device.get(layer, e) is not None:
-                continue
-            queue.append(e)
-        self._fill(layer)
+            at_hand = False
+            if self._pool is not None and e not in self._staged[layer] and e not in self._demand[layer]:
+                queue.append(e)
+        if self._pool is not None:
+            self._fill(layer)
+        return at_hand
 
     def _fill(self, layer: int) -> None:
         queue, demand = self._queue[layer], self._demand[layer]

@@ -160,13 +160,20 @@ class SoftmaxTopKRouter:
         gate.weight.role = "router"  # routing decisions stay at the stored precision
 
     def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        if self.gate.bias is None:
+            return step.ops.softmax_top_k(x, self.gate.weight.value, self.top_k, self.norm_topk_prob)
         logits = step.ops.to_numpy(self.gate(x, step)).astype(np.float32, copy=False)
-        probs = softmax(logits)
-        indices = top_k_indices(probs, self.top_k)
-        weights = np.take_along_axis(probs, indices, axis=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(axis=-1, keepdims=True)
-        return indices, weights.astype(np.float32)
+        return softmax_top_k(logits, self.top_k, self.norm_topk_prob)
+
+
+def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The k most probable experts of each row of router logits and their probabilities."""
+    probs = softmax(logits)
+    indices = top_k_indices(probs, k)
+    weights = np.take_along_axis(probs, indices, axis=-1)
+    if renormalise:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return indices, weights.astype(np.float32)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -191,11 +198,12 @@ class RoutedExperts:
         layer = self.decl.moe_index
         if step.routing is not None:
             step.routing.append((self.decl.layer, indices.copy()))
+        store = self.store
         experts = np.unique(indices)
-        self.store.request(layer, experts)  # the misses are read together
-        out = step.ops.routed_experts(x, indices, weights, lambda e: self.store.get(layer, e), self.store.io_window,
-                                      lambda e: self.store.ready(layer, e))
-        self.store.end_layer(layer, indices, experts)
+        at_hand = store.request(layer, experts)  # the misses are read together
+        out = step.ops.routed_experts(x, indices, weights, lambda e: store.get(layer, e), store.io_window,
+                                      None if at_hand else lambda e: store.ready(layer, e))
+        store.end_layer(layer, indices, experts)
         return out
 
 
