@@ -7,7 +7,8 @@
  *
  * Weight layouts (one row = one output feature, K inputs):
  *   q8     int8 [N, K], one float32 scale per row                       w = q * s[n]
- *   q4     uint8 [N, G*32], G = ceil(K/64), float32 scales [N, G]      w = (nibble - 8) * s
+ *   q4     uint8 [N, G*32], G = ceil(K/64), scales [N, G]              w = (nibble - 8) * s
+ *          (scales as bfloat16 bits, uint16, or as float32)
  *          byte j of group g holds input 64g+j (low nibble) and 64g+j+32 (high nibble)
  *   mxfp4  uint8 [N, G*16], G = ceil(K/32), uint8 E8M0 exponents [N, G] w = e2m1 * 2^(E-127)
  *          byte j of group g holds input 32g+j (low nibble) and 32g+j+16 (high nibble)
@@ -75,7 +76,19 @@ typedef struct {
     int kind;
     const void *data, *scales;
     int64_t N, K, bm, bn;
+    int bf16_scales;  /* q4: scales are bfloat16 bits (uint16), not float32 */
 } Weight;
+
+#define MAX_Q4_GROUPS 2048  /* q4 rows with bf16 scales: at most this many groups (131072 inputs) */
+
+/* row n's q4 group scales as float32: a pointer into W's scales, or, for bf16 scales,
+ * widened into buf (MAX_Q4_GROUPS floats) */
+static inline const float *q4_row_scales(const Weight *W, int64_t n, int64_t G, float *buf) {
+    if (!W->bf16_scales) return (const float *)W->scales + n * G;
+    const uint16_t *s = (const uint16_t *)W->scales + n * G;
+    for (int64_t g = 0; g < G; g++) buf[g] = bits_to_float((uint32_t)s[g] << 16);
+    return buf;
+}
 
 /* out[m * ld + n] for m < M and n in [n0, n1) */
 typedef void (*rows_fn)(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1);
@@ -107,10 +120,11 @@ CLONES static void rows_bf16(const Weight *W, const float *x, int64_t M, float *
 }
 
 CLONES static void rows_q4(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
-    const uint8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = (K + 63) / 64;
+    const uint8_t *q = W->data; const int64_t K = W->K, G = (K + 63) / 64;
+    float buf[MAX_Q4_GROUPS];
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = q + n * G * 32;
-        const float *sc = s + n * G;
+        const float *sc = q4_row_scales(W, n, G, buf);
         float acc[MAX_ROWS] = {0};
         float tmp[64];
         for (int64_t g = 0; g < G; g++) {
@@ -331,11 +345,12 @@ AVX2_INLINE float dot_g(const float *a, const float *b, int64_t G) {
  * the previous one. */
 AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t ld, int64_t n0, int64_t n1,
                            const int M) {
-    const uint8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = groups64(K);
+    const uint8_t *q = W->data; const int64_t K = W->K, G = groups64(K);
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    float buf[MAX_Q4_GROUPS];
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = q + n * G * 32;
-        const float *sc = s + n * G;
+        const float *sc = q4_row_scales(W, n, G, buf);
         __m256 acc[MAX_ROWS][2];
         for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
         for (int64_t g = 0; g < G; g++) {
@@ -466,12 +481,13 @@ AVX2_FN static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, fl
  * spreading two groups' scales over one vector cost more than it saved). */
 VNNI_INLINE void q4_rows_vnni_m(const Weight *W, const QuantX *X, float *out, int64_t ld, int64_t n0, int64_t n1,
                                 const int M) {
-    const uint8_t *q = W->data; const float *s = W->scales;
+    const uint8_t *q = W->data;
     const int64_t K = W->K, G = groups64(K);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
+    float buf[MAX_Q4_GROUPS];
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = q + n * G * 32;
-        const float *sc = s + n * G;
+        const float *sc = q4_row_scales(W, n, G, buf);
         __m256 acc[MAX_ROWS][2];
         for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
         for (int64_t g0 = 0; g0 < G; g0 += 8) {
@@ -832,14 +848,16 @@ CLONES static void dq_bf16(const uint16_t *q, float *w, int64_t N, int64_t K) {
     for (int64_t i = 0; i < N * K; i++) w[i] = bits_to_float((uint32_t)q[i] << 16);
 }
 
-CLONES static void dq_q4(const uint8_t *q, const float *s, float *w, int64_t N, int64_t K) {
-    const int64_t G = (K + 63) / 64;
+CLONES static void dq_q4(const Weight *W, float *w) {
+    const uint8_t *q = W->data; const int64_t N = W->N, K = W->K, G = (K + 63) / 64;
+    float buf[MAX_Q4_GROUPS];
     for (int64_t n = 0; n < N; n++) {
         float tmp[64];
+        const float *s = q4_row_scales(W, n, G, buf);
         for (int64_t g = 0; g < G; g++) {
             decode_q4_group(q + (n * G + g) * 32, tmp);
             const int64_t base = g * 64, width = K - base < 64 ? K - base : 64;
-            const float sc = s[n * G + g];
+            const float sc = s[g];
             for (int64_t j = 0; j < width; j++) w[n * K + base + j] = tmp[j] * sc;
         }
     }
@@ -900,7 +918,8 @@ static Py_ssize_t weight_bytes(int kind, int64_t N, int64_t K, int64_t bm, int64
     }
 }
 
-/* Fill W from (kind, data, scales, n, k, bm, bn); bufs[0..1] receive data and scales. */
+/* Fill W from (kind, data, scales, n, k, bm, bn); bufs[0..1] receive data and scales.
+ * q4 scales are float32 or bfloat16 bits (uint16), told apart by the array's type. */
 static int parse_weight(const char *kind_name, PyObject *data, PyObject *scales, long long n, long long k, long long bm,
                         long long bn, Weight *W, Buf *bufs) {
     W->kind = kind_of(kind_name);
@@ -908,7 +927,26 @@ static int parse_weight(const char *kind_name, PyObject *data, PyObject *scales,
     if (n <= 0 || k <= 0 || bm <= 0 || bn <= 0) { PyErr_SetString(PyExc_ValueError, "sizes must be positive"); return -1; }
     Py_ssize_t sbytes, wbytes = weight_bytes(W->kind, n, k, bm, bn, &sbytes);
     if (get_buf(data, &bufs[0], 0, wbytes, "weight")) return -1;
-    if (sbytes && get_buf(scales, &bufs[1], 0, sbytes, "scales")) return -1;
+    W->bf16_scales = 0;
+    if (W->kind == K_Q4) {
+        if (PyObject_GetBuffer(scales, &bufs[1].b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return -1;
+        bufs[1].held = 1;
+        const char *f = bufs[1].b.format;
+        W->bf16_scales = bufs[1].b.itemsize == 2 && (!strcmp(f, "H") || !strcmp(f, "<H") || !strcmp(f, "=H"));
+        if (!W->bf16_scales && !(bufs[1].b.itemsize == 4 && (!strcmp(f, "f") || !strcmp(f, "<f") || !strcmp(f, "=f")))) {
+            PyErr_SetString(PyExc_ValueError, "q4 scales must be float32 or bfloat16 bits (uint16)");
+            return -1;
+        }
+        if (W->bf16_scales) sbytes /= 2;
+        if (W->bf16_scales && (k + 63) / 64 > MAX_Q4_GROUPS) {
+            PyErr_Format(PyExc_ValueError, "q4 rows with bfloat16 scales take at most %d inputs", MAX_Q4_GROUPS * 64);
+            return -1;
+        }
+        if (bufs[1].b.len < sbytes) {
+            PyErr_Format(PyExc_ValueError, "scales holds %zd bytes, needs %zd", bufs[1].b.len, sbytes);
+            return -1;
+        }
+    } else if (sbytes && get_buf(scales, &bufs[1], 0, sbytes, "scales")) return -1;
     W->data = bufs[0].b.buf;
     W->scales = sbytes ? bufs[1].b.buf : NULL;
     W->N = n; W->K = k; W->bm = bm; W->bn = bn;
@@ -1217,7 +1255,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     switch (W.kind) {
     case K_Q8: dq_q8(W.data, W.scales, out, n, k); break;
-    case K_Q4: dq_q4(W.data, W.scales, out, n, k); break;
+    case K_Q4: dq_q4(&W, out); break;
     case K_MXFP4: dq_mxfp4(W.data, W.scales, out, n, k); break;
     case K_FP8: dq_fp8(W.data, W.scales, out, n, k, bm, bn); break;
     default: dq_bf16(W.data, out, n, k);

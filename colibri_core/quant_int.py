@@ -6,9 +6,14 @@ tensor's name, scales under ``<name>.qs``, and the format plus the logical
 with zeros.
 
 - int8-row:  int8 values, one float32 scale per row (absmax / 127).     w = q * s
-- int4-gs64: 4-bit values, one float32 scale per 64 inputs.              w = (nibble - 8) * s
-             The scale is the group's largest-magnitude value / -8, so all 16 levels are
-             used (44% less error than one scale per row in the C colibri's measurement).
+- int4-gs64: 4-bit values, one bfloat16 scale per 64 inputs (4.25 bits per weight).
+             w = (nibble - 8) * s. The scale is the group's largest-magnitude value / -8
+             (rounded to bfloat16; the values are quantised against the rounded scale), so
+             all 16 levels are used (44% less error than one scale per row in the C
+             colibri's measurement). bfloat16 rather than float32 scales: 5.6% fewer bytes
+             for the memory-bound kernels to read, the same error (relative RMS 0.094943
+             vs 0.094943 on N(0, 0.02) weights). Containers written with float32 scales
+             (before 2026-11-29) are read as they are; the scales' dtype says which.
              Byte j of a group holds input j (low nibble) and input j + 32 (high nibble),
              a layout the kernels read without shuffles.
 - mxfp4:     OCP microscaling: e2m1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
@@ -25,7 +30,7 @@ import numpy as np
 
 from .container import SCALES_SUFFIX, stamp_of
 from .errors import ModelFormatError
-from .quant import QuantFormat, QuantTensor
+from .quant import QuantFormat, QuantTensor, bf16_to_f32, f32_to_bf16
 
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
                        dtype=np.float32)
@@ -36,7 +41,8 @@ class StampedFormat(QuantFormat):
 
     group: int = 1
     packed_dtype = "U8"
-    scale_dtype = "F32"
+    scale_dtype = "F32"  # what encode writes
+    read_scale_dtypes: tuple[str, ...] = ()  # what is read besides
 
     def __init__(self):
         self._shapes: dict[str, tuple[int, int]] = {}  # logical shapes of the tensors claimed
@@ -58,10 +64,12 @@ class StampedFormat(QuantFormat):
             raise ModelFormatError(f"{info.path}: tensor {info.name!r}: {self.name} of logical shape {list(shape)} must be "
                                    f"stored as {self.packed_dtype} {list(expected['data'])}, found {info.dtype} {list(info.shape)}")
         scales = context.checkpoint.tensors.get(info.name + SCALES_SUFFIX)
-        if scales is None or scales.shape != expected["scales"] or scales.dtype != self.scale_dtype:
+        dtypes = (self.scale_dtype, *self.read_scale_dtypes)
+        if scales is None or scales.shape != expected["scales"] or scales.dtype not in dtypes:
             found = "nothing" if scales is None else f"{scales.dtype} {list(scales.shape)}"
             raise ModelFormatError(f"{info.path}: tensor {info.name!r}: {self.name} needs scales "
-                                   f"{info.name + SCALES_SUFFIX!r} as {self.scale_dtype} {list(expected['scales'])}, found {found}")
+                                   f"{info.name + SCALES_SUFFIX!r} as {' or '.join(dtypes)} {list(expected['scales'])}, "
+                                   f"found {found}")
         return shape
 
     def companions(self, info, lookup):
@@ -132,21 +140,25 @@ class Int4GS64(NibbleFormat):
     name = "int4-gs64"
     kernel = "q4"
     group = 64
-
+    scale_dtype = "BF16"
+    read_scale_dtypes = ("F32",)
 
     def encode(self, name, weight):
         w = _as_rows(weight, name)
         groups = _padded_groups(w, 64)
         idx = np.abs(groups).argmax(axis=-1)
         extreme = np.take_along_axis(groups, idx[..., None], axis=-1)[..., 0]
-        scale = (extreme / -8.0).astype(np.float32)
+        bits = f32_to_bf16((extreme / -8.0).astype(np.float32))
+        scale = bf16_to_f32(bits)
         safe = np.where(scale != 0, scale, 1.0)[..., None]
         q = np.where(scale[..., None] != 0, np.clip(np.rint(groups / safe) + 8, 0, 15), 8).astype(np.uint8)
         packed = (q[..., :32] | (q[..., 32:] << 4)).astype(np.uint8).reshape(w.shape[0], -1)
-        return {name: ("U8", packed), name + SCALES_SUFFIX: ("F32", scale)}
+        return {name: ("U8", packed), name + SCALES_SUFFIX: ("BF16", bits)}
 
     def decode(self, info, raw, companions):
         scale = companions[info.name + SCALES_SUFFIX]
+        if scale.dtype == np.uint16:  # bfloat16 bits
+            scale = bf16_to_f32(scale)
         n, g = scale.shape
         b = raw.reshape(n, g, 32)
         q = np.concatenate((b & 15, b >> 4), axis=-1).astype(np.float32) - 8

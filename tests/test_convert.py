@@ -59,10 +59,46 @@ def test_int4_experts_take_a_seventh_of_float32_memory(source, tmp_path):
     with colibri_core.load(source, history=False) as a, colibri_core.load(out, history=False) as b:
         h, i = SPEC.hidden_size, SPEC.intermediate_size
         assert a.placement.expert_bytes == 3 * h * i * 2  # bf16 source stays bf16
-        gate_up = i * (h // 64) * (32 + 4)  # rows x groups x (32 packed bytes + a float32 scale)
-        down = h * -(-i // 64) * (32 + 4)  # 96 inputs pad to two groups of 64
+        gate_up = i * (h // 64) * (32 + 2)  # rows x groups x (32 packed bytes + a bfloat16 scale)
+        down = h * -(-i // 64) * (32 + 2)  # 96 inputs pad to two groups of 64
         assert b.placement.expert_bytes == 2 * gate_up + down
         assert b.placement.dense_bytes < a.placement.dense_bytes
+
+
+def test_int4_containers_with_float32_scales_still_run(source, tmp_path):
+    """Containers written before int4 scales became bfloat16 hold float32 ones: they load
+    and give the same logits (the float32 values are the bfloat16 ones widened)."""
+    import numpy as np
+
+    from colibri_core.quant import bf16_to_f32
+    from colibri_core.safetensors_file import as_array, write_safetensors
+
+    new = tmp_path / "new"
+    convert(source, new, experts="int4", dense="int4")
+    old = tmp_path / "old"
+    shutil.copytree(new, old)
+    widened = 0
+    for shard in sorted(old.glob("*.safetensors")):
+        f = SafetensorsFile(shard)
+        tensors = []
+        for name, info in f.tensors.items():
+            raw = np.empty(info.nbytes, np.uint8)
+            f.read_into(info.offset, memoryview(raw))
+            array = as_array(info, raw)
+            if name.endswith(".qs") and info.dtype == "BF16":
+                tensors.append((name, ("F32", bf16_to_f32(array))))
+                widened += 1
+            else:
+                tensors.append((name, (info.dtype, array)))
+        metadata = f.metadata
+        f.close()
+        write_safetensors(shard, tensors, metadata)
+    assert widened > 0
+    with colibri_core.load(new, history=False) as a, colibri_core.load(old, history=False) as b:
+        assert b.placement.expert_bytes > a.placement.expert_bytes  # two more bytes per scale
+        ids = [5, 17, 42, 7]
+        np.testing.assert_array_equal(a.generate(token_ids=ids, max_tokens=5, ignore_eos=True, return_logits=True).logits,
+                                      b.generate(token_ids=ids, max_tokens=5, ignore_eos=True, return_logits=True).logits)
 
 
 def test_an_interrupted_conversion_resumes_to_the_same_bytes(source, tmp_path, monkeypatch):

@@ -45,14 +45,17 @@ def test_int8_row_matches_its_reference(shape, seed):
 
 
 def reference_int4(w):
-    """Per group of 64 (zero-padded): scale = the largest-magnitude value / -8."""
+    """Per group of 64 (zero-padded): scale = the largest-magnitude value / -8, rounded
+    to bfloat16 (by torch, as an independent rounding)."""
+    import torch
+
     n, k = w.shape
     out = np.zeros_like(w)
     for r in range(n):
         for g0 in range(0, k, 64):
             group = w[r, g0 : g0 + 64]
             m = group[np.abs(group).argmax()]
-            s = np.float32(m / -8.0)
+            s = np.float32(torch.tensor(np.float32(m / -8.0)).to(torch.bfloat16).float().item())
             if s == 0:
                 continue
             q = np.clip(np.rint(group / s) + 8, 0, 15)
@@ -66,8 +69,20 @@ def test_int4_gs64_matches_its_reference_including_partial_groups(shape, seed):
     w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     decoded, raw, scales = roundtrip(Int4GS64(), w)
     groups = -(-shape[1] // 64)
-    assert raw.shape == (shape[0], groups * 32) and scales.shape == (shape[0], groups)
+    assert raw.shape == (shape[0], groups * 32) and scales.shape == (shape[0], groups) and scales.dtype == np.uint16
     np.testing.assert_allclose(decoded, reference_int4(w), rtol=1e-6, atol=1e-7)
+
+
+def test_int4_gs64_reads_float32_scales_too():
+    """Containers written before the scales became bfloat16 hold float32 ones: the same
+    weights decode the same."""
+    from colibri_core.quant import bf16_to_f32
+
+    w = np.random.default_rng(5).standard_normal((3, 130)).astype(np.float32)
+    decoded, raw, scales = roundtrip(Int4GS64(), w)
+    again = Int4GS64()
+    again._shapes = {"w": w.shape}
+    np.testing.assert_array_equal(again.decode(_Info("w"), raw, {"w" + SCALES_SUFFIX: bf16_to_f32(scales)}), decoded)
 
 
 def reference_mxfp4(w):
@@ -117,12 +132,16 @@ def packed(kind, n, k, rng):
         codes = rng.integers(0, 0x7F, (n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k), dtype=np.uint8) << 7)
         scale = rng.random((-(-n // 128), -(-k // 128))).astype(np.float32) + 0.5
         return QuantTensor("fp8", codes, scale, (n, k)), fp8_dequantize(e4m3_to_f32(codes), scale, (128, 128))
-    fmt = {"q8": Int8Row(), "q4": Int4GS64(), "mxfp4": MXFP4()}[kind]
+    fmt = {"q8": Int8Row(), "q4": Int4GS64(), "q4-f32": Int4GS64(), "mxfp4": MXFP4()}[kind]
     decoded, raw, scales = roundtrip(fmt, w)
+    if kind == "q4-f32":  # the float32 scales of containers written before 2026-11-29
+        from colibri_core.quant import bf16_to_f32
+
+        return QuantTensor("q4", raw, bf16_to_f32(scales), (n, k)), decoded
     return QuantTensor(kind, raw, scales, (n, k)), decoded
 
 
-KINDS = ["q8", "q4", "mxfp4", "fp8", "bf16"]
+KINDS = ["q8", "q4", "q4-f32", "mxfp4", "fp8", "bf16"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -136,11 +155,11 @@ def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
     expected = x.astype(np.float64) @ reference.astype(np.float64).T
     # float32 accumulation over k terms: relative error ~ k * 2^-24 of the absolute sum
     bound = 8e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(reference).T) + 1e-30
-    if kind in ("q4", "q8") and rows <= KERNEL_ROW_LIMIT and _kernels.INT4_INTEGER_PATH:
+    if kind in ("q4", "q4-f32", "q8") and rows <= KERNEL_ROW_LIMIT and _kernels.INT4_INTEGER_PATH:
         # the integer paths quantise activations per 64 inputs, to int8 for int4 weights
         # and to int16 for int8 weights (half a step of 1/127 or 1/32767 of the group's
         # largest value per element)
-        bound = bound + (np.abs(reference) @ np.abs(x).T).T / (254 if kind == "q4" else 65534)
+        bound = bound + (np.abs(reference) @ np.abs(x).T).T / (65534 if kind == "q8" else 254)
     assert ours.shape == (rows, n)
     assert np.all(np.abs(ours - expected) <= bound), float(np.abs(ours - expected).max())
 
@@ -153,6 +172,8 @@ def test_kernels_refuse_bad_buffers():
         _kernels.weight("q4", np.zeros(10, np.uint8), np.ones((4, 1), np.float32), 4, 64)
     with pytest.raises(ValueError, match="scales holds"):
         _kernels.weight("q4", np.zeros(128, np.uint8), np.ones(3, np.float32), 4, 64)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        _kernels.weight("q4", np.zeros(128, np.uint8), np.ones(4, np.float64), 4, 64)
     with pytest.raises(ValueError, match="unknown kernel"):
         _kernels.weight("q3", np.zeros(128, np.uint8), np.ones(4, np.float32), 4, 64)
     with pytest.raises(TypeError, match="weight 0 is not a weight made by"):
