@@ -201,6 +201,70 @@ static int have_avx2(void) { return 0; }
 
 static int use_avx2 = 0;  /* set at import */
 
+/* ---- scratch memory, kept per thread between calls ----
+ * A token's kernel calls ask for the same sizes every time: each thread keeps one buffer
+ * per use (slot) that only grows, so decoding allocates nothing after the first token.
+ * Requests above SCRATCH_KEEP bytes (long prompts, whose compute dwarfs an allocation)
+ * are allocated and freed per call, so a long prompt leaves no large buffers behind. A
+ * thread's buffers are freed when it exits. */
+#define SCRATCH_KEEP ((size_t)4 << 20)
+enum { SC_XG, SC_G, SC_H, SC_Y, SC_QX, SC_QXG, SC_QH, SC_ROUTE, SC_SCORES, SC_EXPERTS, SC_SLOTS };
+typedef struct { void *p; size_t n; } Slot;
+typedef struct { void *p; int owned; } Scratch;
+
+#ifndef _WIN32
+#include <pthread.h>
+static pthread_key_t slots_key;
+static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
+static int slots_ready = 0;
+
+static void slots_free(void *p) {
+    Slot *slots = p;
+    for (int i = 0; i < SC_SLOTS; i++) free(slots[i].p);
+    free(slots);
+}
+static void slots_make_key(void) { slots_ready = pthread_key_create(&slots_key, slots_free) == 0; }
+
+static Slot *thread_slots(void) {
+    pthread_once(&slots_once, slots_make_key);
+    if (!slots_ready) return NULL;
+    Slot *slots = pthread_getspecific(slots_key);
+    if (slots == NULL && (slots = calloc(SC_SLOTS, sizeof(Slot))) != NULL && pthread_setspecific(slots_key, slots) != 0) {
+        free(slots);
+        slots = NULL;
+    }
+    return slots;
+}
+#else
+static Slot *thread_slots(void) { return NULL; }  /* Windows: plain allocations per call */
+#endif
+
+/* ``bytes`` of scratch for ``slot`` (contents undefined); NULL when out of memory */
+static void *scratch_get(int slot, size_t bytes, Scratch *s) {
+    bytes = bytes ? bytes : 1;
+    Slot *slots = bytes <= SCRATCH_KEEP ? thread_slots() : NULL;
+    if (slots != NULL) {
+        Slot *sl = &slots[slot];
+        if (sl->n < bytes) {
+            void *p = malloc(bytes);
+            if (p == NULL) return NULL;
+            free(sl->p);
+            sl->p = p;
+            sl->n = bytes;
+        }
+        s->owned = 0;
+        return s->p = sl->p;
+    }
+    s->owned = 1;
+    return s->p = malloc(bytes);
+}
+
+static void scratch_put(Scratch *s) {
+    if (s->owned) free(s->p);
+    s->p = NULL;
+    s->owned = 0;
+}
+
 /* Activations for the integer paths, per 64-input group. int4 weights take x as int8
  * (as llama.cpp does for its 4-bit formats); int8 weights take x as int16, whose error
  * (1/65534 of the group's largest value) is far below the weights' own (1/254 of the
@@ -212,6 +276,7 @@ typedef struct {
     float *offset;   /* M x G: 8 * scale * (sum of the group's int8 values), for the int4 weights' "- 8" */
     int16_t *q16;    /* M x G*64: int16 form */
     float *scale16;  /* M x G */
+    Scratch mem;     /* where the arrays above live */
 } QuantX;
 
 enum { QX8 = 1, QX16 = 2 };  /* the forms a weight wants */
@@ -220,24 +285,22 @@ static int use_vnni = 0;  /* AVX-512 VNNI int4 path, set at import */
 
 static int64_t groups64(int64_t K) { return (K + 63) / 64; }
 
-static void quantx_free(QuantX *X) { free(X->q); free(X->scale); free(X->offset); free(X->q16); free(X->scale16); }
+static void quantx_free(QuantX *X) { scratch_put(&X->mem); }
 
-static int quantx_alloc(int64_t M, int64_t K, int forms, QuantX *out) {
-    const int64_t G = groups64(K);
+/* room for M rows of K activations in the given forms, in scratch slot ``slot`` (the
+ * contents are undefined until quantize_rows or quantx_copy_row fill them) */
+static int quantx_alloc(int64_t M, int64_t K, int forms, int slot, QuantX *out) {
+    const size_t cells = (size_t)(M * groups64(K)), q8 = forms & QX8 ? cells * 72 : 0, q16 = forms & QX16 ? cells * 132 : 0;
     memset(out, 0, sizeof(*out));
-    int failed = 0;
+    char *p = scratch_get(slot, q8 + q16, &out->mem);  /* per group: 64 values + 2 floats (int8), 64 + 1 float (int16) */
+    if (p == NULL) return -1;
+    if (forms & QX16) {  /* the int16 values first: they need 2-byte alignment */
+        out->q16 = (int16_t *)p; out->scale16 = (float *)(p + cells * 128);
+        p += q16;
+    }
     if (forms & QX8) {
-        out->q = calloc((size_t)(M * G * 64), 1);
-        out->scale = calloc((size_t)(M * G), sizeof(float));
-        out->offset = calloc((size_t)(M * G), sizeof(float));
-        failed |= !out->q || !out->scale || !out->offset;
+        out->scale = (float *)p; out->offset = (float *)(p + cells * 4); out->q = (int8_t *)(p + cells * 8);
     }
-    if (forms & QX16) {
-        out->q16 = calloc((size_t)(M * G * 64), sizeof(int16_t));
-        out->scale16 = calloc((size_t)(M * G), sizeof(float));
-        failed |= !out->q16 || !out->scale16;
-    }
-    if (failed) { quantx_free(out); return -1; }
     return 0;
 }
 
@@ -282,6 +345,7 @@ static void quantize_rows(const float *x, int64_t r0, int64_t r1, int64_t K, Qua
                     qg[j] = (int8_t)v;
                     total += v;
                 }
+                for (int64_t j = width; j < 64; j++) qg[j] = 0;  /* the kernels read whole groups */
                 out->scale[m * G + g] = d;
                 out->offset[m * G + g] = 8.f * d * (float)total;
             }
@@ -289,13 +353,14 @@ static void quantize_rows(const float *x, int64_t r0, int64_t r1, int64_t K, Qua
                 const float inv = amax > 0.f ? 32767.f / amax : 0.f;
                 int16_t *qg = out->q16 + (m * G + g) * 64;
                 for (int64_t j = 0; j < width; j++) qg[j] = (int16_t)lrintf(xg[j] * inv);
+                for (int64_t j = width; j < 64; j++) qg[j] = 0;
                 out->scale16[m * G + g] = amax / 32767.f;
             }
         }
 }
 
-static int quantize_x(const float *x, int64_t M, int64_t K, int forms, QuantX *out) {
-    if (quantx_alloc(M, K, forms, out)) return -1;
+static int quantize_x(const float *x, int64_t M, int64_t K, int forms, int slot, QuantX *out) {
+    if (quantx_alloc(M, K, forms, slot, out)) return -1;
     quantize_rows(x, 0, M, K, out);
     return 0;
 }
@@ -574,15 +639,18 @@ CLONES static float dot_f32(const float *a, const float *b, int64_t K) {
     return acc;
 }
 
+/* a group at a time: the decoded group (32 floats) stays on the stack */
 static void rows_mxfp4(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
     const uint8_t *q = W->data, *e = W->scales; const int64_t K = W->K, G = (K + 31) / 32;
-    float *row_f = malloc(sizeof(float) * G * 32);  /* one decoded row, reused for every row */
-    if (row_f == NULL) return;
     for (int64_t n = n0; n < n1; n++) {
-        mxfp4_row(q + n * G * 16, e + n * G, G, row_f);
-        for (int64_t m = 0; m < M; m++) out[m * ld + n] = dot_f32(row_f, x + m * K, K);
+        float acc[MAX_ROWS] = {0}, group[32];
+        for (int64_t g = 0; g < G; g++) {
+            mxfp4_row(q + (n * G + g) * 16, e + n * G + g, 1, group);
+            const int64_t width = K - g * 32 < 32 ? K - g * 32 : 32;
+            for (int64_t m = 0; m < M; m++) acc[m] += dot_f32(group, x + m * K + g * 32, width);
+        }
+        for (int64_t m = 0; m < M; m++) out[m * ld + n] = acc[m];
     }
-    free(row_f);
 }
 
 static const rows_fn ROWS[K_KINDS] = {rows_q8, rows_q4, rows_mxfp4, rows_fp8, rows_bf16};
@@ -628,7 +696,7 @@ static int linears_rows(const Weight *W, int nW, const float *x, int64_t M, floa
     QuantX qx = {0};
     int need_qx = 0;
     for (int i = 0; i < nW; i++) need_qx |= wants_qx(&W[i]);
-    if (need_qx && quantize_x(x, M, K, need_qx, &qx)) return -1;
+    if (need_qx && quantize_x(x, M, K, need_qx, SC_QX, &qx)) return -1;
     #pragma omp parallel
     {
         for (int i = 0; i < nW; i++) {
@@ -674,14 +742,16 @@ static int moe_rows(const Expert *E, int64_t nE, const float *x, int64_t T, cons
         need_qx |= wants_qx(&E[e].gate) | wants_qx(&E[e].up);
         need_qh |= wants_qx(&E[e].down);
     }
-    float *xg = malloc(sizeof(float) * R * H), *g = malloc(sizeof(float) * R * I), *h = malloc(sizeof(float) * R * I),
-          *y = malloc(sizeof(float) * R * H);
+    Scratch mem[4] = {{0}};
+    float *xg = scratch_get(SC_XG, sizeof(float) * R * H, &mem[0]), *g = scratch_get(SC_G, sizeof(float) * R * I, &mem[1]),
+          *h = scratch_get(SC_H, sizeof(float) * R * I, &mem[2]), *y = scratch_get(SC_Y, sizeof(float) * R * H, &mem[3]);
     QuantX qx = {0}, qxg = {0}, qh = {0};
     int failed = !xg || !g || !h || !y;
-    if (!failed && need_qx) failed = quantize_x(x, T, H, need_qx, &qx) || quantx_alloc(R, H, need_qx, &qxg);
-    if (!failed && need_qh) failed = quantx_alloc(R, I, need_qh, &qh);
+    if (!failed && need_qx) failed = quantize_x(x, T, H, need_qx, SC_QX, &qx) || quantx_alloc(R, H, need_qx, SC_QXG, &qxg);
+    if (!failed && need_qh) failed = quantx_alloc(R, I, need_qh, SC_QH, &qh);
     if (failed) {
-        free(xg); free(g); free(h); free(y); quantx_free(&qx); quantx_free(&qxg); quantx_free(&qh);
+        for (int i = 0; i < 4; i++) scratch_put(&mem[i]);
+        quantx_free(&qx); quantx_free(&qxg); quantx_free(&qh);
         return -1;
     }
     for (int64_t r = 0; r < R; r++) {  /* each expert's rows side by side (x is quantised once for all) */
@@ -724,7 +794,8 @@ static int moe_rows(const Expert *E, int64_t nE, const float *x, int64_t T, cons
                 }
             }
     }
-    free(xg); free(g); free(h); free(y); quantx_free(&qx); quantx_free(&qxg); quantx_free(&qh);
+    for (int i = 0; i < 4; i++) scratch_put(&mem[i]);
+    quantx_free(&qx); quantx_free(&qxg); quantx_free(&qh);
     return 0;
 }
 
@@ -769,7 +840,8 @@ static int attention_rows(const float *q, int64_t T, int64_t Hq, int64_t D, KVVi
      * other would cost more than it saves */
     #pragma omp parallel if (T * Hq * S * (D + Dv) >= (1 << 16))
     {
-        float *scores = malloc(sizeof(float) * (S > 0 ? S : 1));
+        Scratch mem = {0};
+        float *scores = scratch_get(SC_SCORES, sizeof(float) * (S > 0 ? S : 1), &mem);
         if (scores == NULL) {
             #pragma omp atomic write
             failed = 1;
@@ -782,7 +854,7 @@ static int attention_rows(const float *q, int64_t T, int64_t Hq, int64_t D, KVVi
                            out + th * Dv);
             }
         }
-        free(scores);
+        scratch_put(&mem);
     }
     return failed ? -1 : 0;
 }
@@ -794,7 +866,8 @@ static int attention_rows(const float *q, int64_t T, int64_t Hq, int64_t D, KVVi
 #define MAX_ROUTED 4096
 static int route_rows(const float *x, int64_t T, const float *w, int64_t E, int64_t H, int64_t k, int renormalise,
                       int64_t *indices, float *weights) {
-    float *logits = malloc(sizeof(float) * (size_t)(T * E));
+    Scratch mem = {0};
+    float *logits = scratch_get(SC_ROUTE, sizeof(float) * (size_t)(T * E), &mem);
     if (logits == NULL) return -1;
     #pragma omp parallel for schedule(static) if (T * E * H >= (1 << 16))
     for (int64_t i = 0; i < T * E; i++) logits[i] = dot_f32(w + (i % E) * H, x + (i / E) * H, H);
@@ -817,7 +890,7 @@ static int route_rows(const float *x, int64_t T, const float *w, int64_t E, int6
         if (renormalise)
             for (int64_t j = 0; j < k; j++) weights[t * k + j] /= picked;
     }
-    free(logits);
+    scratch_put(&mem);
     return 0;
 }
 
@@ -865,13 +938,12 @@ CLONES static void dq_q4(const Weight *W, float *w) {
 
 static void dq_mxfp4(const uint8_t *q, const uint8_t *e, float *w, int64_t N, int64_t K) {
     const int64_t G = (K + 31) / 32;
-    float *row_f = malloc(sizeof(float) * G * 32);
-    if (row_f == NULL) return;
-    for (int64_t n = 0; n < N; n++) {
-        mxfp4_row(q + n * G * 16, e + n * G, G, row_f);
-        memcpy(w + n * K, row_f, sizeof(float) * K);
-    }
-    free(row_f);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++) {
+            float group[32];
+            mxfp4_row(q + (n * G + g) * 16, e + n * G + g, 1, group);
+            memcpy(w + n * K + g * 32, group, sizeof(float) * (size_t)(K - g * 32 < 32 ? K - g * 32 : 32));
+        }
 }
 
 CLONES static void dq_fp8(const uint8_t *q, const float *s, float *w, int64_t N, int64_t K, int64_t bm, int64_t bn) {
@@ -1029,12 +1101,13 @@ static PyObject *py_moe(PyObject *self, PyObject *args) {
     const Py_ssize_t nE = PySequence_Fast_GET_SIZE(seq);
     Buf b[5] = {{{0}}};
     Expert *E = NULL;
+    Scratch mem = {0};
     PyObject *result = NULL;
     if (nE < 1 || nE > MAX_MOE_EXPERTS) {
         PyErr_Format(PyExc_ValueError, "moe takes 1..%d experts per call", MAX_MOE_EXPERTS);
         goto done;
     }
-    E = malloc(sizeof(Expert) * (size_t)nE);
+    E = scratch_get(SC_EXPERTS, sizeof(Expert) * (size_t)nE, &mem);
     if (E == NULL) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t e = 0; e < nE; e++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, e);
@@ -1073,7 +1146,7 @@ static PyObject *py_moe(PyObject *self, PyObject *args) {
     Py_INCREF(result);
 done:
     release(b, 5);
-    free(E);
+    scratch_put(&mem);
     Py_DECREF(seq);
     return result;
 }

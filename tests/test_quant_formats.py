@@ -164,6 +164,20 @@ def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
     assert np.all(np.abs(ours - expected) <= bound), float(np.abs(ours - expected).max())
 
 
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_kernel_scratch_is_reused_without_stale_values(kind):
+    """The kernels keep their scratch buffers between calls: a partial last group must
+    read as zeros after a larger call filled the same buffer with other values."""
+    rng = np.random.default_rng(12)
+    small, _ = packed(kind, 5, 70, rng)
+    large, _ = packed(kind, 64, 4096, rng)
+    x = rng.standard_normal((3, 70)).astype(np.float32)
+    backend = CpuBackend()
+    before = backend.linear(x, small)
+    backend.linear(rng.standard_normal((8, 4096)).astype(np.float32) * 100, large)
+    np.testing.assert_array_equal(backend.linear(x, small), before)
+
+
 def test_kernels_refuse_bad_buffers():
     x = np.ones((1, 64), np.float32)
     out = np.empty((1, 4), np.float32)
