@@ -639,15 +639,18 @@ CLONES static float dot_f32(const float *a, const float *b, int64_t K) {
     return acc;
 }
 
-/* a group at a time: the decoded group (32 floats) stays on the stack */
+#define MXFP4_CHUNK 64  /* groups decoded at a time, on the stack (8 KiB) */
+
+/* a row is decoded MXFP4_CHUNK groups at a time, then dotted with each x row */
 static void rows_mxfp4(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
     const uint8_t *q = W->data, *e = W->scales; const int64_t K = W->K, G = (K + 31) / 32;
+    float chunk[MXFP4_CHUNK * 32];
     for (int64_t n = n0; n < n1; n++) {
-        float acc[MAX_ROWS] = {0}, group[32];
-        for (int64_t g = 0; g < G; g++) {
-            mxfp4_row(q + (n * G + g) * 16, e + n * G + g, 1, group);
-            const int64_t width = K - g * 32 < 32 ? K - g * 32 : 32;
-            for (int64_t m = 0; m < M; m++) acc[m] += dot_f32(group, x + m * K + g * 32, width);
+        float acc[MAX_ROWS] = {0};
+        for (int64_t g0 = 0; g0 < G; g0 += MXFP4_CHUNK) {
+            const int64_t gn = G - g0 < MXFP4_CHUNK ? G - g0 : MXFP4_CHUNK, width = K - g0 * 32 < gn * 32 ? K - g0 * 32 : gn * 32;
+            mxfp4_row(q + (n * G + g0) * 16, e + n * G + g0, gn, chunk);
+            for (int64_t m = 0; m < M; m++) acc[m] += dot_f32(chunk, x + m * K + g0 * 32, width);
         }
         for (int64_t m = 0; m < M; m++) out[m * ld + n] = acc[m];
     }
@@ -938,11 +941,12 @@ CLONES static void dq_q4(const Weight *W, float *w) {
 
 static void dq_mxfp4(const uint8_t *q, const uint8_t *e, float *w, int64_t N, int64_t K) {
     const int64_t G = (K + 31) / 32;
+    float chunk[MXFP4_CHUNK * 32];
     for (int64_t n = 0; n < N; n++)
-        for (int64_t g = 0; g < G; g++) {
-            float group[32];
-            mxfp4_row(q + (n * G + g) * 16, e + n * G + g, 1, group);
-            memcpy(w + n * K + g * 32, group, sizeof(float) * (size_t)(K - g * 32 < 32 ? K - g * 32 : 32));
+        for (int64_t g0 = 0; g0 < G; g0 += MXFP4_CHUNK) {
+            const int64_t gn = G - g0 < MXFP4_CHUNK ? G - g0 : MXFP4_CHUNK, width = K - g0 * 32 < gn * 32 ? K - g0 * 32 : gn * 32;
+            mxfp4_row(q + (n * G + g0) * 16, e + n * G + g0, gn, chunk);
+            memcpy(w + n * K + g0 * 32, chunk, sizeof(float) * (size_t)width);
         }
 }
 
