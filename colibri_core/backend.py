@@ -3,8 +3,9 @@
 The shared building blocks in ``colibri_core.nn`` do their array work through a backend,
 so a family written once runs on every backend. Arrays are the backend's own (numpy
 arrays on the CPU backend); arithmetic operators (+, *) must work on them. A backend
-implements the operations below; ``colibri_core.testing`` holds a suite that checks a
-backend op by op against the CPU reference.
+implements the operations below. The CPU backend's numpy path (``CpuBackend(kernels=False)``)
+is the reference: the compiled kernels are tested against it op by op
+(tests/test_quant_formats.py), and every family against transformers.
 """
 
 from __future__ import annotations

@@ -118,15 +118,16 @@ class Checkpoint:
         """One tensor in its storage dtype (BF16 as uint16)."""
         return self.read_many([self.info(name)])[name]
 
-    def read_many(self, infos: list[TensorInfo]) -> dict[str, np.ndarray]:
+    def read_many(self, infos: list[TensorInfo], buffer=None) -> dict[str, np.ndarray]:
         """Several tensors with as few reads as possible: tensors lying close together in
-        one file are fetched by a single pread into one buffer."""
+        one file are fetched by a single pread into one buffer (``buffer(nbytes)`` makes
+        it, a plain numpy array by default). The arrays returned view that buffer."""
         out: dict[str, np.ndarray] = {}
         for group in merge_ranges(infos):
             path = group[0].path
             start = group[0].offset
             end = max(t.offset + t.nbytes for t in group)
-            buf = np.empty(end - start, dtype=np.uint8)
+            buf = buffer(end - start) if buffer is not None else np.empty(end - start, dtype=np.uint8)
             sf = self._by_path[path]
             sf.read_into(start, memoryview(buf))
             if self.drop_cache:

@@ -375,3 +375,28 @@ def test_expert_buffers_are_reused_only_when_no_array_views_them():
     for _ in range(100):  # taking and dropping slots does not map more memory
         pool.take(5000)[0] = 1
     assert pool.mapped_bytes == mapped
+
+
+def test_dense_weights_are_read_into_aligned_mappings_that_views_keep_alive(tmp_path):
+    """load_dense reads into huge_buffer mappings: 2 MiB-aligned, and a tensor kept as a
+    view keeps its bytes when everything else of the read is gone."""
+    import gc
+    import mmap
+
+    from colibri_core.checkpoint import Checkpoint
+    from colibri_core.experts.buffers import HUGE, huge_buffer
+    from colibri_core.safetensors_file import write_safetensors
+
+    b = huge_buffer(3 * HUGE + 5)
+    assert b.nbytes == 3 * HUGE + 5 and b.flags.writeable
+    if hasattr(mmap, "MAP_ANONYMOUS"):
+        assert b.ctypes.data % HUGE == 0
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.standard_normal((64, 33)).astype(np.float32), "b": rng.integers(0, 255, (9, 70), dtype=np.uint8)}
+    write_safetensors(tmp_path / "m.safetensors", tensors)
+    with Checkpoint(tmp_path) as ckpt:
+        raw = ckpt.read_many(list(ckpt.tensors.values()), buffer=huge_buffer)
+    kept = raw["b"]
+    del raw
+    gc.collect()
+    np.testing.assert_array_equal(kept, tensors["b"])

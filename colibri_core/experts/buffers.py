@@ -1,4 +1,4 @@
-"""Read buffers for experts, carved from large anonymous mappings backed by 2 MiB pages.
+"""Read buffers for experts (and dense weights), in anonymous mappings backed by 2 MiB pages.
 
 The CPU kernels stream every resident expert's bytes once per token. Through 4 KiB
 pages that costs ~10% of the bandwidth the kernels reach through 2 MiB pages (TLB
@@ -76,3 +76,22 @@ def expert_buffer(nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + PAGE, dtype=np.uint8)
     start = (-raw.ctypes.data) % PAGE
     return raw[start : start + nbytes]
+
+
+def huge_buffer(nbytes: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` in an anonymous mapping of its own, 2 MiB-aligned and
+    asked to be backed by huge pages; unmapped when the last array viewing it is gone.
+    The dense weights are read into these: kept packed, they are views of the read
+    buffer, and the kernels stream them every token like the experts (measured on the
+    full-size OLMoE q/k/v projections: 7% faster than through 4 KiB pages)."""
+    if not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.empty(nbytes, dtype=np.uint8)
+    mapping = mmap.mmap(-1, -(-max(nbytes, 1) // HUGE) * HUGE + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # transparent huge pages disabled: 4 KiB pages it is
+            pass
+    whole = np.frombuffer(mapping, dtype=np.uint8)
+    start = (-whole.ctypes.data) % HUGE
+    return whole[start : start + nbytes]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..checkpoint import Checkpoint
+from ..experts.buffers import huge_buffer
 from ..errors import ModelFormatError
 from ..safetensors_file import TensorInfo
 
@@ -212,7 +213,7 @@ class Weights:
             # read in batches of ~64 MiB: few reads, bounded temporary memory
             if p is None or batch_bytes + p.info.nbytes > (64 << 20) and batch:
                 infos = [q.info for q in batch]
-                raw = self.checkpoint.read_many(resolver.with_companions(infos))
+                raw = self.checkpoint.read_many(resolver.with_companions(infos), buffer=huge_buffer)
                 for q in batch:
                     companions = {t.name: raw[t.name] for t in resolver.companions(q.info)}
                     if q.transform is not None:
