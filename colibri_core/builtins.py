@@ -16,7 +16,8 @@ def colibri_register_quants(register):
     register(QuantSpec("int8-row", "colibri_core.quant_int:Int8Row", "int8, one scale per output row (colibri container)",
                        storage="I8 + <name>.qs F32"))
     register(QuantSpec("int4-gs64", "colibri_core.quant_int:Int4GS64",
-                       "int4, one scale per 64 inputs (colibri container; the default for experts)", storage="U8 + <name>.qs F32"))
+                       "int4, one scale per 64 inputs (colibri container; the default for experts)",
+                       storage="U8 + <name>.qs BF16 (F32 read too)"))
     register(QuantSpec("mxfp4", "colibri_core.quant_int:MXFP4", "e2m1 values, one UE8M0 exponent per 32 inputs "
                        "(colibri container)", storage="U8 + <name>.qs U8"))
 
