@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import ColibriError, UsageError
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ def draw(weights: np.ndarray, u: float) -> int:
     if full < weights.size:
         totals = np.append(totals, weights[full:].sum())
     running = np.cumsum(totals)
+    if not (np.isfinite(running[-1]) and running[-1] > 0):
+        raise ColibriError(f"cannot sample: the next-token scores sum to {running[-1]} (NaN or infinite logits?)")
     target = u * running[-1]
     b = int(np.searchsorted(running, target, side="right"))
     if b >= running.size:  # u * total rounded up to the total: the last block that can be drawn

@@ -77,3 +77,12 @@ def test_draw_is_the_inverse_cdf():
             expected = int(np.searchsorted(cdf, u, side="right"))
             if expected < size and abs(cdf[expected] - u) > 1e-9 and (expected == 0 or abs(cdf[expected - 1] - u) > 1e-9):
                 assert i == expected, (size, u)
+
+
+def test_nan_logits_are_refused_with_a_clear_error():
+    from colibri_core.errors import ColibriError
+
+    x = logits()
+    x[3] = np.nan
+    with pytest.raises(ColibriError, match="NaN"):
+        Sampler(SamplingParams(temperature=1.0, seed=0))(x)

@@ -221,17 +221,9 @@ class CpuBackend(Backend):
     def routed_experts(self, x, indices, weights, fetch, window: int = 8, ready=None):
         t, k = indices.shape
         if t == 1 and ready is None and k <= window and self.kernels is not None:
-            # decode with every expert at hand: one kernel call, little else
-            order = np.argsort(indices[0])
-            experts = indices[0, order].tolist()
-            fetched = [fetch(e) for e in experts]
-            args = [self._kernel_args(w) for w in fetched]
-            if all(a is not None for a in args):
-                out = np.zeros((1, x.shape[-1]), dtype=np.float32)
-                self.kernels.moe(np.ascontiguousarray(x, dtype=np.float32), [a[0] for a in args], np.zeros(k, np.int32),
-                                 np.ascontiguousarray(weights[0, order], dtype=np.float32), np.arange(k + 1, dtype=np.int64), out)
+            out, fetch = self._one_token_at_hand(x, indices, weights, fetch)
+            if out is not None:
                 return out
-            fetch = dict(zip(experts, fetched)).__getitem__  # fetched once: the store counts each use
         out = np.zeros_like(x)
         if t == 1:  # decode: one token, k distinct experts
             order = np.argsort(indices[0])
@@ -275,6 +267,23 @@ class CpuBackend(Backend):
             out[rows] += y * weight_of[starts[i] : starts[i] + counts[i], None]
         flush()
         return out
+
+    def _one_token_at_hand(self, x, indices, weights, fetch):
+        """Decode with every expert at hand: the token's experts in one kernel call, with
+        no per-expert checks. Returns (output, fetch); the output is None when an expert
+        has no kernel, and ``fetch`` then serves the experts already fetched (the store
+        counts every fetch as a use)."""
+        k = indices.shape[1]
+        order = np.argsort(indices[0])
+        experts = indices[0, order].tolist()
+        fetched = [fetch(e) for e in experts]
+        args = [self._kernel_args(w) for w in fetched]
+        if any(a is None for a in args):
+            return None, dict(zip(experts, fetched)).__getitem__
+        out = np.zeros((1, x.shape[-1]), dtype=np.float32)
+        self.kernels.moe(np.ascontiguousarray(x, dtype=np.float32), [a[0] for a in args], np.zeros(k, np.int32),
+                         np.ascontiguousarray(weights[0, order], dtype=np.float32), np.arange(k + 1, dtype=np.int64), out)
+        return out, fetch
 
     def _kernel_args(self, w):
         """(moe kernel arguments, most token rows it takes) for an expert, derived once
