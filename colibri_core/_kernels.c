@@ -1370,6 +1370,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyModule_AddIntConstant(m, "MAX_ROWS", MAX_ROWS);
+    PyModule_AddIntConstant(m, "MAX_ROUTED", MAX_ROUTED);
     PyModule_AddIntConstant(m, "INT4_INTEGER_PATH", use_avx2);
     PyModule_AddStringConstant(m, "INT4_PATH", use_vnni ? "avx512-vnni" : use_avx2 ? "avx2" : "float");
 #ifdef _OPENMP

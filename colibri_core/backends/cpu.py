@@ -209,7 +209,8 @@ class CpuBackend(Backend):
         return e / np.sum(e, axis=-1, keepdims=True)
 
     def softmax_top_k(self, x, weight, k, renormalise):
-        if self.kernels is None or not isinstance(weight, np.ndarray) or x.shape[0] > ROUTE_ROW_LIMIT:
+        if (self.kernels is None or not isinstance(weight, np.ndarray) or x.shape[0] > ROUTE_ROW_LIMIT
+                or weight.shape[0] > self.kernels.MAX_ROUTED):
             return super().softmax_top_k(x, weight, k, renormalise)
         t = x.shape[0]
         indices = np.empty((t, k), dtype=np.int64)
