@@ -979,6 +979,21 @@ static void release(Buf *bufs, int n) {
     for (int i = 0; i < n; i++) if (bufs[i].held) PyBuffer_Release(&bufs[i].b);
 }
 
+/* what an entry point returns once its kernel ran: None, or MemoryError when the kernel
+ * could not get its scratch memory */
+static PyObject *kernel_result(int status) {
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* whether a buffer (taken with PyBUF_FORMAT) holds elements of struct code c, in native
+ * or explicitly little-endian order */
+static int format_is(const Py_buffer *b, char c) {
+    const char *f = b->format != NULL ? b->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    return f[0] == c && f[1] == '\0';
+}
+
 static int kind_of(const char *name) {
     for (int i = 0; i < K_KINDS; i++) if (!strcmp(name, KIND_NAMES[i])) return i;
     return -1;
@@ -1007,9 +1022,8 @@ static int parse_weight(const char *kind_name, PyObject *data, PyObject *scales,
     if (W->kind == K_Q4) {
         if (PyObject_GetBuffer(scales, &bufs[1].b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return -1;
         bufs[1].held = 1;
-        const char *f = bufs[1].b.format;
-        W->bf16_scales = bufs[1].b.itemsize == 2 && (!strcmp(f, "H") || !strcmp(f, "<H") || !strcmp(f, "=H"));
-        if (!W->bf16_scales && !(bufs[1].b.itemsize == 4 && (!strcmp(f, "f") || !strcmp(f, "<f") || !strcmp(f, "=f")))) {
+        W->bf16_scales = format_is(&bufs[1].b, 'H');
+        if (!W->bf16_scales && !format_is(&bufs[1].b, 'f')) {
             PyErr_SetString(PyExc_ValueError, "q4 scales must be float32 or bfloat16 bits (uint16)");
             return -1;
         }
@@ -1088,8 +1102,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     status = linears_rows(W, 1, x, M, &out);
     Py_END_ALLOW_THREADS
     release(b, 2);
-    if (status) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return kernel_result(status);
 }
 
 #define MAX_LINEARS 16
@@ -1145,9 +1158,7 @@ static PyObject *py_moe(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     status = R > 0 ? moe_rows(E, nE, b[0].b.buf, T, rows, b[2].b.buf, off, b[4].b.buf) : 0;
     Py_END_ALLOW_THREADS
-    if (status) { PyErr_NoMemory(); goto done; }
-    result = Py_None;
-    Py_INCREF(result);
+    result = kernel_result(status);
 done:
     release(b, 5);
     scratch_put(&mem);
@@ -1189,9 +1200,7 @@ static PyObject *py_linears(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     status = linears_rows(W, (int)nW, x, M, out);
     Py_END_ALLOW_THREADS
-    if (status) { PyErr_NoMemory(); goto done; }
-    result = Py_None;
-    Py_INCREF(result);
+    result = kernel_result(status);
 done:
     release(b, MAX_LINEARS + 1);
     Py_DECREF(specs); Py_DECREF(outs);
@@ -1207,7 +1216,7 @@ static PyObject *py_route(PyObject *self, PyObject *args) {
     Py_ssize_t T;
     if (PyObject_GetBuffer(wo, &b[1].b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) goto done;
     b[1].held = 1;
-    if (b[1].b.ndim != 2 || b[1].b.itemsize != 4 || strcmp(b[1].b.format, "f") != 0) { PyErr_SetString(PyExc_ValueError, "weight must be (experts, hidden) float32"); goto done; }
+    if (b[1].b.ndim != 2 || !format_is(&b[1].b, 'f')) { PyErr_SetString(PyExc_ValueError, "weight must be (experts, hidden) float32"); goto done; }
     const int64_t E = b[1].b.shape[0], H = b[1].b.shape[1];
     if (k < 1 || k > E || E > MAX_ROUTED) { PyErr_Format(PyExc_ValueError, "route picks 1..experts (at most %d) of %lld", MAX_ROUTED, (long long)E); goto done; }
     if (get_buf(xo, &b[0], 0, 0, "x") || rows_of(&b[0], H, PY_SSIZE_T_MAX / 4, &T) ||
@@ -1216,9 +1225,7 @@ static PyObject *py_route(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     status = route_rows(b[0].b.buf, T, b[1].b.buf, E, H, k, renormalise, b[2].b.buf, b[3].b.buf);
     Py_END_ALLOW_THREADS
-    if (status) { PyErr_NoMemory(); goto done; }
-    result = Py_None;
-    Py_INCREF(result);
+    result = kernel_result(status);
 done:
     release(b, 4);
     return result;
@@ -1240,8 +1247,7 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     rms_norm_rows(x, w, eps, T, D, out);
     Py_END_ALLOW_THREADS
-    result = Py_None;
-    Py_INCREF(result);
+    result = kernel_result(0);
 done:
     release(b, 3);
     return result;
@@ -1251,7 +1257,7 @@ done:
 static int get_view3(PyObject *o, Buf *buf, const char *what, int64_t shape[3], KVView *view) {
     if (PyObject_GetBuffer(o, &buf->b, PyBUF_RECORDS_RO) != 0) return -1;
     buf->held = 1;
-    if (buf->b.ndim != 3 || buf->b.itemsize != 4 || strcmp(buf->b.format, "f") != 0 || buf->b.strides[2] != 4 ||
+    if (buf->b.ndim != 3 || !format_is(&buf->b, 'f') || buf->b.strides[2] != 4 ||
         buf->b.strides[0] < 0 || buf->b.strides[1] < 0) {
         PyErr_Format(PyExc_ValueError, "%s must be a 3-d float32 array with contiguous rows", what);
         return -1;
@@ -1285,9 +1291,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
     status = attention_rows((const float *)qv.base, qs[0], qs[1], qs[2], K, V, ks[0], ks[1], vs[2], start, scale, visible,
                             out);
     Py_END_ALLOW_THREADS
-    if (status) { PyErr_NoMemory(); goto done; }
-    result = Py_None;
-    Py_INCREF(result);
+    result = kernel_result(status);
 done:
     release(b, 5);
     return result;
@@ -1312,8 +1316,7 @@ static PyObject *py_rope(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     rope_rows(x, c, sn, xs[0], xs[1], xs[2], R, out);
     Py_END_ALLOW_THREADS
-    result = Py_None;
-    Py_INCREF(result);
+    result = kernel_result(0);
 done:
     release(b, 4);
     return result;

@@ -50,12 +50,7 @@ class BufferPool:
     def _map_more(self, size: int, free: list) -> None:
         per_map = max(1, self.chunk // size)
         length = -(-(per_map * size) // HUGE) * HUGE
-        mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                mapping.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # transparent huge pages disabled: 4 KiB pages it is
-                pass
+        mapping = _huge_mapping(length)
         self._maps.append(mapping)
         self.mapped_bytes += length
         free.extend((mapping, i * size) for i in reversed(range(per_map)))
@@ -63,6 +58,17 @@ class BufferPool:
     def _give_back(self, size: int, mapping: mmap.mmap, offset: int) -> None:
         with self._lock:
             self._free[size].append((mapping, offset))
+
+
+def _huge_mapping(length: int) -> mmap.mmap:
+    """An anonymous private mapping the kernel is asked to back with 2 MiB pages."""
+    mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # transparent huge pages disabled: 4 KiB pages it is
+            pass
+    return mapping
 
 
 _POOL = BufferPool() if hasattr(mmap, "MAP_ANONYMOUS") else None  # POSIX anonymous mappings
@@ -83,15 +89,10 @@ def huge_buffer(nbytes: int) -> np.ndarray:
     asked to be backed by huge pages; unmapped when the last array viewing it is gone.
     The dense weights are read into these: kept packed, they are views of the read
     buffer, and the kernels stream them every token like the experts (measured on the
-    full-size OLMoE q/k/v projections: 7% faster than through 4 KiB pages)."""
+    full-size OLMoE q/k/v projections: ~10% faster than through 4 KiB pages, see
+    docs/benchmarks.md)."""
     if not hasattr(mmap, "MAP_ANONYMOUS"):
         return np.empty(nbytes, dtype=np.uint8)
-    mapping = mmap.mmap(-1, -(-max(nbytes, 1) // HUGE) * HUGE + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            mapping.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # transparent huge pages disabled: 4 KiB pages it is
-            pass
-    whole = np.frombuffer(mapping, dtype=np.uint8)
+    whole = np.frombuffer(_huge_mapping(-(-max(nbytes, 1) // HUGE) * HUGE + HUGE), dtype=np.uint8)
     start = (-whole.ctypes.data) % HUGE
     return whole[start : start + nbytes]
