@@ -11,8 +11,8 @@ with zeros.
              (rounded to bfloat16; the values are quantised against the rounded scale), so
              all 16 levels are used (44% less error than one scale per row in the C
              colibri's measurement). bfloat16 rather than float32 scales: 5.6% fewer bytes
-             for the memory-bound kernels to read, the same error (relative RMS 0.094943
-             vs 0.094943 on N(0, 0.02) weights). Containers written with float32 scales
+             for the memory-bound kernels to read, the same error to four digits
+             (docs/benchmarks.md, third pass). Containers written with float32 scales
              (before 2026-11-29) are read as they are; the scales' dtype says which.
              Byte j of a group holds input j (low nibble) and input j + 32 (high nibble),
              a layout the kernels read without shuffles.
