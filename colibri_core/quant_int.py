@@ -171,7 +171,6 @@ class MXFP4(NibbleFormat):
     group = 32
     scale_dtype = "U8"
 
-
     def encode(self, name, weight):
         w = _as_rows(weight, name)
         groups = _padded_groups(w, 32)
