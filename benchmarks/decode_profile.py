@@ -14,11 +14,11 @@ import collections
 import time
 
 import colibri_core
-from colibri_core.bench import prompt_ids
+from colibri_core.cli.bench import prompt_ids
 
 
 class TimedKernels:
-    """Stands in for ``colibri_core._kernels`` and times every call."""
+    """Stands in for ``colibri_core.backends.cpu._kernels`` and times every call."""
 
     def __init__(self, kernels):
         self._kernels = kernels

@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from colibri_core.backends.cpu import CpuBackend
-from colibri_core.quant import QuantTensor, f32_to_bf16
-from colibri_core.quant_int import MXFP4, Int4GS64, Int8Row
+from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.formats.base import QuantTensor, f32_to_bf16
+from colibri_core.formats.integer import MXFP4, Int4GS64, Int8Row
 
 
 def weights(n: int, k: int, rng) -> dict:

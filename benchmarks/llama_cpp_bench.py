@@ -112,7 +112,7 @@ def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int)
     load_s = time.perf_counter() - started
     vocab = llm.n_vocab()
     ids = np.random.default_rng(seed).integers(0, vocab, prompt_tokens).tolist()  # as colibri bench's prompt
-    from colibri_core.sampling import Sampler, SamplingParams
+    from colibri_core.engine.sampling import Sampler, SamplingParams
 
     sampler = Sampler(SamplingParams(temperature=1.0, seed=seed))  # colibri's sampler: both engines pay the same for it
     before = _io_read_bytes()
@@ -135,7 +135,7 @@ def cmd_run(a) -> None:
     if a.child:
         print(json.dumps(one_run(str(a.gguf), a.tokens, a.prompt_tokens, a.seed, a.threads)))
         return
-    from colibri_core.bench import Cgroup, drop_page_cache
+    from colibri_core.cli.bench import Cgroup, drop_page_cache
 
     results = []
     for r in range(a.repeats):

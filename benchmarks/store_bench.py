@@ -46,7 +46,7 @@ def drop_caches() -> None:
 
 def disk_bandwidth(model: Path, total=1 << 30, chunk=64 << 20) -> float:
     """Cold O_DIRECT reads of 64 MiB from the shards: bytes/s."""
-    from colibri_core.experts.drives import aligned_empty
+    from colibri_core.io.drives import aligned_empty
 
     drop_caches()
     shards = sorted(model.glob("*.safetensors"))

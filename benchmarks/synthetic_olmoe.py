@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri_core.quant import f32_to_bf16
-from colibri_core.safetensors_file import write_safetensors
+from colibri_core.formats.base import f32_to_bf16
+from colibri_core.io.safetensors import write_safetensors
 
 FULL_SIZE = dict(hidden=2048, layers=16, heads=16, experts=64, top_k=8, intermediate=1024, vocab=50304)
 

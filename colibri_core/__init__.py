@@ -4,7 +4,7 @@ The package imports nothing heavy at import time; ``colibri_core.load`` and the 
 API import numpy when first used.
 """
 
-from .hookspecs import hookimpl
+from colibri_core.plugins.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 __all__ = ["hookimpl", "load", "__version__"]
@@ -12,7 +12,7 @@ __all__ = ["hookimpl", "load", "__version__"]
 
 def __getattr__(name):
     if name == "load":
-        from .api import load
+        from colibri_core.engine.api import load
 
         return load
     raise AttributeError(f"module 'colibri_core' has no attribute {name!r}")

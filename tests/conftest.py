@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from colibri_core.plugins import reset_manager
+from colibri_core.plugins.discovery import reset_manager
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from colibri_core.config import bounded
+from colibri_core.model.config import bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.nn.builders import DSAArgs, MLAArgs, SigmoidMoEArgs
 

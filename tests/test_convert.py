@@ -7,10 +7,10 @@ import shutil
 import pytest
 
 import colibri_core
-from colibri_core.convert import MANIFEST, convert, quality_report
-from colibri_core.demo import DemoSpec, build_demo_model
+from colibri_core.cli.convert import MANIFEST, convert, quality_report
+from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.errors import UsageError
-from colibri_core.safetensors_file import SafetensorsFile
+from colibri_core.io.safetensors import SafetensorsFile
 
 from conftest import run_colibri
 
@@ -70,8 +70,8 @@ def test_int4_containers_with_float32_scales_still_run(source, tmp_path):
     and give the same logits (the float32 values are the bfloat16 ones widened)."""
     import numpy as np
 
-    from colibri_core.quant import bf16_to_f32
-    from colibri_core.safetensors_file import as_array, write_safetensors
+    from colibri_core.formats.base import bf16_to_f32
+    from colibri_core.io.safetensors import as_array, write_safetensors
 
     new = tmp_path / "new"
     convert(source, new, experts="int4", dense="int4")
@@ -105,7 +105,7 @@ def test_an_interrupted_conversion_resumes_to_the_same_bytes(source, tmp_path, m
     whole = tmp_path / "whole"
     convert(source, whole, experts="int4", dense="int8")
 
-    from colibri_core import convert as convert_module
+    from colibri_core.cli import convert as convert_module
 
     real_commit = convert_module.StreamWriter.commit
     calls = {"n": 0}
@@ -147,9 +147,9 @@ def make_fp8(source, dest):
     ``<name>_scale_inv``, quantization_config in config.json) of its projections."""
     import torch
 
-    from colibri_core.checkpoint import Checkpoint
-    from colibri_core.quant import bf16_to_f32
-    from colibri_core.safetensors_file import write_safetensors
+    from colibri_core.io.checkpoint import Checkpoint
+    from colibri_core.formats.base import bf16_to_f32
+    from colibri_core.io.safetensors import write_safetensors
     from colibri_core.testing.fp8 import quantize_blocks
 
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import colibri_core
-from colibri_core.demo import DEFAULT_SPEC, MARKER, DemoSpec, ensure_demo_model, is_complete
+from colibri_core.cli.demo import DEFAULT_SPEC, MARKER, DemoSpec, ensure_demo_model, is_complete
 
 from conftest import run_colibri
 
@@ -34,7 +34,7 @@ def test_demo_model_is_built_once_and_reused(tmp_path):
 
 
 def test_an_interrupted_build_leaves_nothing_usable_behind(tmp_path, monkeypatch):
-    from colibri_core import demo
+    from colibri_core.cli import demo
 
     def fail_midway(out, spec, progress=None):
         out.mkdir(parents=True)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.demo import DemoSpec, build_demo_model
-from colibri_core.experts.drives import drop_page_cache
+from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.io.drives import drop_page_cache
 from colibri_core.experts.history import FILENAME, RoutingHistory, cache_path
 from colibri_core.warn import ColibriWarning
 
@@ -35,7 +35,7 @@ def base(tmp_path_factory):
 def model_dir(base, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the user cache dir of this test
     # tiny shards make bandwidth measurements meaningless: the primary reads at 1 GiB/s here
-    monkeypatch.setattr("colibri_core.api.measure_bandwidth", lambda drive: float(1 << 30))
+    monkeypatch.setattr("colibri_core.engine.api.measure_bandwidth", lambda drive: float(1 << 30))
     d = tmp_path / "model"
     shutil.copytree(base, d)
     return d
@@ -353,7 +353,7 @@ def test_a_device_tier_is_consulted_first_and_changes_nothing(model_dir):
 def test_expert_buffers_are_reused_only_when_no_array_views_them():
     import gc
 
-    from colibri_core.experts.buffers import BufferPool
+    from colibri_core.io.buffers import BufferPool
 
     pool = BufferPool(chunk=1 << 16)  # 16 slots of 4 KiB per mapping
     a = pool.take(5000)  # two pages
@@ -383,9 +383,9 @@ def test_dense_weights_are_read_into_aligned_mappings_that_views_keep_alive(tmp_
     import gc
     import mmap
 
-    from colibri_core.checkpoint import Checkpoint
-    from colibri_core.experts.buffers import HUGE, huge_buffer
-    from colibri_core.safetensors_file import write_safetensors
+    from colibri_core.io.checkpoint import Checkpoint
+    from colibri_core.io.buffers import HUGE, huge_buffer
+    from colibri_core.io.safetensors import write_safetensors
 
     b = huge_buffer(3 * HUGE + 5)
     assert b.nbytes == 3 * HUGE + 5 and b.flags.writeable

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colibri_core.checkpoint import INDEX_NAME
-from colibri_core.demo import DemoSpec, build_demo_model
-from colibri_core.safetensors_file import write_safetensors
+from colibri_core.io.checkpoint import INDEX_NAME
+from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.io.safetensors import write_safetensors
 from colibri_core.testing import DELETE, edit_config
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=4, num_experts_per_tok=2,

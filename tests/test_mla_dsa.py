@@ -4,13 +4,13 @@ absorbed (decode) form of MLA against the expanded (prefill) form."""
 import numpy as np
 import pytest
 
-from colibri_core.backends.cpu import CpuBackend
+from colibri_core.backends.cpu.backend import CpuBackend
 from colibri_core.nn import (
     Cache, LayerNorm, LightningIndexer, Linear, MLACache, MLAttention, RMSNorm, SharedIndexer, SigmoidGroupedTopKRouter,
     Step, build_rope,
 )
 from colibri_core.nn.weights import Param
-from colibri_core.safetensors_file import TensorInfo
+from colibri_core.io.safetensors import TensorInfo
 
 torch = pytest.importorskip("torch")
 ops = CpuBackend()

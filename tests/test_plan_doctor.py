@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.demo import DemoSpec, build_demo_model
+from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.experts.history import FILENAME
-from colibri_core.planning import lru_hit_rate
+from colibri_core.cli.plan import lru_hit_rate
 
 from conftest import run_colibri
 

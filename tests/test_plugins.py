@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 import colibri_core
-from colibri_core import hookspecs
-from colibri_core.cli import build_cli
+from colibri_core.plugins import hookspecs
+from colibri_core.cli.main import build_cli
 from colibri_core.errors import PluginError, UnsupportedModelError
-from colibri_core.plugins import get_manager, get_registry
-from colibri_core.registry import FamilySpec
+from colibri_core.plugins.discovery import get_manager, get_registry
+from colibri_core.plugins.registry import FamilySpec
 from colibri_core.testing import registered_plugin
 
 from conftest import REPO, run_colibri
@@ -67,9 +67,9 @@ def test_same_family_name_twice_is_a_conflict():
     class A:
         @colibri_core.hookimpl
         def colibri_register_backends(self, register):
-            from colibri_core.registry import BackendSpec
+            from colibri_core.plugins.registry import BackendSpec
 
-            register(BackendSpec("cpu", "colibri_core.backends.cpu:CpuBackend"))
+            register(BackendSpec("cpu", "colibri_core.backends.cpu.backend:CpuBackend"))
 
     with registered_plugin(A(), "impostor"):
         with pytest.raises(PluginError, match="colibri-core.*impostor"):
@@ -101,7 +101,7 @@ def test_a_plugin_cannot_take_over_a_core_command():
 
     with registered_plugin(Hijacker(), "hijacker"):
         cli = build_cli()
-        assert cli.commands["run"].callback.__module__ == "colibri_core.cli_run"
+        assert cli.commands["run"].callback.__module__ == "colibri_core.cli.run"
         assert "already exists" in get_manager().plugins["hijacker"].error
 
 
@@ -134,7 +134,7 @@ def make_entry_point_plugins(root):
         """)),
         "good_plugin": ("colibri-good", textwrap.dedent("""
             from colibri_core import hookimpl
-            from colibri_core.registry import FamilySpec
+            from colibri_core.plugins.registry import FamilySpec
 
             @hookimpl
             def colibri_register_families(register):
@@ -193,7 +193,7 @@ def test_listing_commands_import_no_heavy_stacks():
 
     code = textwrap.dedent("""
         import sys
-        from colibri_core.cli import build_cli
+        from colibri_core.cli.main import build_cli
         from click.testing import CliRunner
         cli = build_cli()
         for args in (["list-families"], ["list-backends"], ["list-quants"], ["list-tiers"], ["plugins"], ["list-families", "--json"]):

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colibri_core import _kernels
-from colibri_core.backends.cpu import KERNEL_ROW_LIMIT, CpuBackend
-from colibri_core.container import SCALES_SUFFIX
-from colibri_core.quant import QuantTensor
-from colibri_core.quant_fp8 import dequantize as fp8_dequantize, e4m3_to_f32
-from colibri_core.quant_int import E2M1_VALUES, MXFP4, Int4GS64, Int8Row
+from colibri_core.backends.cpu import _kernels
+from colibri_core.backends.cpu.backend import KERNEL_ROW_LIMIT, CpuBackend
+from colibri_core.io.container import SCALES_SUFFIX
+from colibri_core.formats.base import QuantTensor
+from colibri_core.formats.fp8 import dequantize as fp8_dequantize, e4m3_to_f32
+from colibri_core.formats.integer import E2M1_VALUES, MXFP4, Int4GS64, Int8Row
 
 shapes = st.tuples(st.integers(1, 40), st.integers(1, 300))
 
@@ -76,7 +76,7 @@ def test_int4_gs64_matches_its_reference_including_partial_groups(shape, seed):
 def test_int4_gs64_reads_float32_scales_too():
     """Containers written before the scales became bfloat16 hold float32 ones: the same
     weights decode the same."""
-    from colibri_core.quant import bf16_to_f32
+    from colibri_core.formats.base import bf16_to_f32
 
     w = np.random.default_rng(5).standard_normal((3, 130)).astype(np.float32)
     decoded, raw, scales = roundtrip(Int4GS64(), w)
@@ -124,7 +124,7 @@ def packed(kind, n, k, rng):
     """A QuantTensor of the kind and its float32 reference weight."""
     w = rng.standard_normal((n, k)).astype(np.float32) * 0.1
     if kind == "bf16":
-        from colibri_core.quant import bf16_to_f32, f32_to_bf16
+        from colibri_core.formats.base import bf16_to_f32, f32_to_bf16
 
         bits = f32_to_bf16(w)
         return QuantTensor("bf16", bits, None, (n, k)), bf16_to_f32(bits)
@@ -135,7 +135,7 @@ def packed(kind, n, k, rng):
     fmt = {"q8": Int8Row(), "q4": Int4GS64(), "q4-f32": Int4GS64(), "mxfp4": MXFP4()}[kind]
     decoded, raw, scales = roundtrip(fmt, w)
     if kind == "q4-f32":  # the float32 scales of containers written before 2026-11-29
-        from colibri_core.quant import bf16_to_f32
+        from colibri_core.formats.base import bf16_to_f32
 
         return QuantTensor("q4", raw, bf16_to_f32(scales), (n, k)), decoded
     return QuantTensor(kind, raw, scales, (n, k)), decoded
@@ -460,7 +460,7 @@ def test_the_lower_kernel_paths_pass_the_kernel_tests_too(level):
     import sys
 
     env = {**os.environ, "COLIBRI_KERNEL_PATH": level}
-    probe = subprocess.run([sys.executable, "-c", "from colibri_core import _kernels; print(_kernels.INT4_PATH)"],
+    probe = subprocess.run([sys.executable, "-c", "from colibri_core.backends.cpu import _kernels; print(_kernels.INT4_PATH)"],
                            env=env, capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == ("float" if level == "portable" else "avx2")
     selection = "(kernel or fused or routed or linears or every_byte) and not lower_kernel_paths"

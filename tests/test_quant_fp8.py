@@ -6,11 +6,11 @@ checkpoints are refused with errors naming the tensor."""
 import numpy as np
 import pytest
 
-from colibri_core.checkpoint import Checkpoint
+from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.quant import FormatResolver
-from colibri_core.quant_fp8 import E4M3_TO_F32, FP8E4M3Block, dequantize, e8m0_to_f32
-from colibri_core.plugins import get_registry
+from colibri_core.formats.base import FormatResolver
+from colibri_core.formats.fp8 import E4M3_TO_F32, FP8E4M3Block, dequantize, e8m0_to_f32
+from colibri_core.plugins.discovery import get_registry
 
 torch = pytest.importorskip("torch")
 

@@ -6,10 +6,10 @@ import pytest
 
 import colibri_core
 from colibri_core.errors import UnsupportedModelError
-from colibri_core.quant import QuantFormat
-from colibri_core.registry import QuantSpec
-from colibri_core.checkpoint import Checkpoint
-from colibri_core.safetensors_file import write_safetensors
+from colibri_core.formats.base import QuantFormat
+from colibri_core.plugins.registry import QuantSpec
+from colibri_core.io.checkpoint import Checkpoint
+from colibri_core.io.safetensors import write_safetensors
 from colibri_core.testing import registered_plugin
 
 from toy_family import ToyPlugin, write_toy_model

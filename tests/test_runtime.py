@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core import generation
-from colibri_core.demo import DemoSpec, build_demo_model
+from colibri_core.engine import generation
+from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.errors import UsageError
 
 from conftest import run_colibri

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
-from colibri_core import safetensors_file
-from colibri_core.checkpoint import INDEX_NAME, MERGE_GAP_BYTES, Checkpoint
+from colibri_core.io import safetensors as safetensors_file
+from colibri_core.io.checkpoint import INDEX_NAME, MERGE_GAP_BYTES, Checkpoint
 from colibri_core.errors import ModelFormatError
-from colibri_core.safetensors_file import DTYPES, MAX_HEADER_BYTES, SafetensorsFile, write_safetensors
+from colibri_core.io.safetensors import DTYPES, MAX_HEADER_BYTES, SafetensorsFile, write_safetensors
 
 
 # -- helpers ---------------------------------------------------------------------------

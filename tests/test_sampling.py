@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from colibri_core.errors import UsageError
-from colibri_core.sampling import BLOCK, Sampler, SamplingParams, draw
+from colibri_core.engine.sampling import BLOCK, Sampler, SamplingParams, draw
 
 
 def logits(seed=0, n=50):

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from colibri_core import hookimpl
-from colibri_core.config import ModelArgs
-from colibri_core.family import Family
+from colibri_core.model.config import ModelArgs
+from colibri_core.model.family import Family
 from colibri_core.nn import (
     Attention, CausalLM, DecoderLayer, Embedding, Linear, RoutedExperts, SoftmaxTopKRouter, SparseMoE, build_rope,
 )
-from colibri_core.registry import FamilySpec
-from colibri_core.safetensors_file import write_safetensors
+from colibri_core.plugins.registry import FamilySpec
+from colibri_core.io.safetensors import write_safetensors
 
 MODEL_TYPE = "toy_moe"
 

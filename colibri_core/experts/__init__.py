@@ -1,5 +1,5 @@
 """Routed experts: where their weights live and how they are fetched."""
 
-from .store import ExpertStore, ExpertWeights
+from colibri_core.experts.store import ExpertStore, ExpertWeights
 
 __all__ = ["ExpertStore", "ExpertWeights"]

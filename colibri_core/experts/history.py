@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..warn import warn
+from colibri_core.warn import warn
 
 FILENAME = "colibri-usage.json"
 FORMAT_VERSION = 1

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..safetensors_file import TensorInfo
-from .history import RoutingHistory
-from .tiers import DiskTier, ExpertWeights, RamTier
+from colibri_core.io.safetensors import TensorInfo
+from colibri_core.experts.history import RoutingHistory
+from colibri_core.experts.tiers import DiskTier, ExpertWeights, RamTier
 
 
 @dataclass

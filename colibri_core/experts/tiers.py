@@ -15,11 +15,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ..errors import ColibriError
-from ..safetensors_file import TensorInfo, as_array
-from ..warn import warn
-from ..checkpoint import merge_ranges
-from .drives import Drive, choose_drive
+from colibri_core.errors import ColibriError
+from colibri_core.io.safetensors import TensorInfo, as_array
+from colibri_core.warn import warn
+from colibri_core.io.checkpoint import merge_ranges
+from colibri_core.io.drives import Drive, choose_drive
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Shared neural-network building blocks for families."""
 
-from .cache import Cache, KVCache, RecurrentState
-from .deltanet import GatedDeltaNet
-from .dsa import LayerNorm, LightningIndexer, SharedIndexer
-from .layers import (
+from colibri_core.nn.cache import Cache, KVCache, RecurrentState
+from colibri_core.nn.deltanet import GatedDeltaNet
+from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
+from colibri_core.nn.layers import (
     Attention,
     CausalLM,
     DecoderLayer,
@@ -16,11 +16,11 @@ from .layers import (
     Step,
     SwiGLU,
 )
-from .mla import MLACache, MLAttention, mla_softmax_scale
-from .norms import GatedRMSNorm
-from .rope import RoPE, build_rope, rope_parameters
-from .routers import SigmoidGroupedTopKRouter
-from .weights import ExpertDecl, Param, Weights
+from colibri_core.nn.mla import MLACache, MLAttention, mla_softmax_scale
+from colibri_core.nn.norms import GatedRMSNorm
+from colibri_core.nn.rope import RoPE, build_rope, rope_parameters
+from colibri_core.nn.routers import SigmoidGroupedTopKRouter
+from colibri_core.nn.weights import ExpertDecl, Param, Weights
 
 __all__ = [
     "Attention", "Cache", "CausalLM", "DecoderLayer", "Embedding", "ExpertDecl", "KVCache", "Linear", "Param",

@@ -23,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..config import ModelArgs, bounded
-from ..errors import ModelFormatError, UnsupportedModelError
-from .dsa import LayerNorm, LightningIndexer, SharedIndexer
-from .layers import CausalLM, DecoderLayer, Embedding, Linear, RoutedExperts, SparseMoE, SwiGLU
-from .mla import MLAttention, mla_softmax_scale
-from .rope import RoPE, build_rope
-from .routers import SigmoidGroupedTopKRouter
+from colibri_core.model.config import ModelArgs, bounded
+from colibri_core.errors import ModelFormatError, UnsupportedModelError
+from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
+from colibri_core.nn.layers import CausalLM, DecoderLayer, Embedding, Linear, RoutedExperts, SparseMoE, SwiGLU
+from colibri_core.nn.mla import MLAttention, mla_softmax_scale
+from colibri_core.nn.rope import RoPE, build_rope
+from colibri_core.nn.routers import SigmoidGroupedTopKRouter
 
 # q_a_layernorm / kv_a_layernorm / the indexer's k_norm use the default eps, not rms_norm_eps
 LATENT_NORM_EPS = 1e-6

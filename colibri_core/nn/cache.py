@@ -7,6 +7,8 @@ Any layer may bring its own state object: ``Cache`` only asks each for ``nbytes`
 
 from __future__ import annotations
 
+from colibri_core.engine.backend import ITEMSIZE
+
 
 class KVCache:
     """Keys and values of one attention layer, stored (heads, positions, dim) and grown
@@ -25,7 +27,8 @@ class KVCache:
             return
         new_cap = min(max(needed, 2 * capacity, 64), max(self.max_len, needed))
         h, dk, dv = self.shape
-        k, v = self.backend.zeros((h, new_cap, dk)), self.backend.zeros((h, new_cap, dv))
+        dtype = self.backend.cache_dtype
+        k, v = self.backend.zeros((h, new_cap, dk), dtype), self.backend.zeros((h, new_cap, dv), dtype)
         if self._k is not None and self.length:
             k[:, : self.length] = self._k[:, : self.length]
             v[:, : self.length] = self._v[:, : self.length]
@@ -47,7 +50,7 @@ class KVCache:
 
     def bytes_per_token(self) -> int:
         h, dk, dv = self.shape
-        return h * (dk + dv) * 4
+        return h * (dk + dv) * ITEMSIZE[self.backend.cache_dtype]
 
 
 class RecurrentState:
@@ -57,7 +60,8 @@ class RecurrentState:
 
     def __init__(self, backend, shapes: dict[str, tuple[int, ...]]):
         self.backend = backend
-        self.arrays = {name: backend.zeros(tuple(shape)) for name, shape in shapes.items()}
+        # float32 whatever the cache dtype: the recurrence accumulates over the whole sequence
+        self.arrays = {name: backend.zeros(tuple(shape), "float32") for name, shape in shapes.items()}
         self.length = 0  # positions absorbed
 
     def __getitem__(self, name: str):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import RecurrentState
-from .layers import Linear, Step
-from .norms import GatedRMSNorm
-from .weights import Param
+from colibri_core.nn.cache import RecurrentState
+from colibri_core.nn.layers import Linear, Step
+from colibri_core.nn.norms import GatedRMSNorm
+from colibri_core.nn.weights import Param
 
 CHUNK_SIZE = 64  # transformers' torch_chunk_gated_delta_rule default
 L2_EPS = 1e-6  # transformers' l2norm (use_qk_l2norm_in_kernel)
@@ -78,7 +78,7 @@ class GatedDeltaNet:
         qkv, z, b, a = self._project(x, step)
         qkv, conv = ops.causal_conv1d(qkv, self.conv_weight.value, state["conv"])
         qkv = ops.silu(qkv)
-        q = ops.l2_norm(qkv[:, : self.key_dim].reshape(t, hk, dk), L2_EPS) * np.float32(dk**-0.5)
+        q = ops.l2_norm(qkv[:, : self.key_dim].reshape(t, hk, dk), L2_EPS) * (dk**-0.5)
         k = ops.l2_norm(qkv[:, self.key_dim : 2 * self.key_dim].reshape(t, hk, dk), L2_EPS)
         v = qkv[:, 2 * self.key_dim :].reshape(t, hv, dv)
         beta = ops.sigmoid(b)

@@ -17,9 +17,9 @@ dense attention: the scores are then not computed (the keys are still cached).
 
 from __future__ import annotations
 
-from .layers import Linear, Step, rope_tables
-from .rope import RoPE
-from .weights import Param
+from colibri_core.nn.layers import Linear, Step, rope_tables
+from colibri_core.nn.rope import RoPE
+from colibri_core.nn.weights import Param
 
 _SELECTED = ("dsa", "selected")  # step.memo key: the last full indexer's selection in this step
 

@@ -8,13 +8,15 @@ these; what is truly family-specific stays in the family's own file.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .cache import Cache, KVCache
-from .rope import RoPE
-from .weights import ExpertDecl, Param
+from colibri_core.nn.cache import Cache, KVCache
+from colibri_core.nn.rope import RoPE
+
+if TYPE_CHECKING:  # annotations only: weights.py builds these blocks, so it imports this module
+    from colibri_core.nn.weights import ExpertDecl, Param
 
 
 @dataclass
@@ -160,31 +162,7 @@ class SoftmaxTopKRouter:
         gate.weight.role = "router"  # routing decisions stay at the stored precision
 
     def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
-        if self.gate.bias is None:
-            return step.ops.softmax_top_k(x, self.gate.weight.value, self.top_k, self.norm_topk_prob)
-        logits = step.ops.to_numpy(self.gate(x, step)).astype(np.float32, copy=False)
-        return softmax_top_k(logits, self.top_k, self.norm_topk_prob)
-
-
-def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The k most probable experts of each row of router logits and their probabilities."""
-    probs = softmax(logits)
-    indices = top_k_indices(probs, k)
-    weights = np.take_along_axis(probs, indices, axis=-1)
-    if renormalise:
-        weights = weights / weights.sum(axis=-1, keepdims=True)
-    return indices, weights.astype(np.float32)
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest scores per row, largest first (ties: lower index first)."""
-    order = np.argsort(-scores, axis=-1, kind="stable")
-    return order[..., :k]
+        return step.ops.softmax_top_k(x, self.gate.weight.value, self.top_k, self.norm_topk_prob, _v(self.gate.bias))
 
 
 class RoutedExperts:
@@ -259,7 +237,7 @@ class CausalLM:
     def check_prompt(self, ids) -> None:
         """Refuse token ids outside the vocabulary, and prompts this model cannot honour
         (see ``refused_tokens``)."""
-        from ..errors import UsageError
+        from colibri_core.errors import UsageError
 
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
@@ -269,7 +247,7 @@ class CausalLM:
         for t in ids:
             reason = self.refused_tokens.get(int(t))
             if reason is not None:
-                from ..errors import UnsupportedModelError
+                from colibri_core.errors import UnsupportedModelError
 
                 raise UnsupportedModelError(f"the prompt contains token {int(t)}: {reason}")
 
@@ -290,5 +268,5 @@ class CausalLM:
             x = layer(x, step)
         cache.length += len(ids)
         x = x if all_logits else x[-1:]
-        logits = ops.to_numpy(self.lm_head(self.norm(x, step), step))
+        logits = ops.to_host(self.lm_head(self.norm(x, step), step))
         return logits if all_logits else logits[0]

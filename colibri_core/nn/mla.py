@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .layers import Linear, RMSNorm, Step, rope_tables
-from .rope import RoPE, rope_parameters
+from colibri_core.engine.backend import ITEMSIZE
+from colibri_core.nn.layers import Linear, RMSNorm, Step, rope_tables
+from colibri_core.nn.rope import RoPE, rope_parameters
 
 
 class _Rows:
-    """One per-token stream of a layer's cache: (positions, dim) float32 rows grown by
+    """One per-token stream of a layer's cache: (positions, dim) rows of the cache dtype grown by
     doubling up to the context length, so appending a token copies nothing."""
 
     def __init__(self, backend, dim: int, max_len: int):
@@ -41,7 +42,7 @@ class _Rows:
         capacity = 0 if self._data is None else self._data.shape[0]
         if end > capacity:
             new_cap = min(max(end, 2 * capacity, 64), max(self.max_len, end))
-            data = self.backend.zeros((new_cap, self.dim))
+            data = self.backend.zeros((new_cap, self.dim), self.backend.cache_dtype)
             if self.length:
                 data[: self.length] = self._data[: self.length]
             self._data = data
@@ -82,10 +83,10 @@ class MLACache:
         return sum(s.nbytes for s in streams)
 
     def bytes_per_token(self) -> int:
-        """float32 bytes per cached token: (kv_lora_rank + qk_rope_head_dim) * 4, plus
-        index_head_dim * 4 when the layer has a DSA indexer."""
+        """Bytes per cached token: (kv_lora_rank + qk_rope_head_dim) values of the cache
+        dtype, plus index_head_dim when the layer has a DSA indexer."""
         dims = self.latent.dim + self.k_rot.dim + (self.index_keys.dim if self.index_keys else 0)
-        return dims * 4
+        return dims * ITEMSIZE[self.latent.backend.cache_dtype]
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

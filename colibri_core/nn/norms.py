@@ -6,8 +6,8 @@ gets 1 added at load: ``Weights.rms_norm(prefix, dim, eps, offset=True)``.
 
 from __future__ import annotations
 
-from .layers import Step
-from .weights import Param
+from colibri_core.nn.layers import Step
+from colibri_core.nn.weights import Param
 
 
 class GatedRMSNorm:

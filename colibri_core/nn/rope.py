@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFormatError, UnsupportedModelError
+from colibri_core.errors import ModelFormatError, UnsupportedModelError
 
 SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
 

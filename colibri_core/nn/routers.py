@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layers import Linear, Step, top_k_indices
-from .weights import Param
+from colibri_core.nn.layers import Linear, Step
+from colibri_core.nn.weights import Param
 
 
 class SigmoidGroupedTopKRouter:
@@ -16,7 +16,8 @@ class SigmoidGroupedTopKRouter:
     compete for the ``top_k`` slots. The chosen (unbiased) scores are renormalised to
     sum to one when ``norm_topk_prob``, then multiplied by ``routed_scaling_factor``.
 
-    Routing is computed on the host in float32, like transformers' router.
+    The backend computes it (``Backend.sigmoid_grouped_top_k``); the reference does it
+    on the host in float32, like transformers' router.
     """
 
     def __init__(self, gate: Linear, top_k: int, *, bias: Param | None = None, n_group: int = 1,
@@ -34,24 +35,13 @@ class SigmoidGroupedTopKRouter:
         gate.weight.role = "router"  # routing decisions stay at the stored precision
         self.n_group, self.topk_group = n_group, topk_group
         self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
+        self._host_bias: dict[int, np.ndarray] = {}
 
     def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
-        logits = step.ops.to_numpy(self.gate(x, step)).astype(np.float32, copy=False)
-        with np.errstate(over="ignore"):
-            scores = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
-        choice = scores if self.bias is None else scores + step.ops.to_numpy(self.bias.value).astype(np.float32)
-        if self.n_group > 1:
-            t, n = choice.shape
-            grouped = choice.reshape(t, self.n_group, n // self.n_group)
-            best_two = -np.sort(-grouped, axis=-1)[..., :2]
-            group_scores = best_two[..., 0] + best_two[..., 1]
-            groups = top_k_indices(group_scores, self.topk_group)
-            keep = np.zeros((t, self.n_group), dtype=bool)
-            np.put_along_axis(keep, groups, True, axis=-1)
-            choice = np.where(np.repeat(keep, n // self.n_group, axis=-1), choice, np.float32(-np.inf))
-        indices = top_k_indices(choice, self.top_k)
-        weights = np.take_along_axis(scores, indices, axis=-1)
-        if self.norm_topk_prob:
-            weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
-        weights = weights * np.float32(self.routed_scaling_factor)
-        return indices, weights.astype(np.float32)
+        bias = None
+        if self.bias is not None:  # a host copy, made once: choosing experts happens on the host
+            bias = self._host_bias.get(id(step.ops))
+            if bias is None:
+                bias = self._host_bias[id(step.ops)] = step.ops.to_host(self.bias.value).astype(np.float32)
+        return step.ops.sigmoid_grouped_top_k(x, self.gate.weight.value, bias, self.top_k, self.n_group, self.topk_group,
+                                              self.norm_topk_prob, self.routed_scaling_factor)

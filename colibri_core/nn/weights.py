@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..checkpoint import Checkpoint
-from ..experts.buffers import huge_buffer
-from ..errors import ModelFormatError
-from ..safetensors_file import TensorInfo
+from colibri_core.io.checkpoint import Checkpoint
+from colibri_core.io.buffers import huge_buffer
+from colibri_core.errors import ModelFormatError
+from colibri_core.io.safetensors import TensorInfo
+from colibri_core.nn.layers import Linear, RMSNorm, RoutedExperts, SwiGLU
 
 
 class Param:
@@ -139,8 +140,6 @@ class Weights:
     # -- shorthands that return ready blocks --------------------------------------------
     def linear(self, prefix: str, out_features: int, in_features: int, *, bias: bool = False):
         """``prefix.weight`` (out, in) and, when ``bias``, ``prefix.bias`` (out,)."""
-        from .layers import Linear
-
         b = self.param(f"{prefix}.bias", (out_features,)) if bias else None
         weight = self.param(f"{prefix}.weight", (out_features, in_features))
         weight.role = "linear"  # blocks that read it otherwise say so when they are built
@@ -150,14 +149,10 @@ class Weights:
         """``prefix.weight`` (dim,). With ``offset`` the checkpoint stores w and the norm
         scales by (1 + w) (Gemma, Qwen3-Next): 1 + w is computed once at load, in float32,
         exactly as the reference computes it on every call."""
-        from .layers import RMSNorm
-
         return RMSNorm(self.param(f"{prefix}.weight", (dim,), _plus_one if offset else None), eps)
 
     def swiglu(self, prefix: str, hidden: int, intermediate: int):
         """A dense SwiGLU MLP stored as ``prefix.{gate,up,down}_proj.weight``."""
-        from .layers import SwiGLU
-
         return SwiGLU(self.linear(f"{prefix}.gate_proj", intermediate, hidden), self.linear(f"{prefix}.up_proj", intermediate, hidden),
                       self.linear(f"{prefix}.down_proj", hidden, intermediate))
 
@@ -166,8 +161,6 @@ class Weights:
         expert, ``prefix.{e}.{gate,up,down}_proj.weight``, or fused as transformers 5 keeps
         them, ``prefix.gate_up_proj`` (count, 2 * inter, hidden; gate rows first) and
         ``prefix.down_proj`` (count, hidden, inter). Returns the ``RoutedExperts`` block."""
-        from .layers import RoutedExperts
-
         if f"{prefix}.gate_up_proj" in self.checkpoint:
             matrices = {
                 "gate": (f"{prefix}.gate_up_proj", (intermediate, hidden), (0, 2)),
@@ -218,7 +211,7 @@ class Weights:
                     companions = {t.name: raw[t.name] for t in resolver.companions(q.info)}
                     if q.transform is not None:
                         host = resolver.format_for(q.info).decode(q.info, raw[q.name], companions)
-                        q.value = backend.asarray(q.transform(host))
+                        q.value = backend.prepare_weight(q.transform(host), "array")
                     else:
                         q.value = resolver.resident(q.info, raw[q.name], companions, backend, q.use)
                     read += q.info.nbytes

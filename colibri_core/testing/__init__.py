@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..plugins import register_plugin, unregister_plugin
+from colibri_core.plugins.discovery import register_plugin, unregister_plugin
 
 
 @contextmanager

@@ -253,7 +253,7 @@ class FamilyOracleSuite:
 
     def test_small_prefill_chunks_match_transformers(self, case_name, tmp_path_factory, monkeypatch):
         """A prompt prefilled in many small chunks still gives transformers' tokens."""
-        from colibri_core import generation
+        from colibri_core.engine import generation
 
         monkeypatch.setattr(generation, "PREFILL_CHUNK", 5)
         fx = self._fixture(case_name, tmp_path_factory)
@@ -301,7 +301,7 @@ def fuse_experts(src: Path, dst: Path) -> int:
     expert layers fused."""
     from safetensors.numpy import load_file
 
-    from colibri_core.safetensors_file import write_safetensors
+    from colibri_core.io.safetensors import write_safetensors
 
     tensors: dict[str, np.ndarray] = {}
     for f in sorted(src.glob("*.safetensors")):
@@ -330,9 +330,9 @@ def fuse_experts(src: Path, dst: Path) -> int:
 def _state_pairs(a, b, ops) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Host arrays of two per-layer states of the same kind, by name."""
     if hasattr(a, "arrays"):  # RecurrentState
-        return {name: (ops.to_numpy(a[name]), ops.to_numpy(b[name])) for name in a.arrays}
+        return {name: (ops.to_host(a[name]), ops.to_host(b[name])) for name in a.arrays}
     if hasattr(a, "_k"):  # KVCache
         n = a.length
-        return {"keys": (ops.to_numpy(a._k[:, :n]), ops.to_numpy(b._k[:, :n])),
-                "values": (ops.to_numpy(a._v[:, :n]), ops.to_numpy(b._v[:, :n]))}
+        return {"keys": (ops.to_host(a._k[:, :n]), ops.to_host(b._k[:, :n])),
+                "values": (ops.to_host(a._v[:, :n]), ops.to_host(b._v[:, :n]))}
     return {}

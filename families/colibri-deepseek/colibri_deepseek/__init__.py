@@ -4,7 +4,7 @@ Imports only colibri_core's light modules: the architecture loads when a model r
 """
 
 from colibri_core import hookimpl
-from colibri_core.registry import FamilySpec
+from colibri_core.plugins.registry import FamilySpec
 
 __version__ = "0.1.0"
 

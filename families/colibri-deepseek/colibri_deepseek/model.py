@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri_core.config import bounded
-from colibri_core.family import Family
+from colibri_core.model.config import bounded
+from colibri_core.model.family import Family
 from colibri_core.nn.builders import DSAArgs, MLAArgs, Names, build_mla_model
 
 __all__ = ["DeepseekV3", "DeepseekV32", "DeepseekV3Args", "DeepseekV32Args", "Names", "build_deepseek"]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.backends.cpu import CpuBackend
+from colibri_core.backends.cpu.backend import CpuBackend
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.safetensors_file import write_safetensors
+from colibri_core.io.safetensors import write_safetensors
 from colibri_core.testing import DELETE, copy_model
 
 import test_deepseek_v32_oracle as v32_suite

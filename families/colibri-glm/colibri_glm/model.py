@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri_core.config import bounded
+from colibri_core.model.config import bounded
 from colibri_core.errors import ModelFormatError
-from colibri_core.family import Family
+from colibri_core.model.family import Family
 from colibri_core.nn import Attention, build_rope
 from colibri_core.nn.builders import DSAArgs, MLAArgs, SigmoidMoEArgs, build_mla_model, build_moe_decoder
 from colibri_core.nn.rope import rope_parameters

@@ -13,7 +13,7 @@ import pytest
 
 import colibri_core
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.safetensors_file import write_safetensors
+from colibri_core.io.safetensors import write_safetensors
 from colibri_core.testing import DELETE, copy_model
 
 import test_glm4_moe_lite_oracle as lite_suite

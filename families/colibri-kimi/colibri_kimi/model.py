@@ -12,7 +12,7 @@ are refused.
 from __future__ import annotations
 
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.family import Family
+from colibri_core.model.family import Family
 from colibri_deepseek.model import DeepseekV3Args, Names, build_deepseek
 
 TEXT_PREFIXES = ("language_model.model.", "model.language_model.")

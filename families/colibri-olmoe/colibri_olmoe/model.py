@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri_core.config import ModelArgs
+from colibri_core.model.config import ModelArgs
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.family import Family
+from colibri_core.model.family import Family
 from colibri_core.nn import Attention, CausalLM, DecoderLayer, Embedding, Linear, SoftmaxTopKRouter, SparseMoE, build_rope
 
 

@@ -4,7 +4,7 @@ greedy agreement with transformers and logit cosine (issue #4's quality check)."
 import numpy as np
 
 import colibri_core
-from colibri_core.convert import convert, quality_report
+from colibri_core.cli.convert import convert, quality_report
 from colibri_core.testing.oracle import OracleCase, build_oracle
 from transformers import OlmoeConfig
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from colibri_core.config import ModelArgs, bounded
+from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.family import Family
+from colibri_core.model.family import Family
 from colibri_core.nn import (
     Attention, CausalLM, DecoderLayer, Embedding, GatedDeltaNet, GatedRMSNorm, Linear, SoftmaxTopKRouter, SparseMoE,
     build_rope, rope_parameters,

@@ -15,7 +15,7 @@ from transformers import Qwen2MoeConfig, Qwen3_5MoeConfig, Qwen3MoeConfig, Qwen3
 import colibri_core
 from colibri_core.errors import UnsupportedModelError
 from colibri_core.nn import Cache, GatedDeltaNet, RecurrentState, Step
-from colibri_core.safetensors_file import write_safetensors
+from colibri_core.io.safetensors import write_safetensors
 from colibri_core.testing.oracle import FamilyOracleSuite, FusedLayoutCheck, OracleCase
 
 VOCAB = 128

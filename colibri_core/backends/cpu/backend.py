@@ -1,0 +1,274 @@
+"""The CPU backend: numpy float32 activations, BLAS matmuls for float32 weights, and
+colibri's compiled kernels (``colibri_core.backends.cpu._kernels``) for weights kept in a packed form
+(int8, int4, MXFP4, fp8, bf16). Without the compiled kernels every weight is decoded to
+float32 at load and the backend is pure numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.formats.base import QuantTensor
+
+try:
+    from colibri_core.backends.cpu import _kernels
+except ImportError:  # built without a C compiler: pure numpy
+    _kernels = None
+
+KERNEL_KINDS = frozenset({"q8", "q4", "mxfp4", "fp8", "bf16"})
+DEQUANT_ROWS = 512  # prefill dequantises this many weight rows at a time into a reused buffer
+KERNEL_ROW_LIMIT = 64  # up to this many activation rows, the kernels take them a few at a time:
+# passes over the packed weight are cheaper than dequantising it for BLAS
+ROUTE_ROW_LIMIT = 8  # up to this many tokens the compiled router runs; beyond, BLAS and numpy
+_NO_SCALES = np.zeros(1, dtype=np.float32)
+
+
+class CpuBackend(ReferenceBackend):
+    """The reference numpy backend plus the compiled kernels; ``kernels=False`` is the
+    reference itself."""
+
+    name = "cpu"
+
+    def __init__(self, kernels: bool = True):
+        super().__init__()
+        self.kernels = _kernels if kernels else None
+        self._scratch: dict[tuple[int, int], np.ndarray] = {}  # (rows, K) float32 buffers, reused
+
+    def has_kernel(self, kind: str) -> bool:
+        return self.kernels is not None and kind in KERNEL_KINDS
+
+    def placed(self, packed: bool) -> None:
+        if packed and self.kernels is not None and self.kernels.OPENMP:
+            # The kernels' OpenMP threads then do the heavy work; numpy's BLAS is left with
+            # small products (routers, attention), and its own threads, spinning after each
+            # call, would take the cores the kernels need (measured: a 32-token prompt of
+            # the full-size OLMoE took 1.6 s with both pools, 0.5 s with BLAS on one thread).
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(limits=1, user_api="blas")
+
+    def keeps_stored(self, kind: str, use: str) -> bool:
+        if use == "embedding":  # rows are decoded on lookup; fp8's block scales do not split by row
+            return self.has_kernel(kind) and kind != "fp8"
+        return super().keeps_stored(kind, use)
+
+    def swiglu_expert(self, x, gate, up, down):
+        mats = (gate, up, down)
+        if x.shape[0] <= self._kernel_rows(mats):
+            # the layer kernel with one expert taking every row at weight 1 (0 + 1 * y is y)
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            t = x.shape[0]
+            out = np.zeros((t, down.shape[0]), dtype=np.float32)
+            self.kernels.moe(x, [tuple(self._prepared(w) for w in mats)], np.arange(t, dtype=np.int32),
+                             np.ones(t, dtype=np.float32), np.array([0, t], dtype=np.int64), out)
+            return out
+        return super().swiglu_expert(x, gate, up, down)
+
+    def _prepared(self, w: QuantTensor):
+        """w as the kernels take it: checked once by ``_kernels.weight`` and kept with w."""
+        handle = w.derived.get("cpu")
+        if handle is None:
+            scales = w.scales if w.scales is not None else _NO_SCALES
+            handle = w.derived["cpu"] = self.kernels.weight(w.kind, w.data, scales, w.shape[0], w.shape[1], *w.block)
+        return handle
+
+    def _row_limit(self, w: QuantTensor) -> int:
+        """Up to this many x rows the kernels pass over the packed weight; beyond, it is
+        dequantised for BLAS (fp8's per-element decode makes repeated passes dearer)."""
+        return self.kernels.MAX_ROWS if w.kind == "fp8" else KERNEL_ROW_LIMIT
+
+    def _kernel_rows(self, weights) -> int:
+        """The most x rows the compiled kernels take for these weights together; 0 when
+        they cannot take them all (no kernels, float32 arrays, a kind without a kernel)."""
+        if self.kernels is None or not all(isinstance(w, QuantTensor) and w.kind in KERNEL_KINDS for w in weights):
+            return 0
+        return min(self._row_limit(w) for w in weights)
+
+    def linears(self, x, weights, biases=None):
+        if len(weights) < 2 or x.shape[0] > self._kernel_rows(weights):
+            return super().linears(x, weights, biases)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        outs = [np.empty((x.shape[0], w.shape[0]), dtype=np.float32) for w in weights]
+        self.kernels.linears(x, [self._prepared(w) for w in weights], outs)
+        for y, b in zip(outs, biases or ()):
+            if b is not None:
+                y += b
+        return outs
+
+    def _quant_linear(self, x, w: QuantTensor):
+        n, k = w.shape
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        m = x.shape[0]
+        scales = w.scales if w.scales is not None else _NO_SCALES
+        out = np.empty((m, n), dtype=np.float32)
+        if m <= self._row_limit(w):  # decode and short prompts: passes over the packed weight
+            self.kernels.matmul(x, self._prepared(w), out)
+            return out
+        # many rows (prefill): dequantise a block of rows at a time and let BLAS multiply
+        step = DEQUANT_ROWS
+        if w.kind == "fp8":  # whole blocks of rows, so each slice starts on a scale block
+            step = max(w.block[0], DEQUANT_ROWS // w.block[0] * w.block[0])
+        scratch = self._scratch.get((step, k))
+        if scratch is None:
+            scratch = self._scratch[(step, k)] = np.empty((step, k), dtype=np.float32)
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            block = scratch[: r1 - r0]
+            if w.kind == "fp8":  # scales cover (bm x bn) blocks: pass the rows' block rows
+                sc = scales[r0 // w.block[0] : -(-r1 // w.block[0])]
+            elif w.scales is None:
+                sc = scales
+            else:
+                sc = scales[r0:r1]
+            self.kernels.dequantize(w.kind, w.data[r0:r1], sc, block, r1 - r0, k, *w.block)
+            out[:, r0:r1] = x @ block.T  # (matmul into a strided slice would leave BLAS)
+        return out
+
+    def prepare_weight(self, w, use="linear"):
+        if isinstance(w, QuantTensor):  # packed only when the kernels take it: kept as stored
+            return w
+        return self.asarray(w)
+
+    def weight_nbytes(self, kind, shape, stored_nbytes):
+        return stored_nbytes if kind is not None else super().weight_nbytes(kind, shape, stored_nbytes)
+
+    def embedding(self, table, ids):
+        ids = np.asarray(ids, dtype=np.int64)
+        if not isinstance(table, QuantTensor):
+            return super().embedding(table, ids)
+        rows = np.ascontiguousarray(table.data[ids])
+        scales = np.ascontiguousarray(table.scales[ids]) if table.scales is not None else _NO_SCALES
+        out = np.empty((len(ids), table.shape[1]), dtype=np.float32)
+        self.kernels.dequantize(table.kind, rows, scales, out, len(ids), table.shape[1])
+        return out
+
+    def linear(self, x, weight, bias=None):
+        if not isinstance(weight, QuantTensor):
+            return super().linear(x, weight, bias)
+        y = self._quant_linear(x, weight)
+        if bias is not None:
+            y += bias
+        return y
+
+    def rms_norm(self, x, weight, eps):
+        if self.kernels is not None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            out = np.empty_like(x)
+            self.kernels.rms_norm(x, weight, eps, out, x.shape[-1])
+            return out
+        return super().rms_norm(x, weight, eps)
+
+    def rope(self, x, cos, sin, rotary_dim):
+        if self.kernels is not None and x.dtype == np.float32 and cos.dtype == sin.dtype == np.float32:
+            x = np.ascontiguousarray(x)
+            out = np.empty_like(x)
+            self.kernels.rope(x, np.ascontiguousarray(cos), np.ascontiguousarray(sin), rotary_dim, out)
+            return out
+        return super().rope(x, cos, sin, rotary_dim)
+
+    def attention(self, q, k, v, start, scale):
+        if self.kernels is not None and q.dtype == k.dtype == v.dtype == np.float32:
+            q = np.ascontiguousarray(q)
+            out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=np.float32)
+            self.kernels.attention(q, k, v, start, scale, out)
+            return out
+        return super().attention(q, k, v, start, scale)
+
+    def softmax_top_k(self, x, weight, k, renormalise, bias=None):
+        if (self.kernels is None or bias is not None or not isinstance(weight, np.ndarray) or x.shape[0] > ROUTE_ROW_LIMIT
+                or weight.shape[0] > self.kernels.MAX_ROUTED):
+            return super().softmax_top_k(x, weight, k, renormalise, bias)
+        t = x.shape[0]
+        indices = np.empty((t, k), dtype=np.int64)
+        weights = np.empty((t, k), dtype=np.float32)
+        self.kernels.route(np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(weight, dtype=np.float32), k,
+                           renormalise, indices, weights)
+        return indices, weights
+
+    def routed_experts(self, x, indices, weights, fetch, window: int = 8, ready=None):
+        if self.kernels is None:
+            return super().routed_experts(x, indices, weights, fetch, window, ready)
+        t, k = indices.shape
+        if t == 1 and ready is None and k <= window:
+            out, fetch = self._one_token_at_hand(x, indices, weights, fetch)
+            if out is not None:
+                return out
+        out = np.zeros_like(x)
+        if t == 1:  # decode: one token, k distinct experts
+            order = np.argsort(indices[0])
+            experts = indices[0, order]
+            token_of = np.zeros(k, dtype=np.int32)
+            starts, counts = range(k), (1,) * k
+        else:
+            flat = indices.ravel()
+            order = np.argsort(flat, kind="stable")  # (expert, token) pairs grouped by expert, ascending
+            experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
+            token_of = (order // k).astype(np.int32)
+        weight_of = np.ascontiguousarray(weights.ravel()[order], dtype=np.float32)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        batch: list = []  # kernel arguments of consecutive experts: one call for all of them
+        first = 0  # index in ``experts`` of the batch's first expert
+
+        def flush():
+            if batch:
+                lo = starts[first]
+                off = np.zeros(len(batch) + 1, dtype=np.int64)
+                np.cumsum(counts[first : first + len(batch)], out=off[1:])
+                self.kernels.moe(x, batch, token_of[lo : lo + off[-1]], weight_of[lo : lo + off[-1]], off, out)
+                batch.clear()
+
+        for i, e in enumerate(experts.tolist()):  # ascending expert ids: a fixed reduction order
+            if batch and ready is not None and not ready(e):
+                flush()  # compute what is here while e's read finishes
+            w = fetch(e)
+            specs = self._kernel_args(w)
+            if specs is not None and counts[i] <= specs[1]:
+                if not batch:
+                    first = i
+                batch.append(specs[0])
+                if len(batch) >= max(1, window):
+                    flush()
+                continue
+            flush()
+            rows = token_of[starts[i] : starts[i] + counts[i]]
+            y = self.swiglu_expert(x[rows], w["gate"], w["up"], w["down"])
+            out[rows] += y * weight_of[starts[i] : starts[i] + counts[i], None]
+        flush()
+        return out
+
+    def _one_token_at_hand(self, x, indices, weights, fetch):
+        """Decode with every expert at hand: the token's experts in one kernel call, with
+        no per-expert checks. Returns (output, fetch); the output is None when an expert
+        has no kernel, and ``fetch`` then serves the experts already fetched (the store
+        counts every fetch as a use)."""
+        k = indices.shape[1]
+        order = np.argsort(indices[0])
+        experts = indices[0, order].tolist()
+        fetched = [fetch(e) for e in experts]
+        args = [self._kernel_args(w) for w in fetched]
+        if any(a is None for a in args):
+            return None, dict(zip(experts, fetched)).__getitem__
+        out = np.zeros((1, x.shape[-1]), dtype=np.float32)
+        self.kernels.moe(np.ascontiguousarray(x, dtype=np.float32), [a[0] for a in args], np.zeros(k, np.int32),
+                         np.ascontiguousarray(weights[0, order], dtype=np.float32), np.arange(k + 1, dtype=np.int64), out)
+        return out, fetch
+
+    def _kernel_args(self, w):
+        """(moe kernel arguments, most token rows it takes) for an expert, derived once
+        and kept with it; None when the compiled kernels cannot take its formats."""
+        key = ("cpu", self.kernels is not None)
+        derived = w.derived.get(key)
+        if derived is None and key not in w.derived:
+            mats = (w["gate"], w["up"], w["down"])
+            rows = self._kernel_rows(mats)
+            derived = (tuple(self._prepared(m) for m in mats), rows) if rows else None
+            w.derived[key] = derived
+        return derived
+    def sparse_attention(self, q, k, v, start, scale, selected):
+        if self.kernels is not None and q.dtype == k.dtype == v.dtype == np.float32:
+            q = np.ascontiguousarray(q)
+            visible = np.ascontiguousarray(self._visible(q.shape[0], k.shape[1], start, selected), dtype=np.uint8)
+            out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=np.float32)
+            self.kernels.attention(q, k, v, start, scale, out, visible)
+            return out
+        return super().sparse_attention(q, k, v, start, scale, selected)

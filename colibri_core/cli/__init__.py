@@ -1,0 +1,1 @@
+"""The ``colibri`` command and the features behind its subcommands."""

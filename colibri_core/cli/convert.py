@@ -1,0 +1,252 @@
+"""``colibri convert``: rewrite a model's weights into a colibri container.
+
+Routed experts and/or the dense linear weights are quantised (int4-gs64, int8-row,
+mxfp4) or recast (bf16, f32); everything else (embeddings, norms, routers, tensors a
+block reads as arrays) is copied byte for byte. The work goes shard by shard, tensor by
+tensor, so memory holds one tensor, and every output shard is written atomically. A
+manifest (``colibri-convert.json``) records the source, the choices and the finished
+shards: an interrupted conversion resumes where it stopped and gives the same bytes as
+an uninterrupted one, and a directory converted with other choices is refused.
+
+``--report`` loads both models and compares their next-token distributions on fixed
+prompts: cosine similarity of the logits, KL divergence, and how often the greedy token
+agrees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from colibri_core.model.blueprint import inspect_model
+from colibri_core.io.checkpoint import INDEX_NAME
+from colibri_core.io.container import metadata as container_metadata
+from colibri_core.errors import UnsupportedModelError, UsageError
+from colibri_core.formats.base import f32_to_bf16
+from colibri_core.formats.integer import FORMATS
+from colibri_core.io.safetensors import StreamWriter
+from colibri_core.warn import warn
+
+MANIFEST = "colibri-convert.json"
+MANIFEST_VERSION = 1
+TARGETS = {"int4": "int4-gs64", "int8": "int8-row", "mxfp4": "mxfp4", "bf16": "bf16", "f32": "f32", "keep": "keep"}
+SKIP_FILES = {INDEX_NAME, MANIFEST, "colibri-usage.json"}
+MAX_COPIED_FILE = 256 << 20
+
+
+@dataclass
+class ConvertResult:
+    out: Path
+    shards_written: int
+    shards_resumed: int
+    tensors_converted: int
+    bytes_in: int
+    bytes_out: int
+    report: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _target_specs(target: str, name: str, shape: tuple[int, ...]) -> list[tuple[str, str, tuple[int, ...]]]:
+    if target in FORMATS:
+        return FORMATS[target]().specs(name, shape)
+    return [(name, "BF16" if target == "bf16" else "F32", shape)]
+
+
+def _encode(target: str, name: str, weight: np.ndarray) -> dict[str, tuple[str, np.ndarray]]:
+    if target in FORMATS:
+        return FORMATS[target]().encode(name, weight)
+    if target == "bf16":
+        return {name: ("BF16", f32_to_bf16(weight))}
+    return {name: ("F32", np.ascontiguousarray(weight, dtype=np.float32))}
+
+
+def convert(src: str | Path, out: str | Path, *, experts: str = "int4", dense: str = "keep",
+            progress: Callable[[int, int], None] | None = None) -> ConvertResult:
+    """Convert ``src`` into ``out``. ``progress(done_bytes, total_bytes)`` is called as
+    source bytes are processed."""
+    for what, choice in (("experts", experts), ("dense", dense)):
+        if choice not in TARGETS:
+            raise UsageError(f"--{what} {choice!r}: choose one of {', '.join(TARGETS)}")
+    src, out = Path(src), Path(out)
+    if out.resolve() == src.resolve():
+        raise UsageError("--out must be a different directory from --model")
+    bp = inspect_model(src)
+    try:
+        plan = _plan(bp, TARGETS[experts], TARGETS[dense])
+        manifest = _open_manifest(bp, out, experts, dense)
+        return _run(bp, out, plan, manifest, progress)
+    finally:
+        bp.close()
+
+
+def _plan(bp, experts: str, dense: str) -> dict[str, str]:
+    """tensor name -> target (a format name, "bf16", "f32" or "keep")."""
+    plan: dict[str, str] = {}
+    if experts != "keep":
+        for decl in bp.moe:
+            for matrices in decl.matrices:
+                for info in matrices.values():
+                    if info.name not in bp.checkpoint.tensors:
+                        raise UnsupportedModelError(
+                            f"{info.path}: experts are stored fused ({info.name.split('[')[0]!r}); converting fused "
+                            "experts is not supported yet (use --experts keep)")
+                    plan[info.name] = experts
+    if dense != "keep":
+        for p in bp.weights.params.values():
+            if p.role == "linear" and len(p.shape) == 2:
+                plan[p.name] = dense
+    return plan
+
+
+def _source_files(bp) -> dict[str, int]:
+    return {name: os.path.getsize(sf.path) for name, sf in sorted(bp.checkpoint.files.items())}
+
+
+def _open_manifest(bp, out: Path, experts: str, dense: str) -> dict:
+    wanted = {"colibri_convert": MANIFEST_VERSION, "source": str(bp.model_dir.resolve()), "source_files": _source_files(bp),
+              "experts": experts, "dense": dense}
+    path = out / MANIFEST
+    if path.exists():
+        try:
+            manifest = json.loads(path.read_text())
+        except ValueError:
+            raise UsageError(f"{path}: unreadable conversion manifest; delete {out} and convert again") from None
+        for key, value in wanted.items():
+            if manifest.get(key) != value:
+                raise UsageError(f"{out} holds a conversion with {key} = {manifest.get(key)!r}, not {value!r}; "
+                                 "refusing to mix: choose another --out or delete it")
+        return manifest
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} exists and is not a colibri conversion in progress; choose an empty or new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {**wanted, "done": {}, "complete": False}
+    _write_json(path, manifest)
+    return manifest
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress) -> ConvertResult:
+    for stale in out.glob("*.tmp-*"):
+        stale.unlink()
+    resolver, checkpoint = bp.resolver, bp.checkpoint
+    # companions of converted tensors (e.g. fp8 scale_inv) are not carried over
+    dropped = {c.name for name in plan for c in resolver.companions(checkpoint.info(name))}
+    files = _source_files(bp)
+    total, done_bytes = sum(files.values()), 0
+    result = ConvertResult(out, 0, 0, 0, total, 0)
+    weight_map: dict[str, str] = {}
+    for shard, sf in sorted(checkpoint.files.items()):
+        tensors = sorted(sf.tensors.values(), key=lambda t: t.offset)
+        specs, stamps = [], {}
+        for t in tensors:
+            if t.name in dropped and t.name not in plan:
+                continue
+            target = plan.get(t.name)
+            if target is None:
+                specs.append((t.name, t.dtype, t.shape))
+            else:
+                shape = resolver.logical_shape(t)
+                specs.extend(_target_specs(target, t.name, shape))
+                if target in FORMATS:
+                    stamps[t.name] = {"fmt": target, "shape": list(shape)}
+        for name, _, _ in specs:
+            weight_map[name] = shard
+        target_path = out / shard
+        recorded = manifest["done"].get(shard)
+        if recorded is not None and target_path.is_file() and target_path.stat().st_size == recorded:
+            result.shards_resumed += 1
+            result.bytes_out += recorded
+            done_bytes += files[shard]
+            if progress:
+                progress(done_bytes, total)
+            continue
+        meta = container_metadata(stamps) if stamps else {"format": "pt"}
+        with StreamWriter(target_path, specs, meta) as writer:
+            for t in tensors:
+                if t.name in dropped and t.name not in plan:
+                    continue
+                target = plan.get(t.name)
+                if target is None:
+                    writer.write(t.name, (t.dtype, checkpoint.read_many([t])[t.name]))
+                else:
+                    raw = checkpoint.read_many(resolver.with_companions([t]))
+                    weight = resolver.decode_all([t], {k: v for k, v in raw.items()})[t.name]
+                    for name, value in _encode(target, t.name, weight).items():
+                        writer.write(name, value)
+                    result.tensors_converted += 1
+                done_bytes += t.nbytes
+                if progress:
+                    progress(done_bytes, total)
+            size = writer.commit()
+        manifest["done"][shard] = size
+        _write_json(out / MANIFEST, manifest)
+        result.shards_written += 1
+        result.bytes_out += size
+    _finish(bp, out, weight_map, result, manifest)
+    return result
+
+
+def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, manifest: dict) -> None:
+    index = {"metadata": {"total_size": result.bytes_out, "colibri_convert": {k: manifest[k] for k in ("experts", "dense")}},
+             "weight_map": dict(sorted(weight_map.items()))}
+    _write_json(out / INDEX_NAME, index)
+    for item in sorted(bp.model_dir.iterdir()):
+        if not item.is_file() or item.suffix == ".safetensors" or item.name in SKIP_FILES:
+            continue
+        if item.stat().st_size > MAX_COPIED_FILE:
+            result.notes.append(f"not copied (larger than {MAX_COPIED_FILE >> 20} MiB): {item.name}")
+            continue
+        if item.name == "config.json":
+            config = json.loads(item.read_text())
+            if "quantization_config" in config and not any(n.endswith("_scale_inv") for n in weight_map):
+                del config["quantization_config"]  # no fp8 tensor is left
+            _write_json(out / item.name, config)
+        else:
+            shutil.copyfile(item, out / item.name)
+    manifest["complete"] = True
+    _write_json(out / MANIFEST, manifest)
+    for note in result.notes:
+        warn(note)
+
+
+# -- quality report --------------------------------------------------------------------
+def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length: int = 24, seed: int = 0,
+                   **load_options) -> dict:
+    """Next-token distributions of the converted model against the source on fixed
+    prompts (random token ids from ``seed``): cosine similarity of the logits, KL(source
+    || converted) of the softmax, and greedy agreement, over every position."""
+    import colibri_core
+
+    cos, kl, agree = [], [], []
+    with colibri_core.load(src, history=False, **load_options) as a, colibri_core.load(out, history=False, **load_options) as b:
+        vocab = a.lm.vocab_size
+        rng = np.random.default_rng(seed)
+        length = min(length, a.lm.max_context)
+        for _ in range(prompts):
+            ids = rng.integers(0, vocab, length).tolist()
+            x, y = a.logits(ids).astype(np.float64), b.logits(ids).astype(np.float64)
+            cos.extend(np.sum(x * y, axis=1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)))
+            p, q = _log_softmax(x), _log_softmax(y)
+            kl.extend(np.sum(np.exp(p) * (p - q), axis=1))
+            agree.extend(x.argmax(axis=1) == y.argmax(axis=1))
+    return {"positions": len(cos), "cosine_mean": float(np.mean(cos)), "cosine_min": float(np.min(cos)),
+            "kl_mean": float(np.mean(kl)), "kl_max": float(np.max(kl)), "greedy_agreement": float(np.mean(agree))}
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))

@@ -1,0 +1,185 @@
+"""``colibri doctor``: read-only readiness checks of a model directory.
+
+Each check has a status (pass, warn or fail), a detail and, when it does not pass, a
+hint. Nothing is written. The default checks parse every shard header (cheap, and what
+``colibri run`` needs anyway); ``--deep`` also reads every tensor's bytes once, proving
+the files are readable to the end and float weights hold no NaN or infinity.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from colibri_core.errors import BudgetError, ColibriError
+from colibri_core.units import format_bytes
+
+LOW_DISK_BYTES = 64 << 20
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # pass | warn | fail
+    detail: str
+    hint: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = False) -> list[Check]:
+    model_dir = Path(model_dir)
+    checks: list[Check] = []
+    add = checks.append
+
+    if not model_dir.is_dir():
+        add(Check("model directory", "fail", f"{model_dir} is not a directory", "point --model at a Hugging Face model directory"))
+        return checks
+    add(Check("model directory", "pass", str(model_dir)))
+
+    from colibri_core.model.config import read_json
+
+    try:
+        config = read_json(model_dir / "config.json", "model config")
+    except ColibriError as exc:
+        add(Check("config.json", "fail", str(exc), "the directory needs a valid config.json from the model's release"))
+        return checks
+    model_type = config.get("model_type")
+    add(Check("config.json", "pass" if model_type else "warn", f"model_type {model_type!r}",
+              "" if model_type else "config.json has no model_type; the family is chosen from 'architectures'"))
+
+    from colibri_core.plugins.discovery import get_registry
+
+    try:
+        family = get_registry().family_for(model_type, config.get("architectures"))
+        add(Check("family plugin", "pass", f"{family.spec.name} (plugin {family.plugin})"))
+    except ColibriError as exc:
+        add(Check("family plugin", "fail", str(exc), f"install the family plugin for {model_type!r} (colibri list-families shows what is installed)"))
+        family = None
+
+    checks.extend(_tokenizer_checks(model_dir))
+
+    from colibri_core.io.checkpoint import INDEX_NAME
+
+    index = model_dir / INDEX_NAME
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            listed = sorted(set(weight_map.values()))
+            missing = [s for s in listed if not (model_dir / s).is_file()]
+            add(Check("weight shards", "fail" if missing else "pass",
+                      f"{len(listed)} shards in {INDEX_NAME}" + (f"; missing: {', '.join(missing[:5])}" if missing else ""),
+                      "copy the missing shards from the model's release" if missing else ""))
+        except (ValueError, AttributeError) as exc:
+            add(Check("weight shards", "fail", f"{index}: unreadable index ({exc})", "restore the index file from the release"))
+    elif shards:
+        add(Check("weight shards", "pass", f"{len(shards)} safetensors files, no index"))
+    else:
+        add(Check("weight shards", "fail", "no *.safetensors files", "download the model's safetensors weights into this directory"))
+
+    bp = None
+    if family is not None:
+        from colibri_core.model.blueprint import inspect_model
+
+        try:
+            bp = inspect_model(model_dir)
+            add(Check("headers and tensors", "pass",
+                      f"{len(bp.checkpoint.files)} shard headers valid, {len(bp.weights.params)} dense tensors and "
+                      f"{sum(d.count for d in bp.moe)} experts match the config"))
+        except ColibriError as exc:
+            add(Check("headers and tensors", "fail", str(exc), "the named file is damaged or does not belong to this config: re-download it"))
+    try:
+        if bp is not None:
+            checks.append(_budget_check(bp, ram))
+            checks.append(_history_check(bp))
+            if deep:
+                checks.append(_data_check(bp))
+        checks.append(_disk_space_check(model_dir))
+    finally:
+        if bp is not None:
+            bp.close()
+    return checks
+
+
+def _tokenizer_checks(model_dir: Path) -> list[Check]:
+    from colibri_core.model.tokenizer import Tokenizer
+
+    if not (model_dir / "tokenizer.json").exists():
+        return [Check("tokenizer", "warn", "no tokenizer.json: the model runs from token ids only",
+                      "copy tokenizer.json from the model's release to use text prompts")]
+    try:
+        tok = Tokenizer(model_dir)
+    except ColibriError as exc:
+        return [Check("tokenizer", "fail", str(exc), "re-download tokenizer.json")]
+    out = [Check("tokenizer", "pass", f"{tok.vocab_size} tokens")]
+    if tok.chat_template is None:
+        out.append(Check("chat template", "warn", "none: --chat and chat APIs are unavailable",
+                         "add chat_template to tokenizer_config.json or a chat_template.jinja"))
+    else:
+        out.append(Check("chat template", "pass", f"from {Path(tok.chat_template.origin).name}"))
+    return out
+
+
+def _budget_check(bp, ram: int | None) -> Check:
+    from colibri_core.engine.placement import plan
+
+    try:
+        p = plan(dense_bytes=bp.dense_bytes, expert_bytes=bp.expert_bytes, moe_layers=len(bp.moe),
+                 experts_per_layer=bp.experts_per_layer, ram=ram, cap=None, io_window=max(1, bp.top_k))
+    except BudgetError as exc:
+        return Check("RAM budget", "fail", str(exc), "give a larger --ram, or run on a machine with more memory")
+    detail = (f"{format_bytes(p.budget)} ({p.budget_source}): dense {format_bytes(p.dense_bytes)}, "
+              f"{p.slots} of {p.experts_per_layer} experts per layer cached")
+    if p.moe_layers and p.slots < bp.top_k:
+        return Check("RAM budget", "warn", detail, f"fewer cached experts than top-k ({bp.top_k}): expect most expert reads from disk")
+    return Check("RAM budget", "pass", detail)
+
+
+def _history_check(bp) -> Check:
+    from colibri_core.experts.history import FILENAME, RoutingHistory
+    from colibri_core.warn import ColibriWarning
+
+    if not bp.moe:
+        return Check("routing history", "pass", "no routed experts")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ColibriWarning)
+        history = RoutingHistory.open(bp.model_dir, bp.family.spec.name, bp.config.get("model_type"), len(bp.moe),
+                                      bp.experts_per_layer)
+    problems = [str(w.message) for w in caught if issubclass(w.category, ColibriWarning)]
+    if problems:
+        return Check("routing history", "warn", problems[0], f"delete {FILENAME}: colibri starts a new one")
+    if history.path is None:
+        return Check("routing history", "pass", "none yet (it is saved after the first run)")
+    return Check("routing history", "pass", f"{history.total_tokens:.0f} tokens in {history.path}")
+
+
+def _disk_space_check(model_dir: Path) -> Check:
+    free = shutil.disk_usage(model_dir).free
+    if free < LOW_DISK_BYTES:
+        return Check("disk space", "warn", f"{format_bytes(free)} free next to the model",
+                     "the routing history is saved next to the model (or in the cache dir); free some space")
+    return Check("disk space", "pass", f"{format_bytes(free)} free")
+
+
+def _data_check(bp) -> Check:
+    bad = []
+    total = 0
+    for name, info in bp.checkpoint.tensors.items():
+        raw = bp.checkpoint.read_many([info])[name]
+        total += info.nbytes
+        if info.dtype in ("F32", "F16", "BF16"):
+            fmt = bp.resolver._by_dtype.get(info.dtype)
+            values = fmt.decode(info, raw, {}) if fmt is not None else raw
+            if not np.all(np.isfinite(values)):
+                bad.append(name)
+    if bad:
+        return Check("tensor data (--deep)", "fail", f"{len(bad)} tensors hold NaN or infinity, first {bad[0]!r}",
+                     "the weights are damaged: re-download the shards holding them")
+    return Check("tensor data (--deep)", "pass", f"read all {format_bytes(total)}: every tensor readable and finite")

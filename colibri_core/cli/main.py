@@ -1,0 +1,220 @@
+"""The ``colibri`` command line.
+
+Listing commands import only the plugin registry (no numpy, no GPU stacks); commands
+that run a model import the runtime when they start. Errors caused by input print one
+line and exit non-zero; set COLIBRI_DEBUG=1 to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from colibri_core import __version__
+from colibri_core.errors import ColibriError
+from colibri_core.plugins.discovery import get_manager
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def _warn_plugin_problems() -> None:
+    manager = get_manager()
+    err = _console(stderr=True)
+    failed = [p for p in manager.plugins.values() if p.status in ("failed", "unavailable")]
+    for p in failed:
+        err.print(f"[yellow]warning:[/] plugin {p.name!r} {p.status}: {p.error} (see 'colibri plugins')", markup=True)
+    for message in manager.conflict_messages():
+        err.print(f"[red]error:[/] {message}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="colibri")
+def cli():
+    """colibri: run Mixture-of-Experts models larger than memory.
+
+    Dense weights stay in RAM; routed experts stream from disk through a cache that
+    fits your RAM budget. Placement changes speed only, never the tokens.
+    """
+
+
+# -- listings -------------------------------------------------------------------------
+def _table(title: str, columns: list[str], rows: list[list[str]]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
+def _plugin_meta(plugin_name: str) -> tuple[str, str]:
+    info = get_manager().plugins.get(plugin_name)
+    if info is None:
+        return plugin_name, "?"
+    return info.distribution or info.name, info.version or "?"
+
+
+@cli.command("list-families")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def list_families(as_json):
+    """Model families and the Hugging Face model_types they run."""
+    registry = get_manager().registry
+    rows = []
+    for entry in registry.all("family"):
+        dist, version = _plugin_meta(entry.plugin)
+        conflict = any(registry.conflict_for(k, key) for k, key in
+                       [("family", entry.spec.name)] + [("model_type", t) for t in entry.spec.model_types])
+        rows.append({"family": entry.spec.name, "model_types": list(entry.spec.model_types),
+                     "architectures": list(entry.spec.architectures), "plugin": entry.plugin,
+                     "distribution": dist, "version": version, "description": entry.spec.description,
+                     "status": "conflict" if conflict else "ok"})
+    if as_json:
+        _emit_json(rows)
+    else:
+        table = _table("Model families", ["family", "model_types", "distribution", "version", "status"],
+                       [[r["family"], ", ".join(r["model_types"]), r["distribution"], r["version"], r["status"]] for r in rows])
+        _console().print(table if rows else "No model families installed. Install one, e.g. pip install colibri-olmoe")
+    _warn_plugin_problems()
+
+
+@cli.command("list-backends")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def list_backends(as_json):
+    """Compute backends and whether they can run on this machine."""
+    rows = []
+    for entry in get_manager().registry.all("backend"):
+        reason = entry.spec.unavailable_reason()
+        rows.append({"backend": entry.spec.name, "available": reason is None, "reason": reason,
+                     "plugin": entry.plugin, "description": entry.spec.description})
+    if as_json:
+        _emit_json(rows)
+    else:
+        _console().print(_table("Compute backends", ["backend", "status", "plugin", "description"], [
+            [r["backend"], "available" if r["available"] else f"unavailable: {r['reason']}", r["plugin"], r["description"]]
+            for r in rows]))
+    _warn_plugin_problems()
+
+
+def _simple_listing(kind: str, title: str, extra=None):
+    rows = []
+    for entry in get_manager().registry.all(kind):
+        row = {"name": entry.spec.name, "plugin": entry.plugin, "description": entry.spec.description}
+        if extra:
+            row.update(extra(entry.spec))
+        rows.append(row)
+    return rows
+
+
+@cli.command("list-quants")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def list_quants(as_json):
+    """Weight formats colibri can read."""
+    rows = _simple_listing("quant", "Weight formats", lambda s: {"dtypes": list(s.dtypes), "storage": s.storage or ", ".join(s.dtypes)})
+    if as_json:
+        _emit_json(rows)
+    else:
+        _console().print(_table("Weight formats", ["format", "stored as", "plugin", "description"],
+                                [[r["name"], r["storage"], r["plugin"], r["description"]] for r in rows]))
+    _warn_plugin_problems()
+
+
+@cli.command("list-tiers")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def list_tiers(as_json):
+    """Storage tiers experts can be served from."""
+    rows = _simple_listing("tier", "Storage tiers")
+    if as_json:
+        _emit_json(rows)
+    else:
+        _console().print(_table("Storage tiers", ["tier", "plugin", "description"],
+                                [[r["name"], r["plugin"], r["description"]] for r in rows]))
+    _warn_plugin_problems()
+
+
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def plugins(as_json):
+    """Every plugin found: version, hooks, status and error."""
+    manager = get_manager()
+    manager.registry  # run the registration hooks so their failures show
+    rows = [p.as_dict() for p in manager.plugins.values()]
+    conflicts = manager.conflict_messages()
+    if as_json:
+        _emit_json({"plugins": rows, "conflicts": conflicts})
+        return
+    styles = {"loaded": "green", "failed": "red", "unavailable": "yellow", "disabled": "dim"}
+    table = _table("Plugins", ["plugin", "version", "hooks", "status", "error"], [
+        [r["name"], r["version"] or "?", ", ".join(h.removeprefix("colibri_") for h in r["hooks"]),
+         f"[{styles.get(r['status'], '')}]{r['status']}[/]", r["error"] or ""] for r in rows])
+    console = _console()
+    console.print(table)
+    for message in conflicts:
+        console.print(f"[red]conflict:[/] {message}")
+
+
+def build_cli() -> click.Group:
+    """The command group with the core's commands and every plugin's commands."""
+    from colibri_core.cli.run import demo, run
+    from colibri_core.cli.tools import bench, convert, doctor, plan
+
+    for command in (run, demo, plan, doctor, convert, bench):
+        cli.add_command(command)
+    get_manager().add_commands(cli)
+    return cli
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    from colibri_core.warn import ColibriWarning
+
+    if issubclass(category, ColibriWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+def main(argv=None) -> None:
+    import warnings
+
+    global _default_showwarning
+    _default_showwarning = warnings.showwarning
+    warnings.showwarning = _show_warning
+    build_cli()
+    try:
+        cli.main(args=argv, prog_name="colibri", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except ColibriError as exc:
+        if os.environ.get("COLIBRI_DEBUG"):
+            raise
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except MemoryError:
+        click.echo("error: out of memory; try a smaller --ram budget or --cap", err=True)
+        sys.exit(3)
+    except Exception as exc:
+        if os.environ.get("COLIBRI_DEBUG"):
+            raise
+        click.echo(f"internal error: {type(exc).__name__}: {exc} (this is a bug in colibri; COLIBRI_DEBUG=1 shows the traceback)", err=True)
+        sys.exit(70)

@@ -1,0 +1,208 @@
+"""``colibri run`` and ``colibri demo``: generate text and report statistics."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from colibri_core.errors import UsageError
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def load_with_progress(model_dir, *, quiet: bool, **options):
+    """Load a model, showing a progress bar on a terminal."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from colibri_core.engine.api import LoadProgress, load
+
+    console = _stderr_console()
+    if quiet or not console.is_terminal:
+        return load(model_dir, **options)
+    with Progress(TextColumn("loading {task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=console, transient=True) as bar:
+        task = {"id": None}
+
+        def start(total, what):
+            if task["id"] is not None:
+                bar.remove_task(task["id"])
+            task["id"] = bar.add_task(what, total=total)
+
+        return load(model_dir, progress=LoadProgress(start, lambda n: bar.advance(task["id"], n)), **options)
+
+
+def parse_token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise UsageError(f"--token-ids takes comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise UsageError("--token-ids is empty")
+    return ids
+
+
+def stats_table(stats, model):
+    from rich.table import Table
+
+    from colibri_core.units import format_bytes
+
+    s = stats
+    table = Table(title="statistics", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("prompt", f"{s.prompt_tokens} tokens, prefill {s.prefill_s:.2f} s ({s.prefill_tok_s:.1f} tok/s)")
+    table.add_row("time to first token", f"{s.ttft_s:.2f} s")
+    table.add_row("decode", f"{s.generated_tokens} tokens, {s.decode_tok_s:.2f} tok/s")
+    p = model.placement
+    if p.moe_layers:
+        pinned = f" + {s.pinned_experts} pinned" if s.pinned_experts else ""
+        table.add_row("expert cache", f"LRU {p.slots} of {p.experts_per_layer} per layer x {p.moe_layers} layers{pinned} "
+                                      f"({format_bytes(p.expert_cache_bytes)} of budget {format_bytes(p.budget)})")
+        lookups = s.expert_hits + s.hits_prefetched + s.expert_misses
+        table.add_row("expert hit rate", f"{s.hit_rate:.1%} of {lookups} lookups: {s.hits_pinned} pinned, {s.hits_lru} LRU, "
+                                         f"{s.hits_prefetched} prefetched, {s.expert_misses} misses")
+        per_token = f", {format_bytes(s.bytes_read / s.generated_tokens)}/token" if s.generated_tokens else ""
+        drives = ""
+        if len(s.bytes_read_by_drive) > 1:
+            drives = " (" + ", ".join(f"{name}: {format_bytes(n)}" for name, n in s.bytes_read_by_drive.items()) + ")"
+        table.add_row("read from disk", f"{format_bytes(s.bytes_read)} in {s.disk_reads} reads{per_token}{drives}")
+        if p.prefetch_slots:
+            table.add_row("prefetch", f"{s.prefetch_issued} read ahead ({s.prefetch_unused} unused), "
+                                      f"precision {s.prefetch_precision:.0%}, recall {s.prefetch_recall:.0%}")
+    table.add_row("resident weights", f"{format_bytes(s.resident_bytes)} (dense {format_bytes(p.dense_bytes)})")
+    table.add_row("KV cache", f"{format_bytes(s.kv_bytes)} ({format_bytes(s.kv_bytes_per_token)}/token)")
+    return table
+
+
+def stream_to_terminal(generation, model, *, show_ids: bool) -> None:
+    out = sys.stdout
+    for event in generation:
+        if show_ids:
+            if event.token_id >= 0:
+                out.write(f"{event.token_id} ")
+        else:
+            out.write(event.text)
+        out.flush()
+    out.write("\n")
+    out.flush()
+
+
+def _apply(f, options):
+    for option in reversed(options):  # decorators apply bottom-up; keep --help in this order
+        f = option(f)
+    return f
+
+
+def placement_options(f):
+    return _apply(f, [
+        click.option("--ram", default=None, help="RAM budget for weights, e.g. 2G (default: 80% of available memory)."),
+        click.option("--cap", type=int, default=None, help="At most N experts per MoE layer in RAM (pinned + LRU)."),
+        click.option("--pin", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+                     help="Pin the hottest experts from the routing history (auto: once it holds enough tokens)."),
+        click.option("--pin-share", type=float, default=0.5, show_default=True, help="Part of the expert budget for pinned experts."),
+        click.option("--prefetch/--no-prefetch", default=False, show_default=True,
+                     help="Read the next layer's predicted experts while this layer computes."),
+        click.option("--prefetch-slots", type=int, default=None, help="Experts read ahead per layer (default: top-k)."),
+        click.option("--direct-io", is_flag=True, help="Read experts with O_DIRECT (bypasses the page cache)."),
+        click.option("--mirror", "mirrors", multiple=True, metavar="DIR[@BW]",
+                     help="A read-only copy of the model on another drive, optionally with its bandwidth (e.g. @2G per second). Repeatable."),
+        click.option("--history", type=click.Choice(["save", "read", "off"]), default="save", show_default=True,
+                     help="Routing history: read and save it, only read it, or ignore it."),
+        click.option("--history-decay", type=float, default=1.0, show_default=True, help="Multiply saved routing counts by this at each save."),
+        click.option("--preload", is_flag=True, help="Fill the expert cache before generating."),
+        click.option("--backend", default="cpu", show_default=True, help="Compute backend (see colibri list-backends)."),
+    ])
+
+
+def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_io, mirrors, history, history_decay,
+                     preload, backend) -> dict:
+    return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
+                direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,
+                preload=preload, backend=backend)
+
+
+def sampling_options(f):
+    return _apply(f, [
+        click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most."),
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="Sample among the k likeliest; 0 = no limit."),
+        click.option("--seed", type=int, default=None, help="Seed for sampling."),
+    ])
+
+
+@click.command("run")
+@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@click.argument("prompt", required=False)
+@click.option("--token-ids", default=None, help="Prompt as comma-separated token ids (for models without a tokenizer).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
+@click.option("--system", default=None, help="System message (with --chat).")
+@sampling_options
+@placement_options
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or statistics.")
+def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ignore_eos, as_json,
+        quiet, **placement):
+    """Generate from PROMPT (or --token-ids) with the model in --model."""
+    if (prompt is None) == (token_ids is None):
+        raise UsageError("give a PROMPT or --token-ids (exactly one)")
+    if chat and prompt is None:
+        raise UsageError("--chat needs a text PROMPT")
+    model = load_with_progress(model_dir, quiet=quiet or as_json, **placement_kwargs(**placement))
+    with model:
+        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                      ignore_eos=ignore_eos)
+        if token_ids is not None:
+            generation = model.stream(token_ids=parse_token_ids(token_ids), **kwargs)
+        elif chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            generation = model.stream(messages=messages, **kwargs)
+        else:
+            generation = model.stream(prompt, **kwargs)
+        if as_json:
+            result = generation.run()
+            click.echo(json.dumps(result.as_dict()))
+            return
+        stream_to_terminal(generation, model, show_ids=model.tokenizer is None)
+        if not quiet:
+            _stderr_console().print(stats_table(generation.result().stats, model))
+
+
+@click.command("demo")
+@click.option("--prompt", default="Once upon a time, a small bird", show_default=True)
+@click.option("--max-tokens", type=int, default=48, show_default=True)
+@click.option("--ram", default=None, help="RAM budget for weights (default: dense weights + 1/4 of the experts).")
+@click.option("--dir", "demo_dir", default=None, help="Where to build the demo model (default: the user cache dir).")
+@click.option("--rebuild", is_flag=True, help="Build the demo model again even if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
+def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json):
+    """Build a synthetic OLMoE-shaped model (random weights, >1 GB) once, then generate
+    from it with a RAM budget small enough that experts stream from disk."""
+    from colibri_core.cli.demo import DEFAULT_SPEC, default_demo_dir, ensure_demo_model
+
+    console = _stderr_console()
+    path = ensure_demo_model(demo_dir or default_demo_dir(), DEFAULT_SPEC, rebuild=rebuild, console=console, quiet=as_json)
+    budget = ram if ram is not None else DEFAULT_SPEC.default_budget(path)
+    model = load_with_progress(path, quiet=as_json, ram=budget)
+    with model:
+        generation = model.stream(prompt, max_tokens=max_tokens, seed=0)
+        if as_json:
+            result = generation.run()
+            click.echo(json.dumps({"model_dir": str(path), **result.as_dict()}))
+            return
+        from colibri_core.units import format_bytes
+
+        p = model.placement
+        console.print(f"[bold]demo model[/] {path}  (random weights: the text below is noise)")
+        console.print(f"RAM budget {format_bytes(p.budget)}: dense weights {format_bytes(p.dense_bytes)} resident, "
+                      f"{p.slots} of {p.experts_per_layer} experts per layer cached; the rest stream from disk.\n")
+        sys.stdout.write(prompt)
+        stream_to_terminal(generation, model, show_ids=False)
+        console.print(stats_table(generation.result().stats, model))

@@ -1,0 +1,1 @@
+"""The runtime: the backend contract, placement, the Python API, generation and sampling."""

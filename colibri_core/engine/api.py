@@ -1,0 +1,264 @@
+"""The Python API.
+
+    import colibri_core as colibri
+    model = colibri.load("path/to/model", ram="4G")
+    result = model.generate("The capital of France is", max_tokens=32)
+    print(result.text, result.stats.decode_tok_s)
+    for event in model.stream(token_ids=[1, 2, 3], max_tokens=8):
+        print(event.token_id)
+    logits = model.logits([1, 2, 3])  # (3, vocab) float32
+
+The CLI is a thin layer over this module.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from colibri_core.model.blueprint import Blueprint, inspect_model
+from colibri_core.io.checkpoint import Checkpoint
+from colibri_core.model.config import eos_token_ids
+from colibri_core.errors import ColibriError, UsageError
+from colibri_core.io.drives import Drive, MirrorSpec, measure_bandwidth, validate_mirror
+from colibri_core.experts.history import RoutingHistory
+from colibri_core.experts.prefetch import Prefetcher
+from colibri_core.experts.store import ExpertStore, PinPolicy
+from colibri_core.engine.generation import Generation, GenerationResult, TokenEvent
+from colibri_core.nn.layers import CausalLM
+from colibri_core.engine.placement import Placement, plan
+from colibri_core.formats.base import QuantTensor
+from colibri_core.plugins.discovery import create_backend, get_registry
+from colibri_core.plugins.registry import Entry
+from colibri_core.engine.sampling import SamplingParams
+from colibri_core.model.tokenizer import Tokenizer
+from colibri_core.units import parse_size
+from colibri_core.warn import warn
+
+
+@dataclass
+class LoadProgress:
+    """Callbacks for long loads: ``start(total_bytes, what)`` then ``advance(n)``."""
+
+    start: Callable[[int, str], None]
+    advance: Callable[[int], None]
+
+
+class Model:
+    """A loaded model: family, weights placed, tokenizer (if any), ready to generate."""
+
+    def __init__(self, *, model_dir: Path, config: dict, family: Entry, lm: CausalLM, backend, checkpoint: Checkpoint,
+                 store: ExpertStore | None, placement: Placement, tokenizer: Tokenizer | None, eos_ids: list[int],
+                 load_seconds: float, dense_bytes_read: int):
+        self.model_dir = model_dir
+        self.config = config
+        self.family = family
+        self.lm = lm
+        self.backend = backend
+        self.checkpoint = checkpoint
+        self.store = store
+        self.placement = placement
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.load_seconds = load_seconds
+        self.dense_bytes_read = dense_bytes_read
+
+    # -- information -----------------------------------------------------------------
+    @property
+    def model_type(self) -> str | None:
+        return self.config.get("model_type")
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.placement.dense_bytes + (self.store.resident_bytes if self.store else 0)
+
+    def store_counters(self) -> dict:
+        """Cumulative expert-store counters (the generation loop reports differences)."""
+        if self.store is None:
+            return {"bytes_by_drive": {}}
+        disk = self.store.disk
+        return {**self.store.stats.snapshot(), "bytes_by_drive": {d.name: d.bytes_read for d in disk.drives},
+                "reads": disk.reads}
+
+    # -- text ------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise UsageError(f"{self.model_dir} has no tokenizer.json: give token ids instead of text")
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise UsageError(f"{self.model_dir} has no tokenizer.json: cannot turn token ids into text")
+        return self.tokenizer.decode(ids)
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+        if self.tokenizer is None:
+            raise UsageError(f"{self.model_dir} has no tokenizer.json: chat needs a tokenizer")
+        return self.tokenizer.render_chat(messages)
+
+    def _prompt_ids(self, prompt, token_ids, messages) -> list[int]:
+        given = [x is not None for x in (prompt, token_ids, messages)]
+        if sum(given) != 1:
+            raise UsageError("give exactly one of prompt text, token_ids or messages")
+        if token_ids is not None:
+            return [int(t) for t in token_ids]
+        if messages is not None:
+            text = self.chat_prompt(messages)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.encode(prompt)
+
+    # -- generation ------------------------------------------------------------------
+    def stream(self, prompt: str | None = None, *, token_ids: list[int] | None = None,
+               messages: list[dict[str, Any]] | None = None, max_tokens: int = 128, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
+               return_logits: bool = False) -> Generation:
+        """Start generating; iterate the returned Generation for TokenEvents, then call
+        its ``result()`` for the token ids, text and statistics."""
+        ids = self._prompt_ids(prompt, token_ids, messages)
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        stop = frozenset() if ignore_eos else frozenset(self.eos_ids)
+        return Generation(self, ids, max_tokens, sampling, stop, return_logits)
+
+    def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:
+        """Generate to completion. Same arguments as ``stream``."""
+        return self.stream(prompt, **kwargs).run()
+
+    def logits(self, token_ids: list[int]) -> np.ndarray:
+        """Next-token logits after every position of ``token_ids``: (T, vocab) float32."""
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise UsageError("logits() needs at least one token id")
+        if len(ids) > self.lm.max_context:
+            raise UsageError(f"{len(ids)} tokens do not fit the context of {self.lm.max_context}")
+        self.lm.check_prompt(ids)
+        cache = self.lm.new_cache(self.backend)
+        from colibri_core.engine.generation import PREFILL_CHUNK
+
+        chunks = [self.lm.forward(np.asarray(ids[i : i + PREFILL_CHUNK]), cache, self.backend, all_logits=True)
+                  for i in range(0, len(ids), PREFILL_CHUNK)]
+        if self.store is not None:
+            self.store.after_tokens(len(ids))
+        return np.concatenate(chunks, axis=0)
+
+    def close(self) -> None:
+        """Stop the prefetch pool, save the routing history, close the files."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        self.checkpoint.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str = "cpu",
+         preload: bool = False, progress: LoadProgress | None = None, direct_io: bool = False,
+         mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5, prefetch: bool = False,
+         prefetch_slots: int | None = None, history: bool | str = True, history_decay: float = 1.0) -> Model:
+    """Load a Hugging Face model directory.
+
+    ram: RAM budget for weights (bytes or "4G"); dense weights are resident and what is
+         left holds experts. Default: 80% of available memory.
+    cap: limit the experts held in RAM to N per MoE layer (pinned + LRU).
+    backend: compute backend name (see ``colibri list-backends``).
+    preload: fill the LRU up to its slots before returning.
+    direct_io: read experts with O_DIRECT (aligned reads that bypass the page cache).
+    mirrors: read-only copies of the model on other drives: paths, "PATH@BANDWIDTH"
+         strings or MirrorSpec objects.
+    pin: "auto" (pin the hottest experts once the routing history holds enough tokens),
+         "on" or "off"; pin_share is the part of the expert budget they may take.
+    prefetch: read the predicted experts of the next layer while this one computes;
+         prefetch_slots experts per layer (default: the router's top-k).
+    history: True reads and saves the routing history (colibri-usage.json), "read" only
+         reads it, False ignores it; history_decay multiplies the saved counts at each save.
+    """
+    if pin not in ("auto", "on", "off"):
+        raise UsageError(f"pin must be 'auto', 'on' or 'off', got {pin!r}")
+    if history not in (True, False, "read"):
+        raise UsageError(f"history must be True, False or 'read', got {history!r}")
+    if not 0 < history_decay <= 1:
+        raise UsageError(f"history_decay must be in (0, 1], got {history_decay}")
+    started = time.perf_counter()
+    registry = get_registry()
+    backend_obj = create_backend(registry, backend)
+    budget = parse_size(ram) if ram is not None else None
+    mirror_specs = [m if isinstance(m, MirrorSpec) else MirrorSpec.parse(str(m)) for m in mirrors]
+
+    bp = inspect_model(model_dir, backend_obj)
+    store = None
+    try:
+        moe = bp.moe
+        routing = (RoutingHistory.open(bp.model_dir, bp.family.spec.name, bp.config.get("model_type"), len(moe),
+                                       bp.experts_per_layer) if history and moe else None)
+        policy = PinPolicy(mode=pin, share=pin_share)
+        pinning = routing is not None and (pin == "on" or (pin == "auto" and routing.total_tokens >= policy.min_tokens))
+        slots_ahead = (prefetch_slots if prefetch_slots is not None else bp.top_k) if prefetch and moe else 0
+        placement = plan(dense_bytes=bp.dense_bytes, expert_bytes=bp.expert_bytes, moe_layers=len(moe),
+                         experts_per_layer=bp.experts_per_layer, ram=budget, cap=cap,
+                         pin_share=pin_share if pinning else 0.0, prefetch_slots=slots_ahead,
+                         io_window=max(1, bp.top_k))
+
+        if progress:
+            progress.start(bp.dense_disk_bytes, "dense weights")
+        dense_read = bp.weights.load_dense(bp.resolver, backend_obj, progress.advance if progress else None)
+
+        if moe:
+            drives = _drives(bp, mirror_specs, direct_io)
+            disk_tier, ram_tier = registry.get("tier", "disk").spec.load(), registry.get("tier", "ram").spec.load()
+            store = ExpertStore([d.matrices for d in moe], disk_tier(drives, bp.resolver, backend_obj),
+                                ram_tier(len(moe), placement.slots), history=routing, pinned_capacity=placement.pinned,
+                                pin_policy=policy, io_window=placement.io_window,
+                                history_decay=history_decay, save_history=history is True)
+            for experts in bp.lm.routed_experts():
+                experts.store = store
+            if placement.pinned:
+                if progress:
+                    progress.start(placement.pinned, "pinned experts")
+                store.apply_pins(progress=(lambda: progress.advance(1)) if progress else None)
+            if slots_ahead:
+                bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead)
+            if preload:
+                if progress:
+                    progress.start(placement.slots * len(moe), "experts")
+                store.warm(progress=(lambda: progress.advance(1)) if progress else None)
+        expert_kinds = {bp.resolver.format_for(i).kernel for d in moe for i in d.matrices[0].values()}
+        backend_obj.placed(any(isinstance(p.value, QuantTensor) for p in bp.weights.params.values())
+                           or any(k is not None and backend_obj.keeps_stored(k, "linear") for k in expert_kinds))
+        tokenizer = Tokenizer.from_dir(bp.model_dir)
+        eos = eos_token_ids(bp.model_dir, bp.config)
+    except BaseException:
+        if store is not None:
+            store.disk.close()
+        bp.close()
+        raise
+    return Model(model_dir=bp.model_dir, config=bp.config, family=bp.family, lm=bp.lm, backend=backend_obj,
+                 checkpoint=bp.checkpoint, store=store, placement=placement, tokenizer=tokenizer, eos_ids=eos,
+                 load_seconds=time.perf_counter() - started, dense_bytes_read=dense_read)
+
+
+def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool) -> list[Drive]:
+    files = {sf.path: sf for sf in bp.checkpoint.files.values()}
+    drives = [Drive("primary", {path: path for path in files}, direct=direct_io)]
+    for spec in mirrors:
+        usable, skipped = validate_mirror(files, spec)
+        for reason in skipped:
+            warn(f"mirror shard not used: {reason}")
+        if not usable:
+            warn(f"mirror {spec.path} holds no usable shard of this model; not used")
+            continue
+        drives.append(Drive(str(spec.path), usable, direct=direct_io, bandwidth=spec.bandwidth))
+    if len(drives) > 1:
+        for drive in drives:
+            if drive.bandwidth is None:
+                drive.bandwidth = measure_bandwidth(drive)
+    return drives
+
+
+__all__ = ["Blueprint", "GenerationResult", "LoadProgress", "Model", "TokenEvent", "inspect_model", "load"]

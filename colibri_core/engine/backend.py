@@ -1,0 +1,400 @@
+"""The backend contract: everything the core asks of a compute backend.
+
+The shared blocks in ``colibri_core.nn`` do their array work through a backend
+(``step.ops``), so a family written once runs on every backend. A backend is a subclass
+of ``Backend``: the abstract methods below are required; the others have reference
+implementations written against the contract itself, which a backend may replace with
+faster ones. ``colibri_core.engine.reference.ReferenceBackend`` (numpy) is the reference
+every backend is checked against, op by op, by the conformance kit
+(``colibri_core.testing.backend_kit``); docs/backends.md walks through writing one.
+
+**Arrays.** A backend's arrays are its own (numpy arrays on the CPU, ``mx.array`` on
+MLX, CuPy arrays on CUDA). Besides the contract methods, the core uses only this array
+protocol on them, which numpy, CuPy and MLX arrays all satisfy:
+
+- ``x.shape`` (tuple of ints), ``x.ndim``, ``x.dtype``;
+- ``x.reshape(*shape)`` and ``x.transpose(*axes)``;
+- basic indexing with ints, slices, ``...`` and ``None`` (``x[:, a:b]``, ``x[-1:]``),
+  and assignment into a basic slice (``cache[:, a:b] = rows``);
+- ``+ - * /`` and unary ``-`` between two arrays of the backend (numpy broadcasting) and
+  between an array and a Python ``float`` / ``int`` (never a numpy scalar: numpy would
+  take over the operation).
+
+Nothing else: no fancy indexing (``take_rows`` / ``add_rows``), no reductions, no numpy
+functions. Host data crosses only through ``asarray`` (host -> backend) and ``to_host``
+(backend -> host); every ``to_host`` is a synchronisation point and is counted
+(``host_syncs``), so the statistics show how many a token costs.
+
+**Dtypes.** Allocation names its dtype ("float32", "bfloat16", "float16", "int64",
+"int32"). Activations are ``activation_dtype`` and caches ``cache_dtype``; float32 is the
+reference, and a backend lists the float dtypes it computes in (``float_dtypes``).
+
+**Weights.** A weight arrives in its host form: a float32 numpy array, or a
+``QuantTensor`` (the stored packed form) when ``keeps_stored(kind, use)`` says the
+backend wants it packed. ``prepare_weight`` turns it, once, into the backend's own form
+(an upload, a repack to a native quantised layout, a decode); blocks pass that form back
+to ``linear``, ``embedding`` and the experts' products and never look inside it.
+
+**Memory.** ``device_memory()`` is None for a backend whose arrays live in host RAM (the
+CPU): then its prepared weights count against ``--ram``. A backend with memory of its
+own returns its size; the expert store then keeps prepared experts in a device tier
+under ``--vram`` fed from the RAM tier (``unified_memory``: device and host memory are
+one pool, as on Apple silicon, and share one budget).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable
+
+import numpy as np
+
+Array = Any  # the backend's own array type
+Weight = Any  # what prepare_weight returns: the backend's form of a weight
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "uint8": 1}
+
+
+class Backend(abc.ABC):
+    """The contract. Subclasses set ``name`` and implement every abstract method."""
+
+    name = "base"
+    activation_dtype = "float32"
+    cache_dtype = "float32"
+    float_dtypes: tuple[str, ...] = ("float32",)
+    unified_memory = False
+    # the largest difference from transformers' float32 logits this backend promises (the
+    # family oracle suites check it); greedy tokens must be identical regardless
+    logits_tolerance = 1e-4
+
+    def __init__(self) -> None:
+        self.host_syncs = 0  # to_host calls so far
+
+    # -- memory ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def asarray(self, host: np.ndarray, dtype: str = "float32") -> Array:
+        """A host (numpy) array as the backend's array of ``dtype``."""
+
+    @abc.abstractmethod
+    def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Array:
+        """A new array of zeros."""
+
+    def to_host(self, x: Array) -> np.ndarray:
+        """The array's values as a numpy array: a synchronisation point, counted."""
+        self.host_syncs += 1
+        return self._to_host(x)
+
+    @abc.abstractmethod
+    def _to_host(self, x: Array) -> np.ndarray:
+        """``to_host`` without the counting."""
+
+    def nbytes(self, x: Array) -> int:
+        return int(x.nbytes)
+
+    def device_memory(self) -> int | None:
+        """Bytes of the backend's own memory (VRAM), or None when its arrays live in host
+        RAM. ``plan`` and ``--vram`` defaults use it."""
+        return None
+
+    # -- weights -----------------------------------------------------------------------
+    def has_kernel(self, kind: str) -> bool:
+        """Whether the backend computes with weights of this packed kind ("q8", "q4",
+        "mxfp4", "fp8", "bf16": ``QuantTensor.kind``) without decoding them to float32 first."""
+        return False
+
+    def keeps_stored(self, kind: str, use: str) -> bool:
+        """Whether a weight of this packed kind reaches ``prepare_weight`` packed for this
+        use: "linear" (only multiplied through ``linear`` / the experts' products),
+        "embedding" (rows looked up by ``embedding``, perhaps also a tied LM head) or
+        "array" (read as an array by a block: always float32)."""
+        return use == "linear" and self.has_kernel(kind)
+
+    def prepare_weight(self, w, use: str = "linear") -> Weight:
+        """The backend's own form of a host weight (float32 numpy array, or ``QuantTensor``
+        when ``keeps_stored``), made once: upload, repack or decode. The reference uploads
+        float32 arrays and keeps packed weights as they are."""
+        from colibri_core.formats.base import QuantTensor
+
+        if isinstance(w, QuantTensor):
+            return w
+        return self.asarray(w)
+
+    def weight_nbytes(self, kind: str | None, shape: tuple[int, ...], stored_nbytes: int) -> int:
+        """Bytes a prepared weight takes in the backend's memory: ``kind`` is its packed kind
+        when it reaches ``prepare_weight`` packed, None for a float32 array."""
+        if kind is not None:
+            return stored_nbytes
+        return 4 * int(np.prod(shape, dtype=np.int64))
+
+    def placed(self, packed: bool) -> None:
+        """Called once the model's weights are placed; ``packed`` says whether any weight
+        is kept in a packed form (so the backend's kernels will do most of the work)."""
+
+    # -- dense operations --------------------------------------------------------------
+    @abc.abstractmethod
+    def embedding(self, table: Weight, ids: np.ndarray) -> Array:
+        """Rows of ``table`` (a prepared weight) for integer ``ids`` (host int array)."""
+
+    @abc.abstractmethod
+    def linear(self, x: Array, weight: Weight, bias: Array | None = None) -> Array:
+        """x (T, in) @ weight.T (+ bias): the weight stored (out, in) as in PyTorch
+        checkpoints, in its prepared form."""
+
+    def linears(self, x: Array, weights: list, biases: list | None = None) -> list:
+        """Several projections of the same x (q, k and v); a backend may fuse them."""
+        biases = biases or [None] * len(weights)
+        return [self.linear(x, w, b) for w, b in zip(weights, biases)]
+
+    @abc.abstractmethod
+    def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:
+        """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+
+    @abc.abstractmethod
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> Array:
+        """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias
+        (biased variance, as torch.nn.LayerNorm)."""
+
+    @abc.abstractmethod
+    def rope(self, x: Array, cos: Array, sin: Array, rotary_dim: int) -> Array:
+        """Rotate-half RoPE on the first ``rotary_dim`` features of x (T, heads, head_dim);
+        cos/sin are (T, rotary_dim)."""
+
+    @abc.abstractmethod
+    def rope_interleaved(self, x: Array, cos: Array, sin: Array, rotary_dim: int) -> Array:
+        """RoPE on the first ``rotary_dim`` features of x (T, heads, dim) laid out as
+        interleaved pairs (x0, x1), (x2, x3), ...; pair i turns by the angle of column i of
+        cos/sin (T, rotary_dim, the usual cat(freqs, freqs) tables). The rotated features
+        come out de-interleaved (all first members, then all second members), exactly as
+        transformers' ``apply_rotary_pos_emb_interleave``."""
+
+    @abc.abstractmethod
+    def attention(self, q: Array, k: Array, v: Array, start: int, scale: float) -> Array:
+        """Causal attention. q (T, Hq, D); k, v (Hkv, S, D) hold every cached position,
+        the T queries sitting at positions start..start+T-1 of those S; query head h uses
+        KV head h // (Hq / Hkv). Returns (T, Hq, Dv)."""
+
+    @abc.abstractmethod
+    def sparse_attention(self, q: Array, k: Array, v: Array, start: int, scale: float, selected: Array) -> Array:
+        """``attention`` restricted to selected keys: query t sees the key positions in
+        ``selected[t]`` (an integer array (T, K) from ``top_k``) that causality allows."""
+
+    @abc.abstractmethod
+    def clip(self, x: Array, limit: float) -> Array:
+        """Clamp to [-limit, limit]."""
+
+    @abc.abstractmethod
+    def silu(self, x: Array) -> Array:
+        """x * sigmoid(x), elementwise."""
+
+    @abc.abstractmethod
+    def silu_mul(self, gate: Array, up: Array) -> Array:
+        """silu(gate) * up."""
+
+    @abc.abstractmethod
+    def sigmoid(self, x: Array) -> Array:
+        """1 / (1 + exp(-x)), elementwise."""
+
+    @abc.abstractmethod
+    def softplus(self, x: Array) -> Array:
+        """log(1 + exp(x)) elementwise; x itself above 20 (PyTorch's threshold)."""
+
+    @abc.abstractmethod
+    def softmax(self, x: Array) -> Array:
+        """Softmax over the last axis."""
+
+    @abc.abstractmethod
+    def l2_norm(self, x: Array, eps: float) -> Array:
+        """x / sqrt(sum(x^2) + eps) over the last axis."""
+
+    @abc.abstractmethod
+    def concat(self, arrays: list, axis: int) -> Array:
+        """Arrays joined along ``axis``."""
+
+    @abc.abstractmethod
+    def take_rows(self, x: Array, rows: np.ndarray) -> Array:
+        """x[rows] for a host integer array ``rows`` (gather along the first axis)."""
+
+    @abc.abstractmethod
+    def add_rows(self, out: Array, rows: np.ndarray, y: Array, scale: np.ndarray) -> Array:
+        """out[rows] += y * scale[:, None] for distinct host ``rows`` and host float32
+        ``scale``; returns the updated array (it may be a new one)."""
+
+    # -- routing -----------------------------------------------------------------------
+    def top_k(self, scores: Array, k: int) -> Array:
+        """Indices (a backend int64 array (T, k)) of the k largest scores of each row,
+        largest first; among equal scores the lower index first. They stay on the
+        backend: DSA passes them straight to the attention."""
+        host = self.to_host(scores)
+        return self.asarray(top_k_indices(host, k), "int64")
+
+    def softmax_top_k(self, x: Array, weight: Weight, k: int, renormalise: bool,
+                      bias: Array | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The router of most MoE layers: probabilities softmax(x @ weight.T + bias) over
+        the experts, the k largest of each row (largest first; of equal ones the lower
+        index) and their probabilities, renormalised to sum 1 when asked. Returns host
+        arrays, indices (T, k) int64 and weights (T, k) float32: the store needs the ids."""
+        logits = self.to_host(self.linear(x, weight, bias)).astype(np.float32, copy=False)
+        return softmax_top_k(logits, k, renormalise)
+
+    def sigmoid_grouped_top_k(self, x: Array, weight: Weight, bias: np.ndarray | None, k: int, n_group: int,
+                              topk_group: int, renormalise: bool, scaling: float) -> tuple[np.ndarray, np.ndarray]:
+        """DeepSeek-V3's ``noaux_tc`` router: scores sigmoid(x @ weight.T); ``bias`` (a host
+        float32 array, the e_score_correction_bias) is added for choosing only; experts
+        form ``n_group`` groups scored by the sum of their two best biased scores, only
+        the ``topk_group`` best groups compete for the k slots; the chosen unbiased
+        scores are renormalised (when asked) and multiplied by ``scaling``. Returns host
+        (indices, weights) as ``softmax_top_k``."""
+        logits = self.to_host(self.linear(x, weight)).astype(np.float32, copy=False)
+        return sigmoid_grouped_top_k(logits, bias, k, n_group, topk_group, renormalise, scaling)
+
+    # -- routed experts ----------------------------------------------------------------
+    def swiglu_expert(self, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
+        """down(silu(gate(x)) * up(x)) for one expert's matrices."""
+        return self.linear(self.silu_mul(self.linear(x, gate), self.linear(x, up)), down)
+
+    def routed_experts(self, x: Array, indices: np.ndarray, weights: np.ndarray, fetch: Callable, window: int = 8,
+                       ready: Callable | None = None) -> Array:
+        """Apply the routed SwiGLU experts of one MoE layer.
+
+        ``indices`` and ``weights`` (host arrays, (T, k)) say which experts each token
+        uses and with what weight; ``fetch(e)`` returns expert e's prepared matrices
+        (``w["gate"]``, ``w["up"]``, ``w["down"]``). Each expert is fetched once for all
+        its tokens (batch-union), and outputs are summed in ascending expert order: the
+        reduction order may never depend on placement. At most ``window`` fetched experts
+        may be held at once beyond the store's own. ``ready(e)``, when given, says whether
+        fetching e would answer at once (a backend computing experts in batches computes
+        what it holds before waiting for a read)."""
+        out = self.zeros(tuple(x.shape), self.activation_dtype)
+        for e, rows, scale in expert_groups(indices, weights):
+            w = fetch(e)
+            out = self.add_rows(out, rows, self.swiglu_expert(self.take_rows(x, rows), w["gate"], w["up"], w["down"]), scale)
+        return out
+
+    # -- multi-head latent attention and DSA (DeepSeek V3 / V3.2, Kimi K2, GLM) -------
+    @abc.abstractmethod
+    def mla_expand(self, q_nope: Array, q_rot: Array, latent: Array, k_rot: Array, kv_b: Array,
+                   nope_dim: int, v_dim: int) -> tuple[Array, Array, Array]:
+        """Multi-head latent attention, expanded form (prefill). q_nope (T, H, nope_dim) and
+        q_rot (T, H, rope_dim) are the query parts; latent (S, rank) and k_rot (S, rope_dim)
+        are every cached position. ``kv_b`` (H * (nope_dim + v_dim), rank) expands the
+        latent into per-head no-rope keys and values. Returns q (T, H, nope+rope), keys
+        (H, S, nope+rope) with k_rot shared by all heads, values (H, S, v_dim): the inputs
+        of ``attention`` / ``sparse_attention``."""
+
+    @abc.abstractmethod
+    def mla_absorb_query(self, q_nope: Array, kv_b: Array, nope_dim: int, v_dim: int) -> Array:
+        """Fold the key up-projection into the query (absorbed MLA): for each head h,
+        q_nope[t, h] @ W_uk[h], where W_uk[h] (nope_dim, rank) are head h's key rows of
+        ``kv_b``. (T, H, nope_dim) -> (T, H, rank)."""
+
+    @abc.abstractmethod
+    def mla_attention(self, q_lat: Array, q_rot: Array, latent: Array, k_rot: Array, start: int, scale: float,
+                      selected: Array | None = None) -> Array:
+        """Causal attention in the latent space (absorbed MLA decode): score(t, h, s) =
+        (q_lat[t, h] . latent[s] + q_rot[t, h] . k_rot[s]) * scale, softmax over the
+        positions query t sees, output sum_s p * latent[s]. q_lat (T, H, rank), q_rot
+        (T, H, rope), latent (S, rank), k_rot (S, rope); the T queries sit at positions
+        start..start+T-1. ``selected`` ((T, K) from ``top_k``, or None for all) restricts
+        each query to those key positions (DSA); causality still applies.
+        Returns (T, H, rank)."""
+
+    @abc.abstractmethod
+    def mla_absorb_output(self, o_lat: Array, kv_b: Array, nope_dim: int, v_dim: int) -> Array:
+        """Apply the value up-projection after latent attention: for each head h,
+        W_uv[h] @ o_lat[t, h], where W_uv[h] (v_dim, rank) are head h's value rows of
+        ``kv_b``. (T, H, rank) -> (T, H, v_dim)."""
+
+    @abc.abstractmethod
+    def dsa_index_scores(self, q: Array, k: Array, weights: Array, scale: float, start: int) -> Array:
+        """The DSA lightning indexer's scores: score(t, s) = sum_h weights[t, h] *
+        relu(scale * q[t, h] . k[s]), with q (T, Hi, D), cached index keys k (S, D) and
+        per-head weights (T, Hi); positions a query cannot see are -inf. Returns (T, S)."""
+
+    # -- recurrent (linear-attention) layers -------------------------------------------
+    @abc.abstractmethod
+    def causal_conv1d(self, x: Array, weight: Array, state: Array) -> tuple[Array, Array]:
+        """Depthwise causal convolution over time, without bias or activation.
+
+        x (T, C) are the new positions, weight (C, K) one filter per channel, state (K-1, C)
+        the inputs of the K-1 positions before x (zeros at the start of a sequence).
+        Returns the output (T, C), out[t, c] = sum_j weight[c, j] * [state; x][t + j, c],
+        and the new state: the last K-1 rows of [state; x]."""
+
+    @abc.abstractmethod
+    def gated_delta_chunked(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array,
+                            chunk_size: int) -> tuple[Array, Array]:
+        """The gated delta rule over T positions, computed chunk by chunk (prefill).
+
+        q, k (T, Hk, Dk) (already normalised and scaled), v (T, Hv, Dv), g (T, Hv) the
+        log-decay (<= 0), beta (T, Hv) the write strength, state (Hv, Dk, Dv) the recurrent
+        state before the first position. Key head h serves value heads h*r .. h*r+r-1
+        (r = Hv / Hk). Per position and value head:
+            S = exp(g) * S;  S += k (beta * (v - k^T S))^T;  out = q^T S
+        Positions are grouped in chunks of ``chunk_size`` counted from the first of these T
+        (the WY/UT form of transformers' torch_chunk_gated_delta_rule); mathematically
+        identical to ``gated_delta_step``. Returns out (T, Hv, Dv) and the new state."""
+
+    @abc.abstractmethod
+    def gated_delta_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array,
+                         state: Array) -> tuple[Array, Array]:
+        """The gated delta rule position by position (decode); same arguments, results and
+        recurrence as ``gated_delta_chunked`` (transformers' torch_recurrent_gated_delta_rule)."""
+
+
+# -- host-side reference helpers (numpy), shared by the reference implementations -------
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores per row, largest first (ties: lower index first)."""
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    return order[..., :k].astype(np.int64)
+
+
+def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The k most probable experts of each row of router logits and their probabilities."""
+    probs = softmax(logits)
+    indices = top_k_indices(probs, k)
+    weights = np.take_along_axis(probs, indices, axis=-1)
+    if renormalise:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    return indices, weights.astype(np.float32)
+
+
+def sigmoid_grouped_top_k(logits: np.ndarray, bias: np.ndarray | None, k: int, n_group: int, topk_group: int,
+                          renormalise: bool, scaling: float) -> tuple[np.ndarray, np.ndarray]:
+    """``Backend.sigmoid_grouped_top_k`` on host float32 logits."""
+    with np.errstate(over="ignore"):
+        scores = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
+    choice = scores if bias is None else scores + bias
+    if n_group > 1:
+        t, n = choice.shape
+        grouped = choice.reshape(t, n_group, n // n_group)
+        best_two = -np.sort(-grouped, axis=-1)[..., :2]
+        group_scores = best_two[..., 0] + best_two[..., 1]
+        groups = top_k_indices(group_scores, topk_group)
+        keep = np.zeros((t, n_group), dtype=bool)
+        np.put_along_axis(keep, groups, True, axis=-1)
+        choice = np.where(np.repeat(keep, n // n_group, axis=-1), choice, np.float32(-np.inf))
+    indices = top_k_indices(choice, k)
+    weights = np.take_along_axis(scores, indices, axis=-1)
+    if renormalise:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+    weights = weights * np.float32(scaling)
+    return indices, weights.astype(np.float32)
+
+
+def expert_groups(indices: np.ndarray, weights: np.ndarray):
+    """(expert, token rows, their weights) for each expert the tokens use, in ascending
+    expert order: the fixed reduction order of ``routed_experts``."""
+    k = indices.shape[1]
+    flat = indices.ravel()
+    order = np.argsort(flat, kind="stable")
+    experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
+    rows = (order // k).astype(np.int64)
+    scale = np.ascontiguousarray(weights.ravel()[order], dtype=np.float32)
+    for e, s, c in zip(experts.tolist(), starts.tolist(), counts.tolist()):
+        yield e, rows[s : s + c], scale[s : s + c]

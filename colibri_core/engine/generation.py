@@ -1,0 +1,184 @@
+"""The generation loop: prefill, sample, decode, stop; with statistics.
+
+Statistics keys are a contract read by other tools (``colibri run --json``):
+decode_tok_s, prefill_tok_s, ttft_s, hit_rate, bytes_read, resident_bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from colibri_core.errors import UsageError
+from colibri_core.engine.sampling import Sampler, SamplingParams
+
+PREFILL_CHUNK = 256  # prompt tokens per forward pass; bounds activation memory
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    hit_rate: float = 0.0  # expert lookups served by a resident tier (device, pinned, LRU) / all lookups
+    expert_hits: int = 0
+    hits_device: int = 0  # served by a device tier (a GPU backend's VRAM)
+    hits_pinned: int = 0
+    hits_lru: int = 0
+    hits_prefetched: int = 0  # lookups served by an expert read ahead: misses prefetch saved
+    expert_misses: int = 0  # lookups that waited for a disk read
+    bytes_read: int = 0  # expert bytes read from disk during this generation, all drives
+    bytes_read_by_drive: dict = field(default_factory=dict)
+    decode_bytes_read: int = 0  # of those, read after the first token (decode only)
+    disk_reads: int = 0
+    prefetch_issued: int = 0
+    prefetch_unused: int = 0
+    prefetch_precision: float = 0.0  # predicted experts that were used / predicted
+    prefetch_recall: float = 0.0  # used experts that were predicted / used
+    repins: int = 0
+    resident_bytes: int = 0  # dense weights + experts held in RAM, at the end
+    pinned_experts: int = 0
+    kv_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    cache_slots: int = 0  # LRU slots per MoE layer
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TokenEvent:
+    token_id: int
+    text: str  # the new text this token completes ("" while a character is incomplete)
+    logits: np.ndarray | None = None
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str | None
+    stats: GenerationStats
+    finish_reason: str  # "stop" (eos), "length" (max tokens) or "context" (context full)
+    logits: list[np.ndarray] | None = None
+
+    def as_dict(self) -> dict:
+        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason, "stats": self.stats.as_dict()}
+
+
+@dataclass
+class Generation:
+    """An in-progress generation: iterate it for TokenEvents; afterwards ``result()``."""
+
+    model: "object"
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: frozenset[int] = frozenset()
+    return_logits: bool = False
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    _text: list[str] = field(default_factory=list)
+    _logits: list[np.ndarray] = field(default_factory=list)
+
+    def __iter__(self):
+        model = self.model
+        lm, ops, store_stats = model.lm, model.backend, model.store_counters
+        prompt = list(self.prompt_ids)
+        if not prompt:
+            raise UsageError("the prompt is empty: give text or at least one token id")
+        lm.check_prompt(prompt)
+        if len(prompt) >= lm.max_context:
+            raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {lm.max_context}")
+        if self.max_tokens < 0:
+            raise UsageError(f"max_tokens must be >= 0, got {self.max_tokens}")
+
+        sampler = Sampler(self.sampling)
+        decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
+        before = at_first = store_stats()
+        cache = lm.new_cache(ops)
+        t0 = time.perf_counter()
+        logits = None
+        store = model.store
+        for i in range(0, len(prompt), PREFILL_CHUNK):
+            logits = lm.forward(np.asarray(prompt[i : i + PREFILL_CHUNK]), cache, ops)
+        if store is not None:
+            store.after_tokens(len(prompt))
+        t_prefill = time.perf_counter()
+        t_first = t_last = t_prefill
+        self.finish_reason = "length"
+        for n in range(self.max_tokens):
+            token = sampler(logits)
+            now = time.perf_counter()
+            if n == 0:
+                t_first = now
+                at_first = store_stats()  # decode reads are counted from here
+            t_last = now
+            if token in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            self.token_ids.append(token)
+            text = decoder.add(token) if decoder is not None else ""
+            self._text.append(text)
+            if self.return_logits:
+                self._logits.append(logits)
+            yield TokenEvent(token, text, logits if self.return_logits else None)
+            if n == self.max_tokens - 1:
+                break
+            if cache.length >= lm.max_context:
+                self.finish_reason = "context"
+                break
+            logits = lm.forward(np.asarray([token]), cache, ops)
+            if store is not None:
+                store.after_tokens(1)
+        if decoder is not None:
+            tail = decoder.flush()
+            if tail:
+                self._text.append(tail)
+                yield TokenEvent(-1, tail)
+
+        after = store_stats()
+        s = self.stats
+        s.prompt_tokens, s.generated_tokens = len(prompt), len(self.token_ids)
+        s.prefill_s = t_prefill - t0
+        s.ttft_s = t_first - t0
+        s.prefill_tok_s = len(prompt) / s.prefill_s if s.prefill_s > 0 else 0.0
+        s.decode_s = t_last - t_first
+        s.decode_tok_s = (len(self.token_ids) - 1) / s.decode_s if len(self.token_ids) > 1 and s.decode_s > 0 else 0.0
+        delta = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int)}
+        s.hits_device = delta.get("hits_device", 0)
+        s.hits_pinned, s.hits_lru = delta.get("hits_pinned", 0), delta.get("hits_lru", 0)
+        s.hits_prefetched, s.expert_misses = delta.get("hits_prefetched", 0), delta.get("misses", 0)
+        s.expert_hits = s.hits_device + s.hits_pinned + s.hits_lru
+        lookups = s.expert_hits + s.hits_prefetched + s.expert_misses
+        s.hit_rate = s.expert_hits / lookups if lookups else 1.0
+        s.bytes_read_by_drive = {name: n - before["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items()}
+        s.bytes_read = sum(s.bytes_read_by_drive.values())
+        s.decode_bytes_read = sum(n - at_first["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items())
+        s.disk_reads = delta.get("reads", 0)
+        s.prefetch_issued, s.prefetch_unused = delta.get("prefetch_issued", 0), delta.get("prefetch_unused", 0)
+        predicted, used = delta.get("predicted", 0), delta.get("used", 0)
+        s.prefetch_precision = delta.get("predicted_used", 0) / predicted if predicted else 0.0
+        s.prefetch_recall = delta.get("predicted_used", 0) / used if used else 0.0
+        s.repins = delta.get("repins", 0)
+        s.pinned_experts = len(store.ram.pinned_set()) if store is not None else 0
+        s.resident_bytes = model.resident_bytes
+        s.kv_bytes = cache.nbytes
+        s.kv_bytes_per_token = cache.bytes_per_token()
+        s.cache_slots = model.placement.slots
+
+    def run(self) -> GenerationResult:
+        for _ in self:
+            pass
+        return self.result()
+
+    def result(self) -> GenerationResult:
+        text = "".join(self._text) if self.model.tokenizer is not None else None
+        return GenerationResult(list(self.token_ids), text, self.stats, self.finish_reason or "length",
+                                self._logits if self.return_logits else None)

@@ -1,0 +1,204 @@
+"""Drives: the copies of a model's shards that expert reads are served from.
+
+The primary drive is the model directory itself; mirrors are read-only byte-identical
+copies (full or partial) on other drives. A mirror shard is used only if its size and
+header bytes equal the primary's. Each expert is assigned to one drive by a
+deterministic hash weighted by the drives' bandwidth, so the same expert always comes
+from the same drive and the load spreads in proportion to speed. A read error on a
+mirror disables that mirror with one warning and the read is served by the primary.
+
+Reads are positioned (``preadv``), merged when tensors lie close together, optionally
+with O_DIRECT (aligned supersets of the wanted bytes), and followed by
+``posix_fadvise(DONTNEED)`` so the page cache does not quietly keep the model in memory
+and make the RAM budget a lie.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from colibri_core.errors import ColibriError, UsageError
+from colibri_core.io.safetensors import TensorInfo
+from colibri_core.warn import warn
+from colibri_core.io.buffers import expert_buffer
+from colibri_core.io.pagecache import _FADVISE, ALIGN, drop_page_cache, forget
+
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A uint8 buffer whose address is ALIGN-aligned (for O_DIRECT)."""
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start : start + nbytes]
+
+
+class ReadFailed(ColibriError):
+    pass
+
+
+@dataclass
+class Drive:
+    """One copy of the shards. ``files`` maps a primary shard path to this drive's copy."""
+
+    name: str
+    files: dict[str, str]
+    direct: bool = False
+    fadvise: bool = True
+    bandwidth: float | None = None  # bytes/s, given or measured
+    bytes_read: int = 0
+    reads: int = 0
+    failed: str | None = None  # why this drive is no longer used
+    _fds: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def has(self, primary_path: str) -> bool:
+        return self.failed is None and primary_path in self.files
+
+    def _open(self, primary_path: str) -> tuple[int, int | None]:
+        with self._lock:
+            fds = self._fds.get(primary_path)
+            if fds is None:
+                path = self.files[primary_path]
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                if _FADVISE:  # expert reads are random: readahead would cache bytes nobody asked for
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                direct_fd = None
+                if self.direct:
+                    try:
+                        direct_fd = os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+                    except (OSError, AttributeError) as exc:
+                        self.direct = False
+                        warn(f"{path}: O_DIRECT is not available here ({exc}); reading through the page cache")
+                fds = self._fds[primary_path] = (fd, direct_fd)
+            return fds
+
+    def read(self, group: list[TensorInfo]) -> dict[str, np.ndarray]:
+        """Read one merged group (tensors of one shard) and return each tensor's bytes."""
+        start = group[0].offset
+        end = max(t.offset + t.nbytes for t in group)
+        fd, direct_fd = self._open(group[0].path)
+        if direct_fd is not None:
+            lo = start - start % ALIGN
+            hi = -(-end // ALIGN) * ALIGN
+            buf = expert_buffer(hi - lo)
+            got = _read_full(direct_fd, buf, lo, minimum=end - lo)
+            data = buf[start - lo : end - lo]
+            nread = got
+        else:
+            data = expert_buffer(end - start)
+            nread = _read_full(fd, data, start, minimum=end - start)
+        if self.fadvise:
+            forget(fd, start, end - start)
+        with self._lock:
+            self.bytes_read += nread
+            self.reads += 1
+        return {t.name: data[t.offset - start : t.offset - start + t.nbytes] for t in group}
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, direct_fd in self._fds.values():
+                os.close(fd)
+                if direct_fd is not None:
+                    os.close(direct_fd)
+            self._fds.clear()
+
+
+def _read_full(fd: int, buf: np.ndarray, offset: int, minimum: int) -> int:
+    """preadv into buf until at least ``minimum`` bytes arrived; returns bytes read."""
+    view = memoryview(buf)
+    done = 0
+    while done < minimum:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise ReadFailed(f"short read at offset {offset + done}: file changed or truncated")
+        done += n
+    return done
+
+
+# -- mirrors -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MirrorSpec:
+    path: Path
+    bandwidth: float | None = None  # bytes/s
+
+    @classmethod
+    def parse(cls, text: str) -> "MirrorSpec":
+        """'DIR' or 'DIR@BANDWIDTH', bandwidth in bytes/s with a unit per second: 2.5G = 2.5 GiB/s."""
+        from colibri_core.units import parse_size
+
+        path, sep, bw = text.rpartition("@") if "@" in text else (text, "", "")
+        bandwidth = float(parse_size(bw)) if sep else None
+        if bandwidth is not None and bandwidth <= 0:
+            raise UsageError(f"mirror bandwidth must be positive: {text!r}")
+        return cls(Path(path), bandwidth)
+
+
+def validate_mirror(primary_files: dict[str, "object"], mirror: MirrorSpec) -> tuple[dict[str, str], list[str]]:
+    """Which primary shards this mirror can serve. ``primary_files`` maps a primary path to
+    its SafetensorsFile. A shard counts only if the mirror's copy has the same size and
+    the same header bytes. Returns (primary path -> mirror path, reasons for skipped shards)."""
+    usable: dict[str, str] = {}
+    skipped: list[str] = []
+    if not mirror.path.is_dir():
+        raise UsageError(f"mirror {mirror.path} is not a directory")
+    for primary_path, sf in primary_files.items():
+        candidate = mirror.path / Path(primary_path).name
+        if not candidate.is_file():
+            continue  # partial mirrors are fine
+        size = candidate.stat().st_size
+        if size != sf.file_size:
+            skipped.append(f"{candidate}: {size} bytes, the primary has {sf.file_size}")
+            continue
+        with open(primary_path, "rb") as a, open(candidate, "rb") as b:
+            head = 8 + int.from_bytes(a.read(8), "little")
+            a.seek(0)
+            if a.read(head) != b.read(head):
+                skipped.append(f"{candidate}: header differs from the primary's")
+                continue
+        usable[primary_path] = str(candidate)
+    return usable, skipped
+
+
+def measure_bandwidth(drive: Drive, samples: int = 4, chunk: int = 4 << 20) -> float:
+    """Bytes/s of a few spread-out reads from the drive's largest shard, uncached."""
+    path = max(drive.files.values(), key=lambda p: os.path.getsize(p))
+    size = os.path.getsize(path)
+    chunk = max(ALIGN, min(chunk, size // ALIGN * ALIGN))
+    drop_page_cache(path)
+    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = aligned_empty(chunk)
+        total = 0
+        started = time.perf_counter()
+        for i in range(samples):
+            offset = (size - chunk) * i // max(samples - 1, 1) // ALIGN * ALIGN
+            total += os.preadv(fd, [memoryview(buf)], offset)
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+    return total / elapsed if elapsed > 0 else float("inf")
+
+
+def choose_drive(key: str, drives: list[Drive]) -> Drive:
+    """Weighted rendezvous hashing: deterministic, and each drive gets a share of keys
+    proportional to its bandwidth."""
+    best, best_score = None, -math.inf
+    for drive in drives:
+        digest = hashlib.blake2b(f"{drive.name}\0{key}".encode(), digest_size=8).digest()
+        u = (int.from_bytes(digest, "big") + 0.5) / 2**64  # uniform in (0, 1)
+        score = (drive.bandwidth or 1.0) / -math.log(u)
+        if score > best_score:
+            best, best_score = drive, score
+    return best

@@ -1,0 +1,116 @@
+"""A model directory understood and validated, with nothing allocated yet.
+
+``inspect_model`` reads config.json, picks the family, validates every shard header and
+lets the family declare its weights against them (names, shapes, formats). ``load``
+builds on it; ``colibri plan`` and ``colibri doctor`` stop here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from colibri_core.io.checkpoint import Checkpoint
+from colibri_core.model.config import read_json
+from colibri_core.errors import ModelFormatError
+from colibri_core.nn.layers import CausalLM
+from colibri_core.nn.weights import Weights
+from colibri_core.plugins.discovery import DEFAULT_BACKEND, create_backend, get_registry
+from colibri_core.formats.base import FormatResolver
+from colibri_core.plugins.registry import Entry
+
+
+@dataclass
+class Blueprint:
+    model_dir: Path
+    config: dict
+    family: Entry
+    checkpoint: Checkpoint
+    weights: Weights
+    lm: CausalLM
+    resolver: FormatResolver
+    backend: object  # sizes are as the backend will hold the weights
+
+    @property
+    def moe(self):
+        return self.weights.experts
+
+    @property
+    def experts_per_layer(self) -> int:
+        return max((d.count for d in self.moe), default=0)
+
+    @property
+    def expert_bytes(self) -> int:
+        """One expert as resident in memory on the backend (packed, or float32)."""
+        return max((sum(self.resolver.resident_nbytes(i, self.backend, "linear") for i in d.matrices[0].values())
+                    for d in self.moe), default=0)
+
+    @property
+    def expert_disk_bytes(self) -> int:
+        return max((sum(i.nbytes for i in d.matrices[0].values()) for d in self.moe), default=0)
+
+    @property
+    def dense_bytes(self) -> int:
+        """The dense weights as resident in memory on the backend."""
+        return self.weights.resident_bytes(self.resolver, self.backend)
+
+    @property
+    def expert_params(self) -> int:
+        return max((sum(_numel(self.resolver.logical_shape(i)) for i in d.matrices[0].values()) for d in self.moe), default=0)
+
+    @property
+    def dense_disk_bytes(self) -> int:
+        return sum(p.info.nbytes for p in self.weights.params.values())
+
+    @property
+    def top_k(self) -> int:
+        return max((getattr(e.router, "top_k", 0) for e in self._moe_blocks()), default=0)
+
+    def _moe_blocks(self):
+        return [layer.mlp for layer in self.lm.layers if hasattr(getattr(layer, "mlp", None), "router")]
+
+    def kv_bytes_per_token(self) -> int:
+        return self.lm.new_cache(self.backend).bytes_per_token()  # states allocate nothing until used
+
+    def close(self) -> None:
+        self.checkpoint.close()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def inspect_model(model_dir: str | Path, backend=None) -> Blueprint:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelFormatError(f"{model_dir}: not a directory")
+    config = read_json(model_dir / "config.json", "model config")
+    registry = get_registry()
+    architectures = config.get("architectures")
+    if architectures is not None and not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
+        raise ModelFormatError(f"{model_dir / 'config.json'}: 'architectures' must be a list of strings")
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelFormatError(f"{model_dir / 'config.json'}: 'model_type' must be a string")
+    family_entry = registry.family_for(model_type, architectures)
+    checkpoint = Checkpoint(model_dir)
+    try:
+        resolver = FormatResolver(registry, checkpoint, config)
+        weights = Weights(checkpoint, resolver)
+        lm = family_entry.spec.load()().build(config, weights)
+        for p in weights.params.values():
+            resolver.format_for(p.info)
+        for decl in weights.experts:
+            for info in decl.matrices[0].values():
+                resolver.format_for(info)
+        for i, decl in enumerate(weights.experts):
+            decl.moe_index = i
+    except BaseException:
+        checkpoint.close()
+        raise
+    if backend is None:
+        backend = create_backend(registry, DEFAULT_BACKEND)
+    return Blueprint(model_dir, config, family_entry, checkpoint, weights, lm, resolver, backend)

@@ -1,0 +1,42 @@
+"""colibri-core's own plugin: the pieces that ship with the core register through the
+same hooks as third-party plugins do."""
+
+from colibri_core.plugins.hookspecs import hookimpl
+from colibri_core.plugins.registry import BackendSpec, QuantSpec, TierSpec
+
+
+@hookimpl
+def colibri_register_quants(register):
+    register(QuantSpec("f32", "colibri_core.formats.base:F32", "32-bit float, stored as is", dtypes=("F32",)))
+    register(QuantSpec("bf16", "colibri_core.formats.base:BF16", "bfloat16; computed as is by the CPU kernels", dtypes=("BF16",)))
+    register(QuantSpec("f16", "colibri_core.formats.base:F16", "IEEE half, widened to f32 for compute", dtypes=("F16",)))
+    register(QuantSpec("fp8-e4m3-b128", "colibri_core.formats.fp8:FP8E4M3Block",
+                       "float8 e4m3 with <name>_scale_inv 128x128 block scales (DeepSeek, Kimi, GLM), read natively",
+                       storage="F8_E4M3 + <name>_scale_inv"))
+    register(QuantSpec("int8-row", "colibri_core.formats.integer:Int8Row", "int8, one scale per output row (colibri container)",
+                       storage="I8 + <name>.qs F32"))
+    register(QuantSpec("int4-gs64", "colibri_core.formats.integer:Int4GS64",
+                       "int4, one scale per 64 inputs (colibri container; the default for experts)",
+                       storage="U8 + <name>.qs BF16 (F32 read too)"))
+    register(QuantSpec("mxfp4", "colibri_core.formats.integer:MXFP4", "e2m1 values, one UE8M0 exponent per 32 inputs "
+                       "(colibri container)", storage="U8 + <name>.qs U8"))
+
+
+@hookimpl
+def colibri_register_tiers(register):
+    register(TierSpec("disk", "colibri_core.experts.tiers:DiskTier",
+                      "the shards on the primary drive and mirrors: merged preadv reads, fadvise or O_DIRECT"))
+    register(TierSpec("ram", "colibri_core.experts.tiers:RamTier",
+                      "decoded experts in RAM: pinned hot set + per-layer LRU, within the budget"))
+
+
+@hookimpl
+def colibri_register_backends(register):
+    register(
+        BackendSpec(
+            "cpu",
+            "colibri_core.backends.cpu.backend:CpuBackend",
+            probe="colibri_core.backends.cpu.probe:cpu_unavailable_reason",
+            description="numpy float32 with BLAS, plus compiled kernels for packed weights",
+        )
+    )

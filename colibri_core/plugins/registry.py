@@ -1,0 +1,185 @@
+"""Typed specs of the four extension points, and the registry that holds them.
+
+Specs name their implementation lazily ("package.module:Attribute"), so listing what is
+installed imports nothing heavy. ``load()`` imports the implementation when it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from colibri_core.errors import PluginError, UnsupportedModelError
+
+
+def import_object(ref: str) -> Any:
+    """Import "package.module:attr.sub" and return the attribute."""
+    module_name, _, attr_path = ref.partition(":")
+    if not module_name or not attr_path:
+        raise PluginError(f"bad implementation reference {ref!r}: expected 'module:attribute'")
+    obj = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A model family: the Hugging Face ``model_type`` strings (and architectures) it runs.
+
+    ``impl`` names a class with ``from_config(raw: dict)`` returning its parsed arguments
+    and ``build(args, weights)`` returning a ``colibri_core.nn.CausalLM``.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    impl: str
+    architectures: tuple[str, ...] = ()
+    description: str = ""
+
+    def load(self) -> Any:
+        return import_object(self.impl)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """A weight storage format: how raw tensor bytes decode into numbers."""
+
+    name: str
+    impl: str
+    description: str = ""
+    dtypes: tuple[str, ...] = ()  # safetensors dtypes this format reads directly
+    storage: str = ""  # how a claimed tensor is stored, for listings (formats claimed by evidence)
+
+    def load(self) -> Any:
+        return import_object(self.impl)
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """A storage tier experts can be served from (disk, RAM, later VRAM, mirrors)."""
+
+    name: str
+    impl: str
+    description: str = ""
+
+    def load(self) -> Any:
+        return import_object(self.impl)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A compute backend. ``probe`` names a cheap function returning None when the
+    backend can run here, or a short reason why not; it must not import heavy stacks."""
+
+    name: str
+    impl: str
+    probe: str | Callable[[], str | None] | None = None
+    description: str = ""
+
+    def load(self) -> Any:
+        return import_object(self.impl)
+
+    def unavailable_reason(self) -> str | None:
+        if self.probe is None:
+            return None
+        try:
+            probe = import_object(self.probe) if isinstance(self.probe, str) else self.probe
+            return probe()
+        except Exception as exc:  # a broken probe must not break listing
+            return f"probe failed: {type(exc).__name__}: {exc}"
+
+
+KINDS = {"family": FamilySpec, "quant": QuantSpec, "tier": TierSpec, "backend": BackendSpec}
+
+
+@dataclass
+class Entry:
+    kind: str
+    spec: Any
+    plugin: str  # name of the plugin that registered it
+
+
+@dataclass
+class Conflict:
+    kind: str
+    key: str
+    plugins: tuple[str, str]
+
+    def message(self) -> str:
+        a, b = self.plugins
+        return (
+            f"{self.kind} {self.key!r} is claimed by two plugins, {a!r} and {b!r}; "
+            f"disable one with COLIBRI_DISABLE_PLUGINS={b}"
+        )
+
+
+@dataclass
+class Registry:
+    """What the loaded plugins registered, keyed by kind and name."""
+
+    entries: dict[str, dict[str, Entry]] = field(default_factory=lambda: {k: {} for k in KINDS})
+    # model_type / architecture -> family name, so lookups by config are direct
+    model_types: dict[str, str] = field(default_factory=dict)
+    architectures: dict[str, str] = field(default_factory=dict)
+    conflicts: list[Conflict] = field(default_factory=list)
+
+    def add(self, kind: str, spec: Any, plugin: str) -> None:
+        expected = KINDS[kind]
+        if not isinstance(spec, expected):
+            raise PluginError(f"plugin {plugin!r} registered {spec!r} as a {kind}; expected a {expected.__name__}")
+        table = self.entries[kind]
+        previous = table.get(spec.name)
+        if previous is not None:
+            self.conflicts.append(Conflict(kind, spec.name, (previous.plugin, plugin)))
+            return
+        table[spec.name] = Entry(kind, spec, plugin)
+        if kind == "family":
+            for key, index in ((spec.model_types, self.model_types), (spec.architectures, self.architectures)):
+                for value in key:
+                    owner = index.get(value)
+                    if owner is not None and owner != spec.name:
+                        other = table[owner].plugin
+                        self.conflicts.append(Conflict("model_type", value, (other, plugin)))
+                    else:
+                        index[value] = spec.name
+
+    def conflict_for(self, kind: str, key: str) -> Conflict | None:
+        for conflict in self.conflicts:
+            if conflict.kind == kind and conflict.key == key:
+                return conflict
+        return None
+
+    def get(self, kind: str, name: str) -> Entry:
+        conflict = self.conflict_for(kind, name)
+        if conflict:
+            raise PluginError(conflict.message())
+        try:
+            return self.entries[kind][name]
+        except KeyError:
+            known = ", ".join(sorted(self.entries[kind])) or "none"
+            raise UnsupportedModelError(f"no {kind} named {name!r} is installed (installed: {known})") from None
+
+    def all(self, kind: str) -> list[Entry]:
+        return sorted(self.entries[kind].values(), key=lambda e: e.spec.name)
+
+    def family_for(self, model_type: str | None, architectures: list[str] | None) -> Entry:
+        """The family that runs a config: by ``model_type``; by ``architectures`` only when
+        the config has no model_type (an unknown model_type is never second-guessed)."""
+        if model_type:
+            candidates = [("model_type", model_type, self.model_types.get(model_type))]
+        else:
+            candidates = [("model_type", arch, self.architectures.get(arch)) for arch in architectures or []]
+        for kind, key, family in candidates:
+            conflict = self.conflict_for(kind, key)
+            if conflict:
+                raise PluginError(conflict.message())
+            if family is not None:
+                return self.get("family", family)
+        known = ", ".join(sorted(self.model_types)) or "none"
+        raise UnsupportedModelError(
+            f"no installed family runs model_type {model_type!r}"
+            + (f" (architectures {architectures})" if architectures else "")
+            + f"; installed model types: {known}. Install the family plugin, e.g. pip install colibri-<family>"
+        )
