@@ -319,35 +319,7 @@ def test_prefetch_reads_ahead_and_reports_its_precision(model_dir):
     assert s.expert_misses < reference.stats.expert_misses  # misses saved
 
 
-# -- the device-tier contract ----------------------------------------------------------------
-def test_a_device_tier_is_consulted_first_and_changes_nothing(model_dir):
-    from colibri_core.experts.tiers import DeviceTier
-
-    class DictDevice(DeviceTier):
-        """Stands in for a GPU backend's VRAM tier: holds up to 4 experts, first come."""
-
-        def __init__(self):
-            self.held, self.admitted = {}, 0
-
-        def get(self, layer, expert):
-            return self.held.get((layer, expert))
-
-        def admit(self, layer, expert, weights):
-            self.admitted += 1
-            if len(self.held) < 4:
-                self.held[layer, expert] = weights
-
-        @property
-        def resident_bytes(self):
-            return sum(w.nbytes for w in self.held.values())
-
-    reference = generate(model_dir, cap=1)
-    with colibri_core.load(model_dir, cap=1, history=False) as model:
-        model.store.device = device = DictDevice()
-        result = model.generate(token_ids=PROMPT, max_tokens=12, ignore_eos=True, return_logits=True)
-    same(result, reference)
-    assert result.stats.hits_device > 0 and device.admitted > 0 and len(device.held) == 4
-    assert result.stats.expert_hits == result.stats.hits_device + result.stats.hits_pinned + result.stats.hits_lru
+# the device tier: tests/test_tiers.py
 
 
 def test_expert_buffers_are_reused_only_when_no_array_views_them():

@@ -47,3 +47,35 @@ def test_a_budget_below_dense_weights_plus_one_expert_is_refused_clearly():
     with pytest.raises(BudgetError, match="dense weights"):
         plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=1050, cap=None)
     assert plan(dense_bytes=1000, expert_bytes=100, moe_layers=4, experts_per_layer=8, ram=1100, cap=None).slots == 0
+
+
+def test_a_device_backend_keeps_dense_weights_in_device_memory_and_plans_each_tier():
+    p = plan(dense_bytes=1000, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=200 + 2 * 100 * 3, cap=None,
+             io_window=2, device_memory=10_000, device_expert_bytes=50)
+    assert p.dense_in == "device" and p.slots == 3  # RAM: the window (2 experts) + 3 per layer; no dense weights
+    assert p.device.budget == 8000 - 1000 and p.device.budget_source == "default" and p.device.slots == 8
+    small = plan(dense_bytes=1000, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=10**6, cap=None,
+                 device_memory=10_000, vram=2 * 50 * 3 + 49, device_expert_bytes=50, pin_share=0.5)
+    assert small.device.budget_source == "--vram" and small.device.pinned == 3 and small.device.slots == 1
+    assert [t.role for t in small.tiers] == ["device", "ram"]
+    with pytest.raises(BudgetError, match="device memory"):
+        plan(dense_bytes=1000, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=10**6, cap=None,
+             device_memory=10_000, vram=9500)
+    with pytest.raises(BudgetError, match="dense weights"):
+        plan(dense_bytes=9000, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=10**6, cap=None, device_memory=10_000)
+    with pytest.raises(UsageError, match="--vram"):
+        plan(dense_bytes=0, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=10**6, cap=None, vram=100)
+
+
+def test_unified_memory_plans_both_tiers_within_one_budget():
+    ram = 1000 + 100 + 100 * 10
+    p = plan(dense_bytes=1000, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=ram, cap=None,
+             device_memory=ram, unified=True, vram=400)
+    assert p.unified and p.device.slots == 2 and p.slots == 3  # 4 experts on the device, 6 in RAM
+    assert p.dense_bytes + 100 + p.device.cache_bytes(2) + p.expert_cache_bytes <= ram
+    default = plan(dense_bytes=1000, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=ram, cap=None,
+                   device_memory=ram, unified=True)
+    assert default.device.slots == 5 and default.slots == 0
+    with pytest.raises(BudgetError, match="unified"):
+        plan(dense_bytes=1000, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=ram, cap=None,
+             device_memory=ram, unified=True, vram=1001)

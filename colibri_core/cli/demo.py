@@ -82,14 +82,15 @@ class DemoSpec:
         """Weight bytes on disk (bf16)."""
         return 2 * (self.dense_numel + self.num_hidden_layers * self.num_experts * self.expert_numel)
 
-    def default_budget(self, model_dir) -> int:
-        """Dense weights plus a quarter of the experts, as the backend will hold them."""
+    def default_budget(self, model_dir, backend=None) -> int:
+        """Dense weights plus a quarter of the experts, as the backend will hold them
+        (``backend``: an object or a name; default the CPU)."""
         from colibri_core.model.blueprint import inspect_model
 
-        bp = inspect_model(model_dir)
+        bp = inspect_model(model_dir, backend)
         try:
             # plus the experts of one layer being read at once
-            return bp.dense_bytes + (self.cached_experts_per_layer * len(bp.moe) + bp.top_k) * bp.expert_bytes
+            return bp.dense_bytes + (self.cached_experts_per_layer * len(bp.moe) + bp.top_k) * bp.expert_ram_bytes
         finally:
             bp.close()
 

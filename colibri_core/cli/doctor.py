@@ -128,11 +128,8 @@ def _tokenizer_checks(model_dir: Path) -> list[Check]:
 
 
 def _budget_check(bp, ram: int | None) -> Check:
-    from colibri_core.engine.placement import plan
-
     try:
-        p = plan(dense_bytes=bp.dense_bytes, expert_bytes=bp.expert_bytes, moe_layers=len(bp.moe),
-                 experts_per_layer=bp.experts_per_layer, ram=ram, cap=None, io_window=max(1, bp.top_k))
+        p = bp.placement(ram=ram, cap=None)
     except BudgetError as exc:
         return Check("RAM budget", "fail", str(exc), "give a larger --ram, or run on a machine with more memory")
     detail = (f"{format_bytes(p.budget)} ({p.budget_source}): dense {format_bytes(p.dense_bytes)}, "

@@ -135,12 +135,12 @@ def list_quants(as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_tiers(as_json):
     """Storage tiers experts can be served from."""
-    rows = _simple_listing("tier", "Storage tiers")
+    rows = _simple_listing("tier", "Storage tiers", lambda s: {"role": s.role})
     if as_json:
         _emit_json(rows)
     else:
-        _console().print(_table("Storage tiers", ["tier", "plugin", "description"],
-                                [[r["name"], r["plugin"], r["description"]] for r in rows]))
+        _console().print(_table("Storage tiers", ["tier", "role", "plugin", "description"],
+                                [[r["name"], r["role"], r["plugin"], r["description"]] for r in rows]))
     _warn_plugin_problems()
 
 

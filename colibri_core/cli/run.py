@@ -61,12 +61,17 @@ def stats_table(stats, model):
     table.add_row("decode", f"{s.generated_tokens} tokens, {s.decode_tok_s:.2f} tok/s")
     p = model.placement
     if p.moe_layers:
-        pinned = f" + {s.pinned_experts} pinned" if s.pinned_experts else ""
-        table.add_row("expert cache", f"LRU {p.slots} of {p.experts_per_layer} per layer x {p.moe_layers} layers{pinned} "
-                                      f"({format_bytes(p.expert_cache_bytes)} of budget {format_bytes(p.budget)})")
-        lookups = s.expert_hits + s.hits_prefetched + s.expert_misses
-        table.add_row("expert hit rate", f"{s.hit_rate:.1%} of {lookups} lookups: {s.hits_pinned} pinned, {s.hits_lru} LRU, "
-                                         f"{s.hits_prefetched} prefetched, {s.expert_misses} misses")
+        store = model.store
+        for tier in p.tiers:
+            held = store.device if tier.role == "device" else store.ram
+            pinned = f" + {len(held.pinned_set())} pinned" if held.pinned_set() else ""
+            table.add_row(f"{tier.role} experts", f"LRU {tier.slots} of {p.experts_per_layer} per layer x {p.moe_layers} layers{pinned} "
+                                                 f"({format_bytes(tier.cache_bytes(p.moe_layers))} of budget "
+                                                 f"{format_bytes(tier.budget)} {tier.budget_source})")
+        lookups = s.expert_hits + s.hits_prefetched + s.misses
+        device = f"{s.hits_device} device, " if p.device is not None else ""
+        table.add_row("expert hit rate", f"{s.hit_rate:.1%} of {lookups} lookups: {device}{s.hits_pinned} RAM pinned, "
+                                         f"{s.hits_lru} RAM LRU, {s.hits_prefetched} prefetched, {s.misses} misses")
         per_token = f", {format_bytes(s.bytes_read / s.generated_tokens)}/token" if s.generated_tokens else ""
         drives = ""
         if len(s.bytes_read_by_drive) > 1:
@@ -75,7 +80,10 @@ def stats_table(stats, model):
         if p.prefetch_slots:
             table.add_row("prefetch", f"{s.prefetch_issued} read ahead ({s.prefetch_unused} unused), "
                                       f"precision {s.prefetch_precision:.0%}, recall {s.prefetch_recall:.0%}")
-    table.add_row("resident weights", f"{format_bytes(s.resident_bytes)} (dense {format_bytes(p.dense_bytes)})")
+    table.add_row("resident weights", f"{format_bytes(s.resident_bytes)} (dense {format_bytes(p.dense_bytes)} in {p.dense_in}"
+                                      + (f"; {format_bytes(s.device_resident_bytes)} in device memory" if p.device else "") + ")")
+    if p.device is not None:
+        table.add_row("host syncs", f"{s.host_syncs_per_token:.1f} per token")
     table.add_row("KV cache", f"{format_bytes(s.kv_bytes)} ({format_bytes(s.kv_bytes_per_token)}/token)")
     return table
 
@@ -102,7 +110,7 @@ def _apply(f, options):
 def placement_options(f):
     return _apply(f, [
         click.option("--ram", default=None, help="RAM budget for weights, e.g. 2G (default: 80% of available memory)."),
-        click.option("--cap", type=int, default=None, help="At most N experts per MoE layer in RAM (pinned + LRU)."),
+        click.option("--cap", type=int, default=None, help="At most N experts per MoE layer in each tier (pinned + LRU)."),
         click.option("--pin", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
                      help="Pin the hottest experts from the routing history (auto: once it holds enough tokens)."),
         click.option("--pin-share", type=float, default=0.5, show_default=True, help="Part of the expert budget for pinned experts."),
@@ -115,16 +123,28 @@ def placement_options(f):
         click.option("--history", type=click.Choice(["save", "read", "off"]), default="save", show_default=True,
                      help="Routing history: read and save it, only read it, or ignore it."),
         click.option("--history-decay", type=float, default=1.0, show_default=True, help="Multiply saved routing counts by this at each save."),
-        click.option("--preload", is_flag=True, help="Fill the expert cache before generating."),
-        click.option("--backend", default="cpu", show_default=True, help="Compute backend (see colibri list-backends)."),
+        click.option("--preload", is_flag=True, help="Fill the expert caches before generating."),
+        *BACKEND_OPTIONS,
     ])
 
 
+BACKEND_OPTIONS = [
+    click.option("--backend", default="cpu", show_default=True, help="Compute backend (see colibri list-backends)."),
+    click.option("--vram", default=None,
+                 help="Device memory for prepared experts, e.g. 8G, on a backend that has some (default: 80% of it less "
+                      "the dense weights; on unified memory: the part of --ram the device tier gets, default all)."),
+]
+
+
+def backend_options(f):
+    return _apply(f, BACKEND_OPTIONS)
+
+
 def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_io, mirrors, history, history_decay,
-                     preload, backend) -> dict:
+                     preload, backend, vram) -> dict:
     return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
                 direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,
-                preload=preload, backend=backend)
+                preload=preload, backend=backend, vram=vram)
 
 
 def sampling_options(f):
@@ -182,15 +202,18 @@ def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top
 @click.option("--dir", "demo_dir", default=None, help="Where to build the demo model (default: the user cache dir).")
 @click.option("--rebuild", is_flag=True, help="Build the demo model again even if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
-def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json):
+@backend_options
+def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json, backend, vram):
     """Build a synthetic OLMoE-shaped model (random weights, >1 GB) once, then generate
     from it with a RAM budget small enough that experts stream from disk."""
     from colibri_core.cli.demo import DEFAULT_SPEC, default_demo_dir, ensure_demo_model
+    from colibri_core.engine.api import open_backend
 
+    backend_obj, _ = open_backend(backend, vram)  # bad options fail before the model is built
     console = _stderr_console()
     path = ensure_demo_model(demo_dir or default_demo_dir(), DEFAULT_SPEC, rebuild=rebuild, console=console, quiet=as_json)
-    budget = ram if ram is not None else DEFAULT_SPEC.default_budget(path)
-    model = load_with_progress(path, quiet=as_json, ram=budget)
+    budget = ram if ram is not None else DEFAULT_SPEC.default_budget(path, backend_obj)
+    model = load_with_progress(path, quiet=as_json, ram=budget, backend=backend, vram=vram)
     with model:
         generation = model.stream(prompt, max_tokens=max_tokens, seed=0)
         if as_json:
@@ -201,8 +224,10 @@ def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json):
 
         p = model.placement
         console.print(f"[bold]demo model[/] {path}  (random weights: the text below is noise)")
-        console.print(f"RAM budget {format_bytes(p.budget)}: dense weights {format_bytes(p.dense_bytes)} resident, "
-                      f"{p.slots} of {p.experts_per_layer} experts per layer cached; the rest stream from disk.\n")
+        device = f"{p.device.slots} in device memory, " if p.device is not None else ""
+        console.print(f"RAM budget {format_bytes(p.budget)}: dense weights {format_bytes(p.dense_bytes)} resident in "
+                      f"{p.dense_in}, {device}{p.slots} of {p.experts_per_layer} experts per layer cached in RAM; "
+                      f"the rest stream from disk.\n")
         sys.stdout.write(prompt)
         stream_to_terminal(generation, model, show_ids=False)
         console.print(stats_table(generation.result().stats, model))

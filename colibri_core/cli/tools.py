@@ -7,28 +7,35 @@ import sys
 
 import click
 
+from colibri_core.cli.run import backend_options
 from colibri_core.units import format_bytes, parse_size
 
 
 @click.command("plan")
 @click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
 @click.option("--ram", default=None, help="RAM budget for weights, e.g. 8G (default: 80% of available memory).")
-@click.option("--cap", type=int, default=None, help="At most N experts per MoE layer in RAM.")
+@click.option("--cap", type=int, default=None, help="At most N experts per MoE layer in each tier.")
 @click.option("--pin", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
 @click.option("--pin-share", type=float, default=0.5, show_default=True)
 @click.option("--prefetch/--no-prefetch", default=False, show_default=True)
 @click.option("--context", type=int, default=None, help="Context length for the KV estimate (default: the model's).")
 @click.option("--disk-bw", default=None, help="Disk bandwidth per second, e.g. 1.2G (default: measured).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_json):
-    """Show how a model would be placed in RAM, its projected expert hit rate and its bottleneck."""
-    from colibri_core.model.blueprint import inspect_model
+@backend_options
+def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_json, backend, vram):
+    """Show how a model would be placed, tier by tier (device memory, RAM, disk), its
+    projected expert hit rate per tier and its bottleneck."""
     from colibri_core.cli.plan import make_plan
+    from colibri_core.engine.api import open_backend
+    from colibri_core.model.blueprint import inspect_model
 
-    bp = inspect_model(model_dir)
+    backend_obj, vram_budget = open_backend(backend, vram)
+    ram_budget = parse_size(ram) if ram else None
+    disk_budget = float(parse_size(disk_bw)) if disk_bw else None
+    bp = inspect_model(model_dir, backend_obj)
     try:
-        report = make_plan(bp, ram=parse_size(ram) if ram else None, cap=cap, pin=pin, pin_share=pin_share,
-                           prefetch=prefetch, context=context, disk_bw=float(parse_size(disk_bw)) if disk_bw else None)
+        report = make_plan(bp, ram=ram_budget, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch,
+                           context=context, disk_bw=disk_budget, vram=vram_budget)
     finally:
         bp.close()
     d = report.data
@@ -41,14 +48,36 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_jso
     table = Table(title=f"plan for {d['model_dir']} ({d['family']})", title_justify="left", show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
+    memory = "no device memory: computes from RAM"
+    if d["device_memory"] is not None:
+        memory = f"{format_bytes(d['device_memory'])} device memory" + (
+            ", unified with RAM: the device and RAM tiers share the RAM budget (--vram is the device tier's part of it)"
+            if d["unified_memory"] else "")
     rows = [
+        ("backend", f"{d['backend']} ({memory})"),
         ("RAM budget", f"{format_bytes(d['ram_budget'])} ({d['ram_budget_source']})"),
-        ("dense weights", f"{format_bytes(d['dense_bytes'])} resident ({format_bytes(d['dense_disk_bytes'])} on disk)"),
+    ]
+    if d["vram_budget"] is not None:
+        rows.append(("device budget", f"{format_bytes(d['vram_budget'])} for experts ({d['vram_budget_source']})"
+                     + ("" if d["vram_budget_source"] == "--vram" or d["unified_memory"]
+                        else ": 80% of the device memory less the dense weights")))
+    rows += [
+        ("dense weights", f"{format_bytes(d['dense_bytes'])} resident in {'device memory' if d['dense_in'] == 'device' else 'RAM'} "
+                          f"({format_bytes(d['dense_disk_bytes'])} on disk)"),
         ("KV cache", f"{format_bytes(d['kv_bytes_per_token'])}/token, {format_bytes(d['kv_bytes_at_context'])} at {d['context_length']} tokens"),
         ("experts", f"{d['moe_layers']} layers x {d['experts_per_layer']}, top-{d['top_k']}, "
-                    f"{format_bytes(d['expert_bytes'])} each in RAM ({format_bytes(d['expert_disk_bytes'])} on disk)"),
-        ("cache", f"{d['cache_slots_per_layer']} LRU slots per layer, {d['pinned_experts']} pinned"
-                  + (f", {d['prefetch_slots']} prefetched per layer" if d["prefetch_slots"] else "")),
+                    f"{format_bytes(d['expert_disk_bytes'])} each on disk"),
+    ]
+    for t in d["tiers"]:
+        if t["role"] == "disk":
+            rows.append(("disk tier", f"serves {t['projected_hit_rate']:.1%} of lookups"))
+            continue
+        rows.append((f"{t['role']} tier", f"{t['slots_per_layer']} LRU slots per layer, {t['pinned_experts']} pinned "
+                                          f"(of {t['pinned_capacity']}), {format_bytes(t['expert_bytes'])} each, "
+                                          f"{format_bytes(t['cache_bytes'])} of {format_bytes(t['budget'])}; "
+                                          f"serves {t['projected_hit_rate']:.1%} of lookups"))
+    rows += [
+        ("prefetch", f"{d['prefetch_slots']} experts per layer read ahead" if d["prefetch_slots"] else "off"),
         ("projected hit rate", f"{d['projected_hit_rate']:.1%}" + (f" (history: {d['history_tokens']:.0f} tokens)" if d["history_tokens"] else " (no history: uniform routing assumed)")),
         ("disk per token", f"{format_bytes(d['missed_bytes_per_token'])} at {format_bytes(d['disk_bandwidth'])}/s ({d['disk_bandwidth_source']})"),
         ("seconds per token", ", ".join(f"{k} {v:.3f}" for k, v in d["seconds_per_token"].items())),
@@ -141,7 +170,7 @@ def convert(model_dir, out_dir, experts, dense, report, as_json):
 @click.option("--vs", "vs", multiple=True, type=click.Choice(["transformers", "accelerate-offload"]),
               help="Also run this engine on the same checkpoint, interleaved with colibri. Repeatable.")
 @click.option("--ram", default=None, help="RAM budget: colibri's --ram and accelerate's CPU memory.")
-@click.option("--cap", type=int, default=None, help="colibri: at most N experts per MoE layer in RAM.")
+@click.option("--cap", type=int, default=None, help="colibri: at most N experts per MoE layer in each tier.")
 @click.option("--cgroup", default=None, help="Run every engine inside a memory cgroup of this size (page cache included).")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="Sampling temperature (seeded); above 0 keeps random-weight models from repeating one token.")
@@ -150,8 +179,9 @@ def convert(model_dir, out_dir, experts, dense, report, as_json):
 @click.option("--direct-io", is_flag=True, help="colibri: read experts with O_DIRECT.")
 @click.option("--peer-model", default=None, help="Run the --vs engines on this checkpoint instead (e.g. the bf16 source).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@backend_options
 def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, preload, direct_io,
-          peer_model, as_json):
+          peer_model, as_json, backend, vram):
     """Measure prefill and decode speed, time to first token, disk reads and peak memory,
     beside transformers (resident) or transformers + accelerate disk offload."""
     from rich.console import Console
@@ -160,9 +190,14 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     from colibri_core.cli.bench import bench as run_bench
 
     err = Console(stderr=True, highlight=False)
-    options = {"history": "read", "prefetch": prefetch, "preload": preload, "direct_io": direct_io}
+    from colibri_core.engine.api import open_backend
+
+    open_backend(backend, vram)  # bad options fail here, before any engine runs
+    options = {"history": "read", "prefetch": prefetch, "preload": preload, "direct_io": direct_io, "backend": backend}
     if cap is not None:
         options["cap"] = cap
+    if vram is not None:
+        options["vram"] = vram
 
     def report(engine, r, result):
         if not as_json:

@@ -30,10 +30,10 @@ from colibri_core.experts.prefetch import Prefetcher
 from colibri_core.experts.store import ExpertStore, PinPolicy
 from colibri_core.engine.generation import Generation, GenerationResult, TokenEvent
 from colibri_core.nn.layers import CausalLM
-from colibri_core.engine.placement import Placement, plan
+from colibri_core.engine.placement import Placement
 from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.discovery import create_backend, get_registry
-from colibri_core.plugins.registry import Entry
+from colibri_core.plugins.registry import Entry, import_object
 from colibri_core.engine.sampling import SamplingParams
 from colibri_core.model.tokenizer import Tokenizer
 from colibri_core.units import parse_size
@@ -74,15 +74,24 @@ class Model:
 
     @property
     def resident_bytes(self) -> int:
+        """Dense weights + experts held in the RAM and device tiers."""
         return self.placement.dense_bytes + (self.store.resident_bytes if self.store else 0)
+
+    @property
+    def device_resident_bytes(self) -> int:
+        """Weights in the backend's own memory: the dense weights and the device tier's experts."""
+        if self.placement.device is None:
+            return 0
+        return self.placement.dense_bytes + (self.store.device_resident_bytes if self.store else 0)
 
     def store_counters(self) -> dict:
         """Cumulative expert-store counters (the generation loop reports differences)."""
+        syncs = {"host_syncs": self.backend.host_syncs}
         if self.store is None:
-            return {"bytes_by_drive": {}}
+            return {"bytes_by_drive": {}, **syncs}
         disk = self.store.disk
         return {**self.store.stats.snapshot(), "bytes_by_drive": {d.name: d.bytes_read for d in disk.drives},
-                "reads": disk.reads}
+                "reads": disk.reads, **syncs}
 
     # -- text ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -158,17 +167,33 @@ class Model:
         self.close()
 
 
+def open_backend(name: str, vram: int | str | None = None):
+    """The installed backend ``name`` and the ``--vram`` budget in bytes, checked before
+    anything is loaded: an unknown or unavailable backend, or a device budget for a
+    backend without device memory, is a one-line UsageError."""
+    backend = create_backend(get_registry(), name)
+    budget = parse_size(vram) if vram is not None else None
+    if budget is not None and backend.device_memory() is None:
+        raise UsageError(f"--vram: backend {backend.name!r} has no device memory (its experts live in RAM: use --ram)")
+    return backend, budget
+
+
 def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str = "cpu",
-         preload: bool = False, progress: LoadProgress | None = None, direct_io: bool = False,
-         mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5, prefetch: bool = False,
-         prefetch_slots: int | None = None, history: bool | str = True, history_decay: float = 1.0) -> Model:
+         vram: int | str | None = None, preload: bool = False, progress: LoadProgress | None = None,
+         direct_io: bool = False, mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5,
+         prefetch: bool = False, prefetch_slots: int | None = None, history: bool | str = True,
+         history_decay: float = 1.0) -> Model:
     """Load a Hugging Face model directory.
 
-    ram: RAM budget for weights (bytes or "4G"); dense weights are resident and what is
-         left holds experts. Default: 80% of available memory.
-    cap: limit the experts held in RAM to N per MoE layer (pinned + LRU).
+    ram: RAM budget for weights (bytes or "4G"); dense weights (on a backend computing
+         from RAM) and the RAM tier's experts. Default: 80% of available memory.
+    cap: limit the experts held in each tier to N per MoE layer (pinned + LRU).
     backend: compute backend name (see ``colibri list-backends``).
-    preload: fill the LRU up to its slots before returning.
+    vram: on a backend with device memory, the device tier's budget for prepared experts
+         (default: 80% of the device memory less the dense weights, which live there).
+         On unified memory it is the part of ``ram`` the device tier gets (default: all
+         the experts' part). An error on a backend without device memory.
+    preload: fill the LRUs up to their slots before returning.
     direct_io: read experts with O_DIRECT (aligned reads that bypass the page cache).
     mirrors: read-only copies of the model on other drives: paths, "PATH@BANDWIDTH"
          strings or MirrorSpec objects.
@@ -187,7 +212,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
         raise UsageError(f"history_decay must be in (0, 1], got {history_decay}")
     started = time.perf_counter()
     registry = get_registry()
-    backend_obj = create_backend(registry, backend)
+    backend_obj, vram_budget = open_backend(backend, vram)
     budget = parse_size(ram) if ram is not None else None
     mirror_specs = [m if isinstance(m, MirrorSpec) else MirrorSpec.parse(str(m)) for m in mirrors]
 
@@ -200,10 +225,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
         policy = PinPolicy(mode=pin, share=pin_share)
         pinning = routing is not None and (pin == "on" or (pin == "auto" and routing.total_tokens >= policy.min_tokens))
         slots_ahead = (prefetch_slots if prefetch_slots is not None else bp.top_k) if prefetch and moe else 0
-        placement = plan(dense_bytes=bp.dense_bytes, expert_bytes=bp.expert_bytes, moe_layers=len(moe),
-                         experts_per_layer=bp.experts_per_layer, ram=budget, cap=cap,
-                         pin_share=pin_share if pinning else 0.0, prefetch_slots=slots_ahead,
-                         io_window=max(1, bp.top_k))
+        placement = bp.placement(ram=budget, cap=cap, pin_share=pin_share if pinning else 0.0,
+                                 prefetch_slots=slots_ahead, vram=vram_budget)
 
         if progress:
             progress.start(bp.dense_disk_bytes, "dense weights")
@@ -211,22 +234,26 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
 
         if moe:
             drives = _drives(bp, mirror_specs, direct_io)
-            disk_tier, ram_tier = registry.get("tier", "disk").spec.load(), registry.get("tier", "ram").spec.load()
+            disk_tier, ram_tier = (registry.tier(role).spec.load() for role in ("disk", "ram"))
+            device = None
+            if placement.device is not None:
+                device = _device_tier(registry, backend_obj)(len(moe), placement.device.slots, backend_obj,
+                                                              pinned_capacity=placement.device.pinned)
             store = ExpertStore([d.matrices for d in moe], disk_tier(drives, bp.resolver, backend_obj),
-                                ram_tier(len(moe), placement.slots), history=routing, pinned_capacity=placement.pinned,
-                                pin_policy=policy, io_window=placement.io_window,
-                                history_decay=history_decay, save_history=history is True)
+                                ram_tier(len(moe), placement.slots, pinned_capacity=placement.pinned), history=routing,
+                                pin_policy=policy, io_window=placement.io_window, history_decay=history_decay,
+                                save_history=history is True, device=device)
             for experts in bp.lm.routed_experts():
                 experts.store = store
-            if placement.pinned:
+            if store.pinned_capacity:
                 if progress:
-                    progress.start(placement.pinned, "pinned experts")
+                    progress.start(store.pinned_capacity, "pinned experts")
                 store.apply_pins(progress=(lambda: progress.advance(1)) if progress else None)
             if slots_ahead:
                 bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead)
             if preload:
                 if progress:
-                    progress.start(placement.slots * len(moe), "experts")
+                    progress.start(store.warm_slots * len(moe), "experts")
                 store.warm(progress=(lambda: progress.advance(1)) if progress else None)
         expert_kinds = {bp.resolver.format_for(i).kernel for d in moe for i in d.matrices[0].values()}
         backend_obj.placed(any(isinstance(p.value, QuantTensor) for p in bp.weights.params.values())
@@ -241,6 +268,14 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     return Model(model_dir=bp.model_dir, config=bp.config, family=bp.family, lm=bp.lm, backend=backend_obj,
                  checkpoint=bp.checkpoint, store=store, placement=placement, tokenizer=tokenizer, eos_ids=eos,
                  load_seconds=time.perf_counter() - started, dense_bytes_read=dense_read)
+
+
+def _device_tier(registry, backend):
+    """The device tier class: the backend's own, else the registered one."""
+    own = backend.device_tier
+    if own is None:
+        return registry.tier("device").spec.load()
+    return import_object(own) if isinstance(own, str) else own
 
 
 def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool) -> list[Drive]:
@@ -261,4 +296,4 @@ def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool) -> list[D
     return drives
 
 
-__all__ = ["Blueprint", "GenerationResult", "LoadProgress", "Model", "TokenEvent", "inspect_model", "load"]
+__all__ = ["Blueprint", "GenerationResult", "LoadProgress", "Model", "TokenEvent", "inspect_model", "load", "open_backend"]

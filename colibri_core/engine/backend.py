@@ -39,7 +39,8 @@ to ``linear``, ``embedding`` and the experts' products and never look inside it.
 CPU): then its prepared weights count against ``--ram``. A backend with memory of its
 own returns its size; the expert store then keeps prepared experts in a device tier
 under ``--vram`` fed from the RAM tier (``unified_memory``: device and host memory are
-one pool, as on Apple silicon, and share one budget).
+one pool, as on Apple silicon, and share one budget). A backend that manages its memory
+its own way names its own ``DeviceTier`` subclass in ``device_tier``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class Backend(abc.ABC):
     cache_dtype = "float32"
     float_dtypes: tuple[str, ...] = ("float32",)
     unified_memory = False
+    # a colibri_core.experts.tiers.DeviceTier subclass of the backend's own ("module:Class"
+    # or the class); None: the registered device tier (the generic one)
+    device_tier: Any = None
     # the largest difference from transformers' float32 logits this backend promises (the
     # family oracle suites check it); greedy tokens must be identical regardless
     logits_tolerance = 1e-4

@@ -1,7 +1,8 @@
 """The generation loop: prefill, sample, decode, stop; with statistics.
 
 Statistics keys are a contract read by other tools (``colibri run --json``):
-decode_tok_s, prefill_tok_s, ttft_s, hit_rate, bytes_read, resident_bytes.
+decode_tok_s, prefill_tok_s, ttft_s, hit_rate, bytes_read, resident_bytes,
+hits_device, hits_ram, misses, host_syncs_per_token, device_resident_bytes.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ class GenerationStats:
     decode_s: float = 0.0
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
-    hit_rate: float = 0.0  # expert lookups served by a resident tier (device, pinned, LRU) / all lookups
-    expert_hits: int = 0
-    hits_device: int = 0  # served by a device tier (a GPU backend's VRAM)
-    hits_pinned: int = 0
-    hits_lru: int = 0
+    hit_rate: float = 0.0  # expert lookups served by a resident tier (device, RAM) / all lookups
+    expert_hits: int = 0  # hits_device + hits_ram
+    hits_device: int = 0  # served by the device tier (prepared experts in the backend's memory)
+    hits_ram: int = 0  # served by the RAM tier: hits_pinned + hits_lru
+    hits_pinned: int = 0  # of those, by the RAM tier's pinned set
+    hits_lru: int = 0  # of those, by the RAM tier's LRU
     hits_prefetched: int = 0  # lookups served by an expert read ahead: misses prefetch saved
-    expert_misses: int = 0  # lookups that waited for a disk read
+    misses: int = 0  # lookups that waited for a disk read
+    expert_misses: int = 0  # the same as misses (the older name)
     bytes_read: int = 0  # expert bytes read from disk during this generation, all drives
     bytes_read_by_drive: dict = field(default_factory=dict)
     decode_bytes_read: int = 0  # of those, read after the first token (decode only)
@@ -42,11 +45,15 @@ class GenerationStats:
     prefetch_precision: float = 0.0  # predicted experts that were used / predicted
     prefetch_recall: float = 0.0  # used experts that were predicted / used
     repins: int = 0
-    resident_bytes: int = 0  # dense weights + experts held in RAM, at the end
-    pinned_experts: int = 0
+    host_syncs: int = 0  # backend -> host synchronisations (Backend.to_host) during this generation
+    host_syncs_per_token: float = 0.0  # of those, per decoded token (after the first)
+    resident_bytes: int = 0  # dense weights + experts held in the RAM and device tiers, at the end
+    device_resident_bytes: int = 0  # of those, in the backend's own memory (dense weights + device tier)
+    pinned_experts: int = 0  # pinned in RAM and on the device
     kv_bytes: int = 0
     kv_bytes_per_token: int = 0
-    cache_slots: int = 0  # LRU slots per MoE layer
+    cache_slots: int = 0  # RAM LRU slots per MoE layer
+    device_cache_slots: int = 0  # device LRU slots per MoE layer (0: no device tier)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -112,6 +119,7 @@ class Generation:
             store.after_tokens(len(prompt))
         t_prefill = time.perf_counter()
         t_first = t_last = t_prefill
+        decode_steps = 0  # forward passes after the first token
         self.finish_reason = "length"
         for n in range(self.max_tokens):
             token = sampler(logits)
@@ -135,6 +143,7 @@ class Generation:
                 self.finish_reason = "context"
                 break
             logits = lm.forward(np.asarray([token]), cache, ops)
+            decode_steps += 1
             if store is not None:
                 store.after_tokens(1)
         if decoder is not None:
@@ -154,9 +163,11 @@ class Generation:
         delta = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int)}
         s.hits_device = delta.get("hits_device", 0)
         s.hits_pinned, s.hits_lru = delta.get("hits_pinned", 0), delta.get("hits_lru", 0)
-        s.hits_prefetched, s.expert_misses = delta.get("hits_prefetched", 0), delta.get("misses", 0)
-        s.expert_hits = s.hits_device + s.hits_pinned + s.hits_lru
-        lookups = s.expert_hits + s.hits_prefetched + s.expert_misses
+        s.hits_ram = s.hits_pinned + s.hits_lru
+        s.hits_prefetched = delta.get("hits_prefetched", 0)
+        s.misses = s.expert_misses = delta.get("misses", 0)
+        s.expert_hits = s.hits_device + s.hits_ram
+        lookups = s.expert_hits + s.hits_prefetched + s.misses
         s.hit_rate = s.expert_hits / lookups if lookups else 1.0
         s.bytes_read_by_drive = {name: n - before["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items()}
         s.bytes_read = sum(s.bytes_read_by_drive.values())
@@ -167,11 +178,16 @@ class Generation:
         s.prefetch_precision = delta.get("predicted_used", 0) / predicted if predicted else 0.0
         s.prefetch_recall = delta.get("predicted_used", 0) / used if used else 0.0
         s.repins = delta.get("repins", 0)
-        s.pinned_experts = len(store.ram.pinned_set()) if store is not None else 0
+        s.host_syncs = delta["host_syncs"]
+        decode_syncs = after["host_syncs"] - at_first["host_syncs"]
+        s.host_syncs_per_token = decode_syncs / decode_steps if decode_steps else 0.0
+        s.pinned_experts = len(store.ram.pinned_set() | (store.device.pinned_set() if store.device else set())) if store else 0
         s.resident_bytes = model.resident_bytes
+        s.device_resident_bytes = model.device_resident_bytes
         s.kv_bytes = cache.nbytes
         s.kv_bytes_per_token = cache.bytes_per_token()
         s.cache_slots = model.placement.slots
+        s.device_cache_slots = model.placement.device.slots if model.placement.device is not None else 0
 
     def run(self) -> GenerationResult:
         for _ in self:

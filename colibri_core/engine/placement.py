@@ -1,9 +1,20 @@
-"""Placement: how much of the model stays in RAM, and how.
+"""Placement: where the weights live, tier by tier, and how many experts each tier holds.
 
-Dense weights are always resident. What is left of the RAM budget is the expert budget:
-``--cap N`` limits it to N experts per MoE layer; experts being prefetched for the next
-layers are reserved from it; a share of the rest holds the pinned hot set (when
+Dense weights are always resident: in RAM on a backend computing from host memory (the
+CPU), in the backend's own memory on a backend that has some (``device_memory()``).
+
+Each resident expert tier gets its own budget and splits it the same way: ``--cap N``
+limits it to N experts per MoE layer, a share of it holds the pinned hot set (when
 pinning is on) and the remainder becomes LRU slots, the same number in every MoE layer.
+
+- RAM tier (``--ram``): host forms of experts. Experts being read for the current layer
+  (the io window) and those prefetched for the next layers are reserved from it.
+- Device tier (``--vram``, only on a backend with device memory): prepared experts.
+  Default: a share of ``device_memory()`` less the dense weights (they live there too).
+  On unified memory (device memory is host memory) both tiers share ``--ram``: the
+  device tier gets ``--vram`` of what the dense weights and reserves leave (default: all
+  of it, since a prepared expert is what the backend computes with), the RAM tier the rest.
+
 Placement changes speed only, never the numbers the model computes.
 """
 
@@ -16,6 +27,8 @@ from colibri_core.errors import BudgetError, UsageError
 from colibri_core.units import format_bytes
 
 DEFAULT_SHARE_OF_AVAILABLE = 0.8
+# of device memory, before the dense weights: the rest is left for the KV cache and activations
+DEFAULT_SHARE_OF_DEVICE = 0.8
 
 
 def available_memory() -> int:
@@ -34,18 +47,49 @@ def available_memory() -> int:
 
 
 @dataclass(frozen=True)
+class TierPlacement:
+    """One resident expert tier: its budget and what it holds."""
+
+    role: str  # "ram" or "device"
+    budget: int  # bytes this tier's experts may take
+    budget_source: str  # "--ram", "--vram" or "default"
+    expert_bytes: int  # one expert as this tier holds it
+    slots: int  # LRU slots per MoE layer
+    pinned: int  # experts the pinned set may hold, across all layers
+
+    def cache_bytes(self, moe_layers: int) -> int:
+        return (self.slots * moe_layers + self.pinned) * self.expert_bytes
+
+
+@dataclass(frozen=True)
 class Placement:
     budget: int  # bytes of RAM for weights
     budget_source: str  # "--ram" or "default"
     dense_bytes: int
-    expert_bytes: int  # one expert, as resident in memory
+    expert_bytes: int  # one expert, as the RAM tier holds it
     moe_layers: int
     experts_per_layer: int
-    slots: int  # LRU slots per MoE layer
-    pinned: int  # experts the pinned set may hold, across all layers
+    slots: int  # RAM LRU slots per MoE layer
+    pinned: int  # experts the RAM pinned set may hold, across all layers
     prefetch_slots: int  # experts read ahead per layer (0: no prefetch)
     cap: int | None
     io_window: int = 1  # a layer's misses read at once: transient experts beyond the cache
+    device: TierPlacement | None = None  # the device tier, on a backend with device memory
+    unified: bool = False  # device memory is host memory: both tiers share ``budget``
+
+    @property
+    def dense_in(self) -> str:
+        """Where the dense weights live: "ram" or "device"."""
+        return "ram" if self.device is None else "device"
+
+    @property
+    def ram(self) -> TierPlacement:
+        return TierPlacement("ram", self.budget, self.budget_source, self.expert_bytes, self.slots, self.pinned)
+
+    @property
+    def tiers(self) -> list[TierPlacement]:
+        """The resident expert tiers, fastest first."""
+        return ([self.device] if self.device is not None else []) + [self.ram]
 
     @property
     def prefetch_reserve_bytes(self) -> int:
@@ -54,19 +98,29 @@ class Placement:
 
     @property
     def expert_cache_bytes(self) -> int:
+        """Bytes of the RAM tier's experts (pinned + LRU) when full."""
         return (self.slots * self.moe_layers + self.pinned) * self.expert_bytes
 
     @property
     def all_resident(self) -> bool:
-        return self.slots >= self.experts_per_layer
+        return any(t.slots >= self.experts_per_layer for t in self.tiers)
 
 
 def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_layer: int, ram: int | None,
-         cap: int | None, pin_share: float = 0.0, prefetch_slots: int = 0, io_window: int = 1) -> Placement:
+         cap: int | None, pin_share: float = 0.0, prefetch_slots: int = 0, io_window: int = 1,
+         device_memory: int | None = None, vram: int | None = None, unified: bool = False,
+         device_expert_bytes: int | None = None) -> Placement:
+    """``expert_bytes``: one expert as the RAM tier holds it; ``device_expert_bytes``: as
+    the device tier holds it (prepared; default ``expert_bytes``). ``device_memory`` None:
+    the backend computes from host memory and there is no device tier."""
     if cap is not None and cap < 0:
         raise UsageError(f"--cap must be >= 0, got {cap}")
     if not 0 <= pin_share < 1:
         raise UsageError(f"the pinned share must be in [0, 1), got {pin_share}")
+    if vram is not None and device_memory is None:
+        raise UsageError("--vram: the backend has no device memory (its experts live in RAM: use --ram)")
+    if vram is not None and vram < 0:
+        raise UsageError(f"--vram must be >= 0, got {vram}")
     source = "--ram"
     if ram is None:
         source = "default"
@@ -74,19 +128,51 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
     # the misses of one layer being read (at least the one computing) live beyond the cache
     working = max(1, io_window) * expert_bytes if moe_layers else 0
     reserve = 2 * prefetch_slots * expert_bytes
-    if ram < dense_bytes + working + reserve:
+    dense_in_ram = dense_bytes if device_memory is None or unified else 0
+    if ram < dense_in_ram + working + reserve:
         hint = "give a larger --ram" if source == "--ram" else "free memory or use a machine with more RAM"
         raise BudgetError(
-            f"RAM budget {format_bytes(ram)} ({source}) cannot hold the dense weights ({format_bytes(dense_bytes)})"
-            + (f" plus {max(1, io_window)} expert(s) being read ({format_bytes(working)})" if working else "")
+            f"RAM budget {format_bytes(ram)} ({source}) cannot hold "
+            + (f"the dense weights ({format_bytes(dense_bytes)})" if dense_in_ram else "")
+            + (f"{' plus ' if dense_in_ram else ''}{max(1, io_window)} expert(s) being read ({format_bytes(working)})" if working else "")
             + (f" plus the prefetch reserve ({format_bytes(reserve)})" if reserve else "")
             + f"; {hint}"
         )
+    experts_left = ram - dense_in_ram - working - reserve  # bytes for the resident expert tiers
+    device = None
+    if device_memory is not None:
+        device_expert_bytes = device_expert_bytes or expert_bytes
+        vram_source = "--vram" if vram is not None else "default"
+        if unified:
+            if vram is None:
+                vram = experts_left
+            elif vram > experts_left:
+                raise BudgetError(f"--vram {format_bytes(vram)} is more than the unified --ram budget leaves for experts "
+                                  f"({format_bytes(experts_left)} of {format_bytes(ram)}); give a smaller --vram or a larger --ram")
+        else:
+            if vram is None:
+                vram = int(device_memory * DEFAULT_SHARE_OF_DEVICE) - dense_bytes
+                if vram < 0:
+                    raise BudgetError(f"device memory {format_bytes(device_memory)} cannot hold the dense weights "
+                                      f"({format_bytes(dense_bytes)}) with room to compute; use a backend computing from RAM")
+            elif vram + dense_bytes > device_memory:
+                raise BudgetError(f"--vram {format_bytes(vram)} plus the dense weights ({format_bytes(dense_bytes)}) is more "
+                                  f"than the device memory ({format_bytes(device_memory)}); give a smaller --vram")
+        device = _tier("device", vram, vram_source, device_expert_bytes, moe_layers, experts_per_layer, cap, pin_share)
+        if unified:
+            experts_left -= device.cache_bytes(moe_layers)
+    ram_tier = _tier("ram", experts_left, source, expert_bytes, moe_layers, experts_per_layer, cap, pin_share)
+    return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, ram_tier.slots,
+                     ram_tier.pinned, prefetch_slots, cap, io_window, device, unified and device_memory is not None)
+
+
+def _tier(role: str, budget: int, source: str, expert_bytes: int, moe_layers: int, experts_per_layer: int,
+          cap: int | None, pin_share: float) -> TierPlacement:
+    """Split one tier's budget (bytes) into pinned experts and LRU slots per layer."""
     if not (moe_layers and expert_bytes):
-        return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, experts_per_layer, 0, 0, cap,
-                         io_window)
+        return TierPlacement(role, budget, source, expert_bytes, experts_per_layer, 0)
     total_experts = moe_layers * experts_per_layer
-    budget_experts = (ram - dense_bytes - reserve - working) // expert_bytes  # in experts
+    budget_experts = max(0, budget) // expert_bytes
     if cap is not None:
         budget_experts = min(budget_experts, cap * moe_layers)
     budget_experts = min(budget_experts, total_experts)
@@ -94,5 +180,4 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
     if pin_share > 0 and budget_experts < total_experts:
         pinned = int(budget_experts * pin_share)
     slots = min(experts_per_layer, (budget_experts - pinned) // moe_layers)
-    return Placement(ram, source, dense_bytes, expert_bytes, moe_layers, experts_per_layer, int(slots), pinned,
-                     prefetch_slots, cap, io_window)
+    return TierPlacement(role, budget, source, expert_bytes, int(slots), pinned)

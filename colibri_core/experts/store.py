@@ -1,11 +1,16 @@
 """The expert store: serves each routed expert from the fastest tier holding it.
 
-Lookup order: the pinned hot set, the per-layer LRU, experts prefetched for this layer,
-and finally the disk (primary or mirror). Family code asks for (layer, expert) and never
-knows where the weights came from; placement changes speed only, never the numbers.
+Lookup order: the device tier (a backend with device memory: prepared experts, pinned
+then LRU), the RAM tier (host forms, pinned then LRU), experts prefetched for this
+layer, and finally the disk (primary or mirror). The device tier is fed from RAM only: a
+device miss takes the RAM tier's copy, or reads the disk into the RAM tier first, then
+prepares it. Without a device tier the RAM tier holds what the backend computes with.
+Family code asks for (layer, expert) and never knows where the weights came from;
+placement changes speed only, never the numbers.
 
-The store also keeps the routing history, chooses the pinned set from it (and re-pins
-live, with hysteresis), and runs the prefetch I/O pool.
+The store also keeps the routing history, chooses the pinned sets from it (the hottest
+experts in the device tier, the next hottest in RAM; re-pinned live, with hysteresis),
+and runs the prefetch I/O pool.
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ import numpy as np
 
 from colibri_core.io.safetensors import TensorInfo
 from colibri_core.experts.history import RoutingHistory
-from colibri_core.experts.tiers import DiskTier, ExpertWeights, RamTier
+from colibri_core.experts.tiers import CachedTier, DeviceTier, DiskTier, ExpertWeights, RamTier
 
 
 @dataclass
 class StoreStats:
-    hits_device: int = 0
-    hits_pinned: int = 0
-    hits_lru: int = 0
+    hits_device: int = 0  # served by the device tier (pinned or LRU)
+    hits_pinned: int = 0  # served by the RAM tier's pinned set
+    hits_lru: int = 0  # served by the RAM tier's LRU
     hits_prefetched: int = 0  # lookups served by a prefetch: misses it saved
     misses: int = 0
     prefetch_issued: int = 0  # experts read ahead of use
@@ -36,8 +41,12 @@ class StoreStats:
     repins: int = 0
 
     @property
+    def hits_ram(self) -> int:
+        return self.hits_pinned + self.hits_lru
+
+    @property
     def hits(self) -> int:
-        return self.hits_device + self.hits_pinned + self.hits_lru
+        return self.hits_device + self.hits_ram
 
     @property
     def lookups(self) -> int:
@@ -73,16 +82,17 @@ class ExpertStore:
     disk: DiskTier
     ram: RamTier
     history: RoutingHistory | None = None
-    pinned_capacity: int = 0  # experts (across all layers) the pinned set may hold
     pin_policy: PinPolicy = field(default_factory=PinPolicy)
     io_workers: int = 3  # threads reading experts from disk (demand misses and prefetch)
     io_window: int = 8  # demand reads of one layer in flight at once (bounds transient memory)
     history_decay: float = 1.0
     save_history: bool = True
-    device: object = None  # a DeviceTier a GPU backend provides, consulted first
+    device: DeviceTier | None = None  # prepared experts in the backend's memory, consulted first
     stats: StoreStats = field(default_factory=StoreStats)
 
     def __post_init__(self):
+        # without a device tier, the RAM tier keeps what the backend computes with
+        self._backend = None if self.device is not None else self.disk.backend
         self._staged: list[dict[int, Future]] = [{} for _ in self.layouts]  # prefetched (predicted)
         self._demand: list[dict[int, Future]] = [{} for _ in self.layouts]  # misses being read
         self._queue: list[deque[int]] = [deque() for _ in self.layouts]  # misses waiting for the window
@@ -92,17 +102,26 @@ class ExpertStore:
 
     # -- serving -----------------------------------------------------------------------
     def get(self, layer: int, expert: int) -> ExpertWeights:
-        if self.device is not None:
-            weights = self.device.get(layer, expert)
-            if weights is not None:
-                self.stats.hits_device += 1
-                return weights
-        weights = self._get_host(layer, expert)
-        if self.device is not None:
-            self.device.admit(layer, expert, weights)
-        return weights
+        device = self.device
+        if device is None:
+            return self._get_ram(layer, expert)
+        weights = device.pinned(layer, expert)
+        if weights is None:
+            weights = device.get(layer, expert)
+        if weights is not None:
+            self.stats.hits_device += 1
+            return weights
+        return device.put(layer, expert, self._get_ram(layer, expert))
 
-    def _get_host(self, layer: int, expert: int) -> ExpertWeights:
+    def _read(self, layer: int, expert: int) -> ExpertWeights:
+        """An expert from disk, in the form the RAM tier keeps (runs on the I/O pool)."""
+        weights = self.disk.load(layer, expert, self.layouts[layer][expert])
+        return weights if self._backend is None else weights.prepared(self._backend)
+
+    def _resident(self, layer: int, expert: int) -> bool:
+        return self.ram.holds(layer, expert) or (self.device is not None and self.device.holds(layer, expert))
+
+    def _get_ram(self, layer: int, expert: int) -> ExpertWeights:
         weights = self.ram.pinned(layer, expert)
         if weights is not None:
             self.stats.hits_pinned += 1
@@ -122,13 +141,13 @@ class ExpertStore:
                 weights = future.result()
                 self._fill(layer)
             else:
-                weights = self.disk.load(layer, expert, self.layouts[layer][expert])
+                weights = self._read(layer, expert)
         self.ram.put(layer, expert, weights)
         return weights
 
     def ready(self, layer: int, expert: int) -> bool:
         """Whether ``get`` would answer without waiting for a read."""
-        if self.ram.holds(layer, expert) or (self.device is not None and self.device.get(layer, expert) is not None):
+        if self._resident(layer, expert):
             return True
         future = self._staged[layer].get(expert) or self._demand[layer].get(expert)
         return future is not None and future.done()
@@ -142,7 +161,7 @@ class ExpertStore:
         queue = self._queue[layer]
         for e in experts:
             e = int(e)
-            if self.ram.holds(layer, e) or (self.device is not None and self.device.get(layer, e) is not None):
+            if self._resident(layer, e):
                 continue
             at_hand = False
             if self._pool is not None and e not in self._staged[layer] and e not in self._demand[layer]:
@@ -155,7 +174,7 @@ class ExpertStore:
         queue, demand = self._queue[layer], self._demand[layer]
         while queue and len(demand) < self.io_window:
             e = queue.popleft()
-            demand[e] = self._pool.submit(self.disk.load, layer, e, self.layouts[layer][e])
+            demand[e] = self._pool.submit(self._read, layer, e)
 
     def end_layer(self, layer: int, indices: np.ndarray, experts: np.ndarray) -> None:
         """A MoE layer finished a forward pass with this routing (``experts``: its unique
@@ -185,12 +204,21 @@ class ExpertStore:
         self._predicted[layer] = set(experts)
         staged = self._staged[layer]
         for e in experts:
-            if e in staged or self.ram.holds(layer, e):
+            if e in staged or self._resident(layer, e):
                 continue
-            staged[e] = self._pool.submit(self.disk.load, layer, e, self.layouts[layer][e])
+            staged[e] = self._pool.submit(self._read, layer, e)
             self.stats.prefetch_issued += 1
 
     # -- pinning -----------------------------------------------------------------------
+    def _pin_tiers(self) -> list[CachedTier]:
+        """The tiers with a pinned set, fastest first: the hottest experts go to the first."""
+        return [t for t in (self.device, self.ram) if t is not None and t.pinned_capacity > 0]
+
+    @property
+    def pinned_capacity(self) -> int:
+        """Experts (across all layers) the pinned sets of all tiers may hold."""
+        return sum(t.pinned_capacity for t in self._pin_tiers())
+
     def pins_wanted(self) -> bool:
         if self.pinned_capacity <= 0 or self.history is None or self.pin_policy.mode == "off":
             return False
@@ -203,17 +231,26 @@ class ExpertStore:
         return [divmod(int(i), scores.shape[1]) for i in flat if scores.flat[i] > 0]
 
     def apply_pins(self, progress=None) -> None:
-        """Pin the hottest experts up to the pinned capacity (reading them from disk)."""
+        """Pin the hottest experts up to each tier's pinned capacity, the hottest in the
+        fastest tier (reading them from disk)."""
         if not self.pins_wanted():
             return
-        for layer, expert in self.hottest(self.pinned_capacity):
-            self._pin(layer, expert)
-            if progress:
-                progress()
+        hot = self.hottest(self.pinned_capacity)
+        for tier in self._pin_tiers():
+            chosen, hot = hot[: tier.pinned_capacity], hot[tier.pinned_capacity :]
+            for layer, expert in chosen:
+                self._pin(tier, layer, expert)
+                if progress:
+                    progress()
 
-    def _pin(self, layer: int, expert: int) -> None:
-        weights = self.ram.get(layer, expert) or self.disk.load(layer, expert, self.layouts[layer][expert])
-        self.ram.pin(layer, expert, weights)
+    def _pin(self, tier: CachedTier, layer: int, expert: int) -> None:
+        # through the RAM tier, as every expert reaching the device tier
+        weights = self.ram.lookup(layer, expert)
+        if weights is None:
+            weights = self._read(layer, expert)
+            if tier is not self.ram:
+                self.ram.put(layer, expert, weights)
+        tier.pin(layer, expert, weights)
 
     def after_tokens(self, n: int) -> None:
         """Called by the generation loop: count tokens, and re-pin at intervals."""
@@ -225,15 +262,27 @@ class ExpertStore:
             self.repin()
 
     def repin(self) -> int:
-        """Swap cold pinned experts for hotter unpinned ones, a few at a time."""
-        policy, scores = self.pin_policy, self.history.scores()
-        pinned = self.ram.pinned_set()
-        free = self.pinned_capacity - len(pinned)
+        """Swap cold pinned experts for hotter unpinned ones, a few at a time, tier by
+        tier (fastest first; an expert pinned in a faster tier leaves the slower ones)."""
         swaps = 0
-        for layer, expert in self.hottest(self.pinned_capacity + policy.max_swaps):
-            if swaps >= policy.max_swaps:
+        faster: set[tuple[int, int]] = set()
+        for tier in self._pin_tiers():
+            swaps += self._repin_tier(tier, faster, self.pin_policy.max_swaps - swaps)
+            faster |= tier.pinned_set()
+        self.stats.repins += swaps
+        return swaps
+
+    def _repin_tier(self, tier: CachedTier, faster: set[tuple[int, int]], max_swaps: int) -> int:
+        policy, scores = self.pin_policy, self.history.scores()
+        for le in tier.pinned_set() & faster:
+            tier.unpin(*le)
+        pinned = tier.pinned_set()
+        free = tier.pinned_capacity - len(pinned)
+        swaps = 0
+        for layer, expert in self.hottest(len(faster) + tier.pinned_capacity + policy.max_swaps):
+            if swaps >= max_swaps:
                 break
-            if (layer, expert) in pinned:
+            if (layer, expert) in pinned or (layer, expert) in faster:
                 continue
             if free > 0:
                 free -= 1
@@ -241,19 +290,23 @@ class ExpertStore:
                 coldest = min(pinned, key=lambda le: (scores[le], le))
                 if scores[layer, expert] <= policy.margin * scores[coldest]:
                     break
-                self.ram.unpin(*coldest)
+                tier.unpin(*coldest)
                 pinned.discard(coldest)
-            self._pin(layer, expert)
+            self._pin(tier, layer, expert)
             pinned.add((layer, expert))
             swaps += 1
-        self.stats.repins += swaps
         return swaps
 
     # -- state -------------------------------------------------------------------------
     @property
     def resident_bytes(self) -> int:
-        """Bytes of experts held in host RAM (a device tier reports its own)."""
-        return self.ram.resident_bytes
+        """Bytes of experts held, RAM and device tiers together."""
+        return self.ram.resident_bytes + self.device_resident_bytes
+
+    @property
+    def device_resident_bytes(self) -> int:
+        """Bytes of experts held in the device tier."""
+        return self.device.resident_bytes if self.device is not None else 0
 
     def close(self) -> None:
         if self._pool is not None:
@@ -264,10 +317,20 @@ class ExpertStore:
         self.disk.close()
 
     def warm(self, progress=None) -> None:
-        """Fill the LRU up to its slots (lowest expert ids first)."""
+        """Fill the LRUs up to their slots (lowest expert ids first; through RAM to the
+        device tier)."""
         for layer, experts in enumerate(self.layouts):
-            for expert in range(min(self.ram.slots, len(experts))):
-                if not self.ram.holds(layer, expert):
-                    self.ram.put(layer, expert, self.disk.load(layer, expert, experts[expert]))
+            for expert in range(min(self.warm_slots, len(experts))):
+                weights = self.ram.lookup(layer, expert)
+                if weights is None:
+                    weights = self._read(layer, expert)
+                    self.ram.put(layer, expert, weights)
+                if self.device is not None and expert < self.device.slots:
+                    self.device.put(layer, expert, weights)
                 if progress:
                     progress()
+
+    @property
+    def warm_slots(self) -> int:
+        """Experts per layer ``warm`` reads."""
+        return max(self.ram.slots, self.device.slots if self.device is not None else 0)

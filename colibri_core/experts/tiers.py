@@ -1,8 +1,10 @@
 """Storage tiers that serve expert weights.
 
-- ``DiskTier``: the model's shards on one or more drives (the primary and mirrors).
-- ``RamTier``: decoded experts in memory: a pinned hot set plus a per-layer LRU.
-- ``DeviceTier``: the contract a GPU backend fills to keep experts in its own memory.
+- ``DiskTier``: the model's shards on one or more drives (the primary and mirrors); it
+  yields experts in their host form.
+- ``RamTier``: experts in host memory: a pinned hot set plus a per-layer LRU.
+- ``DeviceTier``: experts prepared in a backend's own memory (VRAM), the same two parts;
+  fed from the RAM tier. A backend may bring its own subclass (``Backend.device_tier``).
 
 The store composes them; family code asks for (layer, expert) and never knows which
 tier answered.
@@ -24,7 +26,8 @@ from colibri_core.io.drives import Drive, choose_drive
 
 @dataclass
 class ExpertWeights:
-    """One expert's matrices on the compute backend, by role ("gate", "up", "down")."""
+    """One expert's matrices by role ("gate", "up", "down"): host forms (float32 numpy
+    arrays or packed ``QuantTensor``) from the disk tier, or a backend's prepared forms."""
 
     arrays: dict
     nbytes: int
@@ -33,11 +36,21 @@ class ExpertWeights:
     def __getitem__(self, role: str):
         return self.arrays[role]
 
+    def prepared(self, backend) -> "ExpertWeights":
+        """The matrices as ``backend.prepare_weight`` makes them; itself when preparing
+        changes nothing (the CPU computes with host forms), so what was derived stays."""
+        arrays = {role: backend.prepare_weight(a, "linear") for role, a in self.arrays.items()}
+        if all(arrays[role] is a for role, a in self.arrays.items()):
+            return self
+        return ExpertWeights(arrays, sum(backend.nbytes(a) for a in arrays.values()))
+
 
 class DiskTier:
     """Reads an expert's matrices (and their formats' companion tensors) with as few
-    positioned reads as possible from the drive the expert is assigned to, then decodes
-    and uploads them. A failing mirror is disabled with one warning; the primary serves."""
+    positioned reads as possible from the drive the expert is assigned to, and returns
+    them in their host form (``FormatResolver.host_form``: packed when the backend keeps
+    the kind, else float32), never prepared for the backend. A failing mirror is
+    disabled with one warning; the primary serves."""
 
     name = "disk"
 
@@ -47,6 +60,7 @@ class DiskTier:
         self.resolver = resolver
         self.backend = backend
         self.seconds = 0.0
+        self.loads = 0  # experts read
         self._lock = threading.Lock()
 
     @property
@@ -79,10 +93,11 @@ class DiskTier:
         arrays = {}
         for role, info in matrices.items():
             companions = {t.name: typed[t.name] for t in self.resolver.companions(info)}
-            arrays[role] = self.resolver.resident(info, typed[info.name], companions, self.backend, "linear")
+            arrays[role] = self.resolver.host_form(info, typed[info.name], companions, self.backend, "linear")
         with self._lock:
             self.seconds += time.perf_counter() - started
-        return ExpertWeights(arrays, sum(self.backend.nbytes(a) for a in arrays.values()))
+            self.loads += 1
+        return ExpertWeights(arrays, sum(int(a.nbytes) for a in arrays.values()))
 
     @staticmethod
     def _read(drive: Drive, infos: list[TensorInfo]):
@@ -102,19 +117,24 @@ class DiskTier:
             drive.close()
 
 
-class RamTier:
-    """Decoded experts in RAM: a pinned hot set that is never evicted, plus a
-    least-recently-used cache of at most ``slots`` experts per layer."""
+class CachedTier:
+    """A resident tier: a pinned hot set that is never evicted, plus a least-recently-used
+    cache of at most ``slots`` experts per layer. ``hold`` turns the host weights handed
+    to the tier into what it keeps (the RAM tier keeps them as they are)."""
 
-    name = "ram"
+    name = "cached"
 
-    def __init__(self, n_layers: int, slots: int):
+    def __init__(self, n_layers: int, slots: int, pinned_capacity: int = 0):
         self.slots = slots
+        self.pinned_capacity = pinned_capacity  # experts the pinned set may hold, across all layers
         self._lru: list[OrderedDict[int, ExpertWeights]] = [OrderedDict() for _ in range(n_layers)]
         self._pinned: list[dict[int, ExpertWeights]] = [{} for _ in range(n_layers)]
         self.resident_bytes = 0
         self.pinned_bytes = 0
         self.evictions = 0
+
+    def hold(self, weights: ExpertWeights) -> ExpertWeights:
+        return weights
 
     # -- pinned set --------------------------------------------------------------------
     def pinned(self, layer: int, expert: int) -> ExpertWeights | None:
@@ -123,12 +143,14 @@ class RamTier:
     def pin(self, layer: int, expert: int, weights: ExpertWeights) -> None:
         if expert in self._pinned[layer]:
             return
-        old = self._lru[layer].pop(expert, None)  # an LRU copy moves to the pinned set
-        if old is not None:
-            self.resident_bytes -= old.nbytes
-        self._pinned[layer][expert] = weights
-        self.resident_bytes += weights.nbytes
-        self.pinned_bytes += weights.nbytes
+        held = self._lru[layer].pop(expert, None)  # an LRU copy moves to the pinned set
+        if held is not None:
+            self.resident_bytes -= held.nbytes
+        else:
+            held = self.hold(weights)
+        self._pinned[layer][expert] = held
+        self.resident_bytes += held.nbytes
+        self.pinned_bytes += held.nbytes
 
     def unpin(self, layer: int, expert: int) -> None:
         weights = self._pinned[layer].pop(expert, None)
@@ -147,18 +169,28 @@ class RamTier:
             cache.move_to_end(expert)
         return weights
 
-    def put(self, layer: int, expert: int, weights: ExpertWeights) -> None:
-        if self.slots <= 0 or expert in self._pinned[layer]:
-            return
+    def lookup(self, layer: int, expert: int) -> ExpertWeights | None:
+        """The expert if held (pinned or LRU), without counting a use."""
+        weights = self._pinned[layer].get(expert)
+        return weights if weights is not None else self._lru[layer].get(expert)
+
+    def put(self, layer: int, expert: int, weights: ExpertWeights) -> ExpertWeights:
+        """Offer an expert just used: kept in the LRU when it has slots. Returns the
+        tier's form of it (the held one, or a transient one when nothing is kept)."""
+        held = self.lookup(layer, expert)
+        if held is not None:
+            return held
+        held = self.hold(weights)
+        if self.slots <= 0:
+            return held
         cache = self._lru[layer]
-        if expert in cache:
-            return
         while len(cache) >= self.slots:
             _, old = cache.popitem(last=False)
             self.resident_bytes -= old.nbytes
             self.evictions += 1
-        cache[expert] = weights
-        self.resident_bytes += weights.nbytes
+        cache[expert] = held
+        self.resident_bytes += held.nbytes
+        return held
 
     def holds(self, layer: int, expert: int) -> bool:
         return expert in self._pinned[layer] or expert in self._lru[layer]
@@ -167,24 +199,25 @@ class RamTier:
         return list(self._lru[layer])
 
 
-class DeviceTier:
-    """The contract of an accelerator's expert tier (VRAM), filled by GPU backends.
+class RamTier(CachedTier):
+    """Experts in host memory (``--ram``), as the disk tier yields them. On a backend
+    without device memory they are the prepared forms the backend computes with (the
+    store prepares them once, as they arrive from disk)."""
 
-    The store consults a device tier before RAM: ``get`` returns the expert's weights in
-    the backend's memory or None; ``admit`` offers an expert just used (the tier decides,
-    within its own capacity, whether to keep it); ``resident_bytes`` is what it holds.
-    A device tier must return exactly the numbers the RAM tier would: it changes where
-    the weights live, never their values.
-    """
+    name = "ram"
+
+
+class DeviceTier(CachedTier):
+    """Experts prepared in the backend's own memory (``--vram``): ``backend.prepare_weight``
+    of each matrix, made when the expert arrives from the RAM tier. The store consults it
+    before RAM. It changes where the weights live, never their values. A backend may
+    subclass it (``Backend.device_tier``) to manage its memory its own way."""
 
     name = "device"
 
-    def get(self, layer: int, expert: int) -> ExpertWeights | None:
-        raise NotImplementedError
+    def __init__(self, n_layers: int, slots: int, backend, pinned_capacity: int = 0):
+        super().__init__(n_layers, slots, pinned_capacity)
+        self.backend = backend
 
-    def admit(self, layer: int, expert: int, weights: ExpertWeights) -> None:
-        raise NotImplementedError
-
-    @property
-    def resident_bytes(self) -> int:
-        raise NotImplementedError
+    def hold(self, weights: ExpertWeights) -> ExpertWeights:
+        return weights.prepared(self.backend)

@@ -15,6 +15,7 @@ from colibri_core.model.config import read_json
 from colibri_core.errors import ModelFormatError
 from colibri_core.nn.layers import CausalLM
 from colibri_core.nn.weights import Weights
+from colibri_core.engine.placement import Placement, plan
 from colibri_core.plugins.discovery import DEFAULT_BACKEND, create_backend, get_registry
 from colibri_core.formats.base import FormatResolver
 from colibri_core.plugins.registry import Entry
@@ -41,9 +42,30 @@ class Blueprint:
 
     @property
     def expert_bytes(self) -> int:
-        """One expert as resident in memory on the backend (packed, or float32)."""
-        return max((sum(self.resolver.resident_nbytes(i, self.backend, "linear") for i in d.matrices[0].values())
-                    for d in self.moe), default=0)
+        """One expert as prepared on the backend (packed, or float32): what it computes with."""
+        return self._expert_nbytes(self.resolver.resident_nbytes)
+
+    @property
+    def expert_host_bytes(self) -> int:
+        """One expert in its host form (``FormatResolver.host_form``), as the disk tier yields it."""
+        return self._expert_nbytes(self.resolver.host_nbytes)
+
+    @property
+    def expert_ram_bytes(self) -> int:
+        """One expert as the RAM tier holds it: its host form when the backend has device
+        memory (prepared experts live there), else the prepared form it computes with."""
+        return self.expert_host_bytes if self.backend.device_memory() is not None else self.expert_bytes
+
+    def _expert_nbytes(self, nbytes) -> int:
+        return max((sum(nbytes(i, self.backend, "linear") for i in d.matrices[0].values()) for d in self.moe), default=0)
+
+    def placement(self, *, ram: int | None, cap: int | None, pin_share: float = 0.0, prefetch_slots: int = 0,
+                  vram: int | None = None) -> Placement:
+        """Where the weights would go on this backend under these budgets (nothing is read)."""
+        return plan(dense_bytes=self.dense_bytes, expert_bytes=self.expert_ram_bytes, moe_layers=len(self.moe),
+                    experts_per_layer=self.experts_per_layer, ram=ram, cap=cap, pin_share=pin_share,
+                    prefetch_slots=prefetch_slots, io_window=max(1, self.top_k), device_memory=self.backend.device_memory(),
+                    vram=vram, unified=self.backend.unified_memory, device_expert_bytes=self.expert_bytes)
 
     @property
     def expert_disk_bytes(self) -> int:
@@ -84,11 +106,15 @@ def _numel(shape) -> int:
 
 
 def inspect_model(model_dir: str | Path, backend=None) -> Blueprint:
+    """``backend``: a backend object, or the name of an installed one (default: the CPU);
+    sizes are as that backend will hold the weights."""
+    registry = get_registry()
+    if backend is None or isinstance(backend, str):
+        backend = create_backend(registry, backend or DEFAULT_BACKEND)
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelFormatError(f"{model_dir}: not a directory")
     config = read_json(model_dir / "config.json", "model config")
-    registry = get_registry()
     architectures = config.get("architectures")
     if architectures is not None and not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
         raise ModelFormatError(f"{model_dir / 'config.json'}: 'architectures' must be a list of strings")
@@ -111,6 +137,4 @@ def inspect_model(model_dir: str | Path, backend=None) -> Blueprint:
     except BaseException:
         checkpoint.close()
         raise
-    if backend is None:
-        backend = create_backend(registry, DEFAULT_BACKEND)
     return Blueprint(model_dir, config, family_entry, checkpoint, weights, lm, resolver, backend)

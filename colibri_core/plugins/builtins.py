@@ -25,9 +25,12 @@ def colibri_register_quants(register):
 @hookimpl
 def colibri_register_tiers(register):
     register(TierSpec("disk", "colibri_core.experts.tiers:DiskTier",
-                      "the shards on the primary drive and mirrors: merged preadv reads, fadvise or O_DIRECT"))
+                      "the shards on the primary drive and mirrors: merged preadv reads, fadvise or O_DIRECT", role="disk"))
     register(TierSpec("ram", "colibri_core.experts.tiers:RamTier",
-                      "decoded experts in RAM: pinned hot set + per-layer LRU, within the budget"))
+                      "experts in host memory, as stored or decoded: pinned hot set + per-layer LRU, within --ram", role="ram"))
+    register(TierSpec("device", "colibri_core.experts.tiers:DeviceTier",
+                      "experts prepared in a backend's own memory (VRAM), fed from RAM: pinned hot set + per-layer LRU, "
+                      "within --vram; a backend may bring its own", role="device"))
 
 
 @hookimpl

@@ -56,13 +56,24 @@ class QuantSpec:
         return import_object(self.impl)
 
 
+TIER_ROLES = ("disk", "ram", "device")
+
+
 @dataclass(frozen=True)
 class TierSpec:
-    """A storage tier experts can be served from (disk, RAM, later VRAM, mirrors)."""
+    """A storage tier experts can be served from. ``role`` says which part of the expert
+    store it plays ("disk", "ram" or "device"; default: its name); the store finds its
+    tiers by role, so a plugin can supply its own implementation of one."""
 
     name: str
     impl: str
     description: str = ""
+    role: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "role", self.role or self.name)
+        if self.role not in TIER_ROLES:
+            raise PluginError(f"tier {self.name!r} has role {self.role!r}; a tier's role is one of {', '.join(TIER_ROLES)}")
 
     def load(self) -> Any:
         return import_object(self.impl)
@@ -160,6 +171,19 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self.entries[kind])) or "none"
             raise UnsupportedModelError(f"no {kind} named {name!r} is installed (installed: {known})") from None
+
+    def tier(self, role: str, core: str = "colibri-core") -> Entry:
+        """The tier playing ``role``: a plugin's tier replaces the core's own (``core``
+        names the core's plugin); two plugins' tiers for one role are a conflict."""
+        entries = [e for e in self.all("tier") if e.spec.role == role]
+        plugins = [e for e in entries if e.plugin != core] or entries
+        if not plugins:
+            raise UnsupportedModelError(f"no tier plays the role {role!r} (installed tiers: "
+                                        f"{', '.join(e.spec.name for e in self.all('tier')) or 'none'})")
+        if len(plugins) > 1:
+            names = " and ".join(f"{e.spec.name!r} (plugin {e.plugin!r})" for e in plugins)
+            raise PluginError(f"tiers {names} both play the role {role!r}; disable one plugin with COLIBRI_DISABLE_PLUGINS")
+        return plugins[0]
 
     def all(self, kind: str) -> list[Entry]:
         return sorted(self.entries[kind].values(), key=lambda e: e.spec.name)

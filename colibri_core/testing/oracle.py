@@ -179,8 +179,9 @@ class FamilyOracleSuite:
         assert worst < self.tolerance, f"logits differ by {worst:.2e}"
 
     def test_every_store_option_gives_identical_tokens(self, case_name, tmp_path_factory, tmp_path):
-        """Budget (cap 1 .. all resident) x pinning x prefetch x O_DIRECT x mirror: the
-        tokens and logits never change."""
+        """Budget (cap 1 .. all resident) x pinning x prefetch x O_DIRECT x mirror, and on a
+        backend with device memory x --vram (all, a quarter, none): the tokens and logits
+        never change."""
         import itertools
         import shutil
 
@@ -194,19 +195,26 @@ class FamilyOracleSuite:
             shutil.copy(shard, mirror / shard.name)
         with colibri_core.load(model_dir, history=True) as model:  # leaves a routing history to pin from
             reference = model.generate(token_ids=fx.prompt, max_tokens=8, ignore_eos=True, return_logits=True)
+            device = model.placement.device
         half = max(1, fx.num_experts // 2)
         budgets = {"cap1": {"cap": 1}, "half": {"cap": half}, "all": {}}
+        vrams = {"default": {}}
+        if device is not None:  # a device tier: all of it, a quarter of the experts, none
+            quarter = max(1, fx.num_experts // 4) * model.placement.moe_layers * device.expert_bytes
+            vrams = {"vram-all": {}, "vram-quarter": {"vram": quarter}, "vram-none": {"vram": 0}}
         pinned_somewhere = False
-        for (budget, opts), pin, prefetch, direct, use_mirror in itertools.product(
-                budgets.items(), ("on", "off"), (True, False), (True, False), (True, False)):
-            options = dict(opts, pin=pin, prefetch=prefetch, direct_io=direct, mirrors=[mirror] if use_mirror else [],
-                           history=pin == "on")
+        for (budget, opts), (vram, vram_opts), pin, prefetch, direct, use_mirror in itertools.product(
+                budgets.items(), vrams.items(), ("on", "off"), (True, False), (True, False), (True, False)):
+            options = dict(opts, **vram_opts, pin=pin, prefetch=prefetch, direct_io=direct,
+                           mirrors=[mirror] if use_mirror else [], history=pin == "on")
             with colibri_core.load(model_dir, **options) as model:
                 run = model.generate(token_ids=fx.prompt, max_tokens=8, ignore_eos=True, return_logits=True)
                 if pin == "on":
-                    assert bool(model.store.ram.pinned_set()) == (model.placement.pinned > 0)
-                    pinned_somewhere |= model.placement.pinned > 0
-            label = f"{budget} pin={pin} prefetch={prefetch} direct={direct} mirror={use_mirror}"
+                    store = model.store
+                    pinned = store.ram.pinned_set() | (store.device.pinned_set() if store.device is not None else set())
+                    assert bool(pinned) == (store.pinned_capacity > 0)
+                    pinned_somewhere |= store.pinned_capacity > 0
+            label = f"{budget} {vram} pin={pin} prefetch={prefetch} direct={direct} mirror={use_mirror}"
             assert run.token_ids == reference.token_ids, label
             for a, b in zip(run.logits, reference.logits):
                 assert np.array_equal(a, b), label
