@@ -1,13 +1,14 @@
 """colibri_core.nn.builders: the typed fields shared by the DeepSeek-style families
-(the assembly itself is proved by the DeepSeek, Kimi and GLM oracle tests)."""
+(the assembly itself, nn.assembly.build_decoder, is proved by every family's oracle tests)."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 
 from colibri_core.model.config import bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.nn.builders import DSAArgs, MLAArgs, SigmoidMoEArgs
+from colibri_core.nn.builders import DeepseekV3Args, DSAArgs, MLAArgs, SigmoidMoEArgs
 
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=4,
             num_attention_heads=4, n_routed_experts=8, num_experts_per_tok=2)
@@ -48,3 +49,18 @@ def test_dsa_layer_kinds():
 def test_router_checks(changes, error, match):
     with pytest.raises(error, match=match):
         SigmoidMoEArgs.from_dict(dict(BASE, **changes))
+
+
+def test_deepseek_v3_defaults_are_transformers():
+    """DeepseekV3Args (shared by colibri-deepseek and colibri-kimi) defaults every field
+    as transformers' DeepseekV3Config does, but two: q_lora_rank (None: a null in
+    config.json must mean "no q LoRA", which a default of 1536 would override) and
+    num_key_value_heads (None: all heads, the only value MLA accepts)."""
+    from transformers import DeepseekV3Config
+
+    reference = DeepseekV3Config()
+    defaults = {f.name: f.default for f in dataclasses.fields(DeepseekV3Args)
+                if f.default is not dataclasses.MISSING and hasattr(reference, f.name)}
+    assert {"n_group", "topk_group", "routed_scaling_factor", "first_k_dense_replace"} <= set(defaults)
+    differ = {name for name, value in defaults.items() if getattr(reference, name) != value}
+    assert differ == {"q_lora_rank", "num_key_value_heads"}

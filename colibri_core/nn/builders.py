@@ -1,4 +1,4 @@
-"""Config parsing and layer assembly shared by the DeepSeek-style MoE families.
+"""Config fields and blocks shared by the DeepSeek-style MoE families.
 
 DeepSeek-V3/V3.2, Kimi K2, GLM-4.5+ (``glm4_moe``), GLM-4.7-Flash (``glm4_moe_lite``)
 and GLM-5 (``glm_moe_dsa``) share one skeleton: pre-norm decoder layers whose MLP is a
@@ -7,26 +7,27 @@ dense SwiGLU for the first layers and, after them, a sigmoid group-limited route
 attention, some with the DSA indexer. This module holds that skeleton once:
 
 - typed config fields: ``SigmoidMoEArgs`` (router, experts, dense-layer schedule),
-  ``MLAArgs`` (latent attention), ``DSAArgs`` (the lightning indexer);
-- declarations of the blocks from their usual tensor names: ``swiglu``,
-  ``sigmoid_moe``, ``mla_attention``, ``lightning_indexer``;
-- whole models: ``build_moe_decoder`` (any attention, given per layer) and
-  ``build_mla_model`` (MLA, with DSA when the args have index fields).
+  ``MLAArgs`` (latent attention), ``DSAArgs`` (the lightning indexer), and
+  ``DeepseekV3Args`` (DeepSeek-V3's defaults, which Kimi K2 shares);
+- declarations of the blocks from their usual tensor names: ``sigmoid_moe``,
+  ``mla_attention``, ``lightning_indexer`` (and ``softmax_moe``, the softmax-routed MoE
+  of OLMoE and Qwen);
+- the per-layer blocks ``colibri_core.nn.assembly.build_decoder`` takes:
+  ``sigmoid_moe_mlp`` (dense first, then the MoE) and ``mla_mixer`` (MLA, with DSA when
+  the args have index fields).
 
 Families subclass the args to set their defaults and add what is truly theirs.
-Layers of index ``num_hidden_layers`` and beyond (multi-token prediction) are never
-declared, so their tensors are ignored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
 
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
+from colibri_core.nn.assembly import LayerBlock
 from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
-from colibri_core.nn.layers import CausalLM, DecoderLayer, Embedding, Linear, RoutedExperts, SparseMoE, SwiGLU
+from colibri_core.nn.layers import SoftmaxTopKRouter, SparseMoE
 from colibri_core.nn.mla import MLAttention, mla_softmax_scale
 from colibri_core.nn.rope import RoPE, build_rope
 from colibri_core.nn.routers import SigmoidGroupedTopKRouter
@@ -140,37 +141,37 @@ class DSAArgs(MLAArgs):
         return False
 
 
-@dataclass(frozen=True)
-class Names:
-    """Where the text model's tensors live: most checkpoints use the defaults; wrappers
-    (Kimi K2.5: ``language_model.model.``) prefix them."""
+@dataclass(kw_only=True)
+class DeepseekV3Args(MLAArgs):
+    """DeepSeek-V3's defaults (transformers' DeepseekV3Config) on the shared MLA fields;
+    Kimi K2's text model is this architecture too."""
 
-    model: str = "model."
-    layers: str = "layers"
-    lm_head: str = "lm_head"
+    n_group: int = bounded(1, 1 << 10, default=8)
+    topk_group: int = bounded(1, 1 << 10, default=4)
+    routed_scaling_factor: float = bounded(0.0, 1e6, default=2.5)
+    first_k_dense_replace: int = bounded(0, 1 << 10, default=3)
 
 
-def swiglu(w, p: str, inner: int, hidden: int) -> SwiGLU:
-    """A dense SwiGLU MLP from ``p.gate_proj``, ``p.up_proj`` and ``p.down_proj``."""
-    return SwiGLU(w.linear(f"{p}.gate_proj", inner, hidden), w.linear(f"{p}.up_proj", inner, hidden),
-                  w.linear(f"{p}.down_proj", hidden, inner))
+def softmax_moe(w, layer: int, p: str, n_experts: int, top_k: int, norm_topk_prob: bool, hidden: int, inner: int,
+                **shared) -> SparseMoE:
+    """The softmax top-k MoE at ``p`` (OLMoE, Qwen): ``gate`` and routed experts
+    ``experts`` streamed by the store; ``shared`` (``shared``, ``shared_gate``) goes to
+    ``SparseMoE``."""
+    router = SoftmaxTopKRouter(w.linear(f"{p}.gate", n_experts, hidden), top_k, norm_topk_prob)
+    return SparseMoE(router, w.swiglu_experts(layer, f"{p}.experts", n_experts, hidden, inner), **shared)
 
 
 def sigmoid_moe(a: SigmoidMoEArgs, w, layer: int, p: str) -> SparseMoE:
     """The MoE block at ``p``: ``gate`` (+ ``gate.e_score_correction_bias``), routed
     experts ``experts.{e}.*_proj`` streamed by the store, ``shared_experts``."""
     hidden, inner, n = a.hidden_size, a.moe_intermediate_size, a.n_routed_experts
-    experts = w.expert_layer(layer, n, {
-        "gate": (f"{p}.experts.{{e}}.gate_proj.weight", (inner, hidden)),
-        "up": (f"{p}.experts.{{e}}.up_proj.weight", (inner, hidden)),
-        "down": (f"{p}.experts.{{e}}.down_proj.weight", (hidden, inner)),
-    })
+    experts = w.swiglu_experts(layer, f"{p}.experts", n, hidden, inner)
     router = SigmoidGroupedTopKRouter(
         w.linear(f"{p}.gate", n, hidden), a.num_experts_per_tok, bias=w.optional(f"{p}.gate.e_score_correction_bias", (n,)),
         n_group=a.n_group, topk_group=a.topk_group, norm_topk_prob=a.norm_topk_prob,
         routed_scaling_factor=a.routed_scaling_factor)
-    shared = swiglu(w, f"{p}.shared_experts", inner * a.n_shared_experts, hidden) if a.n_shared_experts else None
-    return SparseMoE(router, RoutedExperts(experts), shared=shared)
+    shared = w.swiglu(f"{p}.shared_experts", hidden, inner * a.n_shared_experts) if a.n_shared_experts else None
+    return SparseMoE(router, experts, shared=shared)
 
 
 def lightning_indexer(a: DSAArgs, w, p: str, rope: RoPE, *, rope_interleave: bool) -> LightningIndexer:
@@ -206,29 +207,21 @@ def mla_attention(a: MLAArgs, w, layer: int, s: str, rope: RoPE, scale: float, *
     )
 
 
-def build_moe_decoder(a: SigmoidMoEArgs, w, attention: Callable[[int, str], Any], names: Names = Names(),
-                      **lm_kwargs) -> CausalLM:
-    """Embeddings, ``num_hidden_layers`` pre-norm decoder layers and the LM head.
-    ``attention(i, prefix)`` declares layer i's attention at ``prefix.self_attn``; the
-    MLP is ``sigmoid_moe`` where ``a.is_moe(i)``, else a dense SwiGLU of
-    ``intermediate_size``. Extra keyword arguments go to ``CausalLM`` (e.g. ``refused_tokens``)."""
-    hidden, eps = a.hidden_size, a.rms_norm_eps
-    layers = []
-    for i in range(a.num_hidden_layers):  # MTP layers (index >= num_hidden_layers) are never declared
-        p = f"{names.model}{names.layers}.{i}"
-        mlp = sigmoid_moe(a, w, i, f"{p}.mlp") if a.is_moe(i) else swiglu(w, f"{p}.mlp", a.intermediate_size, hidden)
-        layers.append(DecoderLayer(w.rms_norm(f"{p}.input_layernorm", hidden, eps), attention(i, f"{p}.self_attn"),
-                                   w.rms_norm(f"{p}.post_attention_layernorm", hidden, eps), mlp))
-    embed = Embedding(w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden)))
-    lm_head = Linear(embed.weight) if a.tie_word_embeddings else w.linear(names.lm_head, a.vocab_size, hidden)
-    return CausalLM(embed=embed, layers=layers, norm=w.rms_norm(f"{names.model}norm", hidden, eps),
-                    lm_head=lm_head, vocab_size=a.vocab_size, max_context=a.max_position_embeddings, **lm_kwargs)
+def sigmoid_moe_mlp(a: SigmoidMoEArgs, w) -> LayerBlock:
+    """The MLP of each layer at ``prefix.mlp``: ``sigmoid_moe`` where ``a.is_moe(i)``,
+    else a dense SwiGLU of ``intermediate_size``."""
+
+    def mlp(i: int, prefix: str):
+        p = f"{prefix}.mlp"
+        return sigmoid_moe(a, w, i, p) if a.is_moe(i) else w.swiglu(p, a.hidden_size, a.intermediate_size)
+
+    return mlp
 
 
-def build_mla_model(a: MLAArgs, config: dict, w, names: Names = Names(), *, interleave: bool | None = None,
-                    indexer_interleave: bool = False, **lm_kwargs) -> CausalLM:
-    """A DeepSeek-V3-style model: MLA in every layer (``interleave``: interleaved-pair
-    rope, default ``a.rope_interleave``); with ``DSAArgs``, a lightning indexer per layer
+def mla_mixer(a: MLAArgs, config: dict, w, *, interleave: bool | None = None,
+              indexer_interleave: bool = False) -> LayerBlock:
+    """MLA at ``prefix.self_attn`` in every layer (``interleave``: interleaved-pair rope,
+    default ``a.rope_interleave``); with ``DSAArgs``, a lightning indexer per layer
     (``indexer_interleave``: rotate its rope features as interleaved pairs) or, where
     ``a.shared_indexer(i)``, the previous full indexer's selection."""
     src = w.config_source
@@ -237,11 +230,12 @@ def build_mla_model(a: MLAArgs, config: dict, w, names: Names = Names(), *, inte
     scale = mla_softmax_scale(config, a.qk_nope_head_dim + dr, src)
     interleave = a.rope_interleave if interleave is None else interleave
 
-    def attention(i: int, s: str) -> MLAttention:
+    def attention(i: int, prefix: str) -> MLAttention:
+        s = f"{prefix}.self_attn"
         indexer = None
         if isinstance(a, DSAArgs):
             indexer = SharedIndexer() if a.shared_indexer(i) else lightning_indexer(
                 a, w, f"{s}.indexer", rope, rope_interleave=indexer_interleave)
         return mla_attention(a, w, i, s, rope, scale, interleave=interleave, indexer=indexer)
 
-    return build_moe_decoder(a, w, attention, names, **lm_kwargs)
+    return attention

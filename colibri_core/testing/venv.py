@@ -4,6 +4,7 @@ for tests of what a user's ``pip install`` really gives (entry points, dependenc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", "*.so")
+# the venv must see only what it installed, not the checkout the tests run from
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 @dataclass
@@ -27,7 +30,25 @@ class FreshVenv:
 
     def colibri(self, *args, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.root / "bin" / "colibri"), *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env=ENV)
+
+    def imports(self, module: str) -> bool:
+        """Whether ``import module`` succeeds in the venv."""
+        run = subprocess.run([str(self.python), "-c", f"import {module}"], capture_output=True, text=True, env=ENV,
+                             timeout=120)
+        assert run.returncode == 0 or f"No module named {module!r}" in run.stderr, run.stderr[-3000:]
+        return run.returncode == 0
+
+    def greedy_tokens(self, model_dir: Path, prompt: list[int], count: int) -> list[int]:
+        """The token ids ``colibri run`` generates greedily from ``prompt``, one cached
+        expert per layer (on a copy of ``model_dir``: a run writes its routing history
+        next to the model)."""
+        copy = self.root.parent / f"{model_dir.name}-run"
+        shutil.copytree(model_dir, copy)
+        run = self.colibri("run", "--model", copy, "--token-ids", ",".join(map(str, prompt)), "--max-tokens", count,
+                           "--ignore-eos", "--cap", "1", "--json")
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout)["token_ids"]
 
     def families(self) -> list[dict]:
         out = self.colibri("list-families", "--json", timeout=120)
@@ -38,7 +59,7 @@ class FreshVenv:
         return [p["name"] for p in json.loads(self.colibri("plugins", "--json", timeout=120).stdout)["plugins"]]
 
     def uninstall(self, distribution: str) -> None:
-        subprocess.run([str(self.pip), "uninstall", "-q", "-y", distribution], check=True, timeout=300)
+        subprocess.run([str(self.pip), "uninstall", "-q", "-y", distribution], check=True, timeout=300, env=ENV)
 
 
 def fresh_venv(repo: Path, tmp_path: Path, *families: str) -> FreshVenv:
@@ -49,6 +70,7 @@ def fresh_venv(repo: Path, tmp_path: Path, *families: str) -> FreshVenv:
     venv = FreshVenv(tmp_path / "venv")
     subprocess.run([sys.executable, "-m", "venv", str(venv.root)], check=True)
     targets = [str(source)] + [str(source / "families" / name) for name in families]
-    install = subprocess.run([str(venv.pip), "install", "-q", *targets], capture_output=True, text=True, timeout=1200)
+    install = subprocess.run([str(venv.pip), "install", "-q", *targets], capture_output=True, text=True, timeout=1200,
+                             env=ENV)
     assert install.returncode == 0, install.stderr[-3000:]
     return venv

@@ -1,8 +1,9 @@
 """The GLM MoE models on colibri's shared blocks (transformers: models/glm4_moe,
 models/glm4_moe_lite, models/glm_moe_dsa).
 
-All three are the decoder of ``colibri_core.nn.builders``: dense SwiGLU layers first,
-then the sigmoid group-limited router with shared experts. What is GLM's own:
+All three are ``colibri_core.nn.assembly``'s decoder with the MLPs of
+``colibri_core.nn.builders``: dense SwiGLU layers first, then the sigmoid group-limited
+router with shared experts. What is GLM's own:
 
 - glm4_moe: grouped-query attention (the core ``Attention``) with optional q/k/v bias,
   per-head q/k RMSNorm (``use_qk_norm``) and partial rotary (``partial_rotary_factor``,
@@ -25,7 +26,8 @@ from colibri_core.model.config import bounded
 from colibri_core.errors import ModelFormatError
 from colibri_core.model.family import Family
 from colibri_core.nn import Attention, build_rope
-from colibri_core.nn.builders import DSAArgs, MLAArgs, SigmoidMoEArgs, build_mla_model, build_moe_decoder
+from colibri_core.nn.assembly import build_decoder
+from colibri_core.nn.builders import DSAArgs, MLAArgs, SigmoidMoEArgs, mla_mixer, sigmoid_moe_mlp
 from colibri_core.nn.rope import rope_parameters
 
 
@@ -101,17 +103,16 @@ class Glm4Moe(Family):
         hidden, heads, kv_heads, hd, eps = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps
         rope = build_rope(config, hd, src, partial_rotary_factor=_partial_rotary_factor(config, a, src))
 
-        def attention(i, s):
-            qkv_bias = a.attention_bias  # o_proj never has a bias
+        def attention(i, p):
+            s = f"{p}.self_attn"
             return Attention(
-                layer=i, q=w.linear(f"{s}.q_proj", heads * hd, hidden, bias=qkv_bias),
-                k=w.linear(f"{s}.k_proj", kv_heads * hd, hidden, bias=qkv_bias),
-                v=w.linear(f"{s}.v_proj", kv_heads * hd, hidden, bias=qkv_bias), o=w.linear(f"{s}.o_proj", hidden, heads * hd),
+                # q/k/v biased by attention_bias, o_proj never
+                layer=i, **w.attention_projections(s, hidden, heads, kv_heads, hd, qkv_bias=a.attention_bias),
                 n_heads=heads, n_kv_heads=kv_heads, head_dim=hd, rope=rope,
                 q_norm=w.rms_norm(f"{s}.q_norm", hd, eps) if a.use_qk_norm else None,
                 k_norm=w.rms_norm(f"{s}.k_norm", hd, eps) if a.use_qk_norm else None, qk_norm_per_head=True)
 
-        return build_moe_decoder(a, w, attention)
+        return build_decoder(a, w, attention, sigmoid_moe_mlp(a, w))
 
 
 def _partial_rotary_factor(config, a: Glm4MoeArgs, src) -> float | None:
@@ -128,13 +129,14 @@ class Glm4MoeLite(Family):
     name = "glm4-moe-lite"
 
     def build(self, config, w):
-        return build_mla_model(Glm4MoeLiteArgs.from_dict(config, w.config_source), config, w)
+        a = Glm4MoeLiteArgs.from_dict(config, w.config_source)
+        return build_decoder(a, w, mla_mixer(a, config, w), sigmoid_moe_mlp(a, w))
 
 
 class GlmMoeDsa(Family):
     name = "glm-moe-dsa"
 
     def build(self, config, w):
+        a = GlmMoeDsaArgs.from_dict(config, w.config_source)
         # GLM-5 rotates as interleaved pairs both in MLA and in the indexer
-        return build_mla_model(GlmMoeDsaArgs.from_dict(config, w.config_source), config, w, interleave=True,
-                               indexer_interleave=True)
+        return build_decoder(a, w, mla_mixer(a, config, w, interleave=True, indexer_interleave=True), sigmoid_moe_mlp(a, w))

@@ -1,4 +1,5 @@
-"""Kimi K2 and K2.5 on the DeepSeek-V3 builder (transformers: models/kimi_k25).
+"""Kimi K2 and K2.5: the DeepSeek-V3 architecture on colibri's shared blocks
+(transformers: models/kimi_k25).
 
 Kimi K2 is a DeepSeek-V3 config with ``model_type: kimi_k2``. Kimi K2.5 wraps the same
 text model with a vision tower: its config nests the text model in ``text_config`` and
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.family import Family
-from colibri_deepseek.model import DeepseekV3Args, Names, build_deepseek
+from colibri_core.nn.assembly import Names, build_decoder
+from colibri_core.nn.builders import DeepseekV3Args, mla_mixer, sigmoid_moe_mlp
 
 TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
 LM_HEADS = ("language_model.lm_head", "lm_head")
@@ -26,7 +28,7 @@ class Kimi(Family):
     def build(self, config, w):
         src = w.config_source
         if "text_config" not in config:  # Kimi K2: a plain DeepSeek-V3 config
-            return build_deepseek(DeepseekV3Args.from_dict(config, src), config, w)
+            return _build(DeepseekV3Args.from_dict(config, src), config, w)
         text = config["text_config"]
         if not isinstance(text, dict):
             raise ModelFormatError(f"{src}: text_config must be an object")
@@ -45,7 +47,12 @@ class Kimi(Family):
         # the text model is all colibri runs: a prompt holding a vision placeholder is refused
         refused = {config[key]: f"Kimi K2.5's {what} placeholder: colibri runs the text model only; image and video "
                                 "input are not supported" for key, what in MEDIA_TOKENS.items() if isinstance(config.get(key), int)}
-        return build_deepseek(a, text, w, names, refused_tokens=refused)
+        return _build(a, text, w, names, refused_tokens=refused)
+
+
+def _build(a: DeepseekV3Args, config: dict, w, names: Names = Names(), refused_tokens: dict[int, str] | None = None):
+    """The DeepSeek-V3 text model of ``config``, its tensors under ``names``."""
+    return build_decoder(a, w, mla_mixer(a, config, w), sigmoid_moe_mlp(a, w), names, refused_tokens=refused_tokens)
 
 
 def _present(w, heads) -> list[str]:

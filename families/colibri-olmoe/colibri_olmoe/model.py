@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from colibri_core.model.config import ModelArgs
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.family import Family
-from colibri_core.nn import Attention, CausalLM, DecoderLayer, Embedding, Linear, SoftmaxTopKRouter, SparseMoE, build_rope
+from colibri_core.nn import Attention, build_rope
+from colibri_core.nn.assembly import build_decoder
+from colibri_core.nn.builders import softmax_moe
 
 
 @dataclass
@@ -48,26 +50,22 @@ class Olmoe(Family):
         hidden, heads, kv_heads = a.hidden_size, a.num_attention_heads, a.num_key_value_heads
         head_dim = hidden // heads
         rope = build_rope(config, head_dim, w.config_source)
-        layers = []
-        for i in range(a.num_hidden_layers):
-            p = f"model.layers.{i}"
-            attn = Attention(
+
+        def attention(i, p):
+            s = f"{p}.self_attn"
+            return Attention(
                 layer=i,
-                **w.attention_projections(f"{p}.self_attn", hidden, heads, kv_heads, head_dim,
-                                          qkv_bias=a.attention_bias, o_bias=a.attention_bias),
+                **w.attention_projections(s, hidden, heads, kv_heads, head_dim, qkv_bias=a.attention_bias,
+                                          o_bias=a.attention_bias),
                 n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, rope=rope,
                 # OLMoE normalises q and k over the whole projection, before splitting heads
-                q_norm=w.rms_norm(f"{p}.self_attn.q_norm", heads * head_dim, a.rms_norm_eps),
-                k_norm=w.rms_norm(f"{p}.self_attn.k_norm", kv_heads * head_dim, a.rms_norm_eps),
+                q_norm=w.rms_norm(f"{s}.q_norm", heads * head_dim, a.rms_norm_eps),
+                k_norm=w.rms_norm(f"{s}.k_norm", kv_heads * head_dim, a.rms_norm_eps),
                 clip_qkv=a.clip_qkv,
             )
-            moe = SparseMoE(
-                SoftmaxTopKRouter(w.linear(f"{p}.mlp.gate", a.num_experts, hidden), a.num_experts_per_tok, a.norm_topk_prob),
-                w.swiglu_experts(i, f"{p}.mlp.experts", a.num_experts, hidden, a.intermediate_size),
-            )
-            layers.append(DecoderLayer(w.rms_norm(f"{p}.input_layernorm", hidden, a.rms_norm_eps), attn,
-                                       w.rms_norm(f"{p}.post_attention_layernorm", hidden, a.rms_norm_eps), moe))
-        embed = Embedding(w.param("model.embed_tokens.weight", (a.vocab_size, hidden)))
-        lm_head = Linear(embed.weight) if a.tie_word_embeddings else w.linear("lm_head", a.vocab_size, hidden)
-        return CausalLM(embed=embed, layers=layers, norm=w.rms_norm("model.norm", hidden, a.rms_norm_eps),
-                        lm_head=lm_head, vocab_size=a.vocab_size, max_context=a.max_position_embeddings)
+
+        def moe(i, p):
+            return softmax_moe(w, i, f"{p}.mlp", a.num_experts, a.num_experts_per_tok, a.norm_topk_prob, hidden,
+                               a.intermediate_size)
+
+        return build_decoder(a, w, attention, moe)

@@ -10,10 +10,9 @@ import numpy as np
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.family import Family
-from colibri_core.nn import (
-    Attention, CausalLM, DecoderLayer, Embedding, GatedDeltaNet, GatedRMSNorm, Linear, SoftmaxTopKRouter, SparseMoE,
-    build_rope, rope_parameters,
-)
+from colibri_core.nn import Attention, GatedDeltaNet, GatedRMSNorm, Linear, build_rope, rope_parameters
+from colibri_core.nn.assembly import Names, build_decoder
+from colibri_core.nn.builders import softmax_moe
 from colibri_core.nn.deltanet import conv_weight_2d, neg_exp
 
 
@@ -94,7 +93,7 @@ class QwenMoe(Family):
 
     name = "qwen_moe"
     args_class = QwenArgs
-    prefix = "model"  # where embed_tokens, layers and norm live
+    names = Names()  # where embed_tokens, layers and norm live
     offset_norms = False  # True: RMSNorms scale by (1 + w)
     shared_expert = True  # MoE layers add a shared expert scaled by sigmoid(shared_expert_gate)
     partial_rotary_factor = 1.0  # when the config gives none
@@ -112,26 +111,23 @@ class QwenMoe(Family):
 
     def build(self, config, w):
         a, rope = self.parse(config, w.config_source)
+        a.tie_word_embeddings = self.tied(config, a)
 
         def norm(prefix, dim):
             return w.rms_norm(prefix, dim, a.rms_norm_eps, offset=self.offset_norms)
 
-        layers = []
-        for i in range(a.num_hidden_layers):
-            p = f"{self.prefix}.layers.{i}"
+        def mixer(i, p):
             kind = a.layer_types[i] if a.layer_types else "full_attention"
-            mixer = self.attention(a, w, i, p, rope, norm) if kind == "full_attention" else self.linear_attention(a, w, i, p)
-            layers.append(DecoderLayer(norm(f"{p}.input_layernorm", a.hidden_size), mixer,
-                                       norm(f"{p}.post_attention_layernorm", a.hidden_size), self.mlp(a, w, i, p)))
-        embed = Embedding(w.param(f"{self.prefix}.embed_tokens.weight", (a.vocab_size, a.hidden_size)))
-        lm_head = Linear(embed.weight) if self.tied(config, a) else w.linear("lm_head", a.vocab_size, a.hidden_size)
-        return CausalLM(embed=embed, layers=layers, norm=norm(f"{self.prefix}.norm", a.hidden_size), lm_head=lm_head,
-                        vocab_size=a.vocab_size, max_context=a.max_position_embeddings, refused_tokens=self.refused_tokens(config))
+            return self.attention(a, w, i, p, rope, norm) if kind == "full_attention" else self.linear_attention(a, w, i, p)
+
+        return build_decoder(a, w, mixer, lambda i, p: self.mlp(a, w, i, p), self.names,
+                             offset_norms=self.offset_norms, refused_tokens=self.refused_tokens(config))
 
     def text_config(self, config: dict, source: str) -> tuple[dict, str]:
         return config, source
 
     def tied(self, config: dict, a: QwenArgs) -> bool:
+        """Whether the LM head is the embeddings (the text config says, unless overridden)."""
         return a.tie_word_embeddings
 
     def refused_tokens(self, config: dict) -> dict[int, str]:
@@ -143,16 +139,17 @@ class QwenMoe(Family):
                          n_heads=a.num_attention_heads, n_kv_heads=a.num_key_value_heads, head_dim=a.head_dim, rope=rope)
 
     def mlp(self, a, w, i, p):
+        p = f"{p}.mlp"
         if not a.is_moe(i):
-            return w.swiglu(f"{p}.mlp", a.hidden_size, a.intermediate_size)
-        router = SoftmaxTopKRouter(w.linear(f"{p}.mlp.gate", a.num_experts, a.hidden_size), a.num_experts_per_tok, a.norm_topk_prob)
-        experts = w.swiglu_experts(i, f"{p}.mlp.experts", a.num_experts, a.hidden_size, a.moe_intermediate_size)
-        if not self.shared_expert:
-            return SparseMoE(router, experts)
-        if a.shared_expert_intermediate_size is None:
-            raise ModelFormatError(f"{w.config_source}: missing field 'shared_expert_intermediate_size'")
-        return SparseMoE(router, experts, shared=w.swiglu(f"{p}.mlp.shared_expert", a.hidden_size, a.shared_expert_intermediate_size),
-                         shared_gate=w.linear(f"{p}.mlp.shared_expert_gate", 1, a.hidden_size))
+            return w.swiglu(p, a.hidden_size, a.intermediate_size)
+        shared = {}
+        if self.shared_expert:
+            if a.shared_expert_intermediate_size is None:
+                raise ModelFormatError(f"{w.config_source}: missing field 'shared_expert_intermediate_size'")
+            shared = dict(shared=w.swiglu(f"{p}.shared_expert", a.hidden_size, a.shared_expert_intermediate_size),
+                          shared_gate=w.linear(f"{p}.shared_expert_gate", 1, a.hidden_size))
+        return softmax_moe(w, i, p, a.num_experts, a.num_experts_per_tok, a.norm_topk_prob, a.hidden_size,
+                           a.moe_intermediate_size, **shared)
 
 
 class Qwen2Moe(QwenMoe):
@@ -224,7 +221,7 @@ class Qwen3_5Moe(Qwen3Next):
     head are not loaded; prompts holding image or video placeholders are refused."""
 
     name = "qwen3_5_moe"
-    prefix = "model.language_model"
+    names = Names(model="model.language_model.")
     # every layer is MoE and top-k weights are always renormalised (the text config has
     # no mlp_only_layers, decoder_sparse_step, norm_topk_prob or intermediate_size)
     ignored = ("mlp_only_layers", "decoder_sparse_step", "norm_topk_prob", "intermediate_size")

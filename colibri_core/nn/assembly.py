@@ -1,0 +1,69 @@
+"""Assembling a decoder-only model: the one way every family builds its ``CausalLM``.
+
+A family gives its typed args, where its tensors live (``Names``) and two per-layer
+callables, ``mixer(i, prefix)`` (the token mixer of layer i: attention, MLA, Gated
+DeltaNet...) and ``mlp(i, prefix)`` (a dense SwiGLU, a MoE...), each called with the
+layer's tensor prefix (``model.layers.3``) and declaring its own weights under it.
+``build_decoder`` adds the rest, the same for every family: token embeddings,
+pre-norm decoder layers, the final norm and the LM head (tied to the embeddings or not).
+Layers of index ``num_hidden_layers`` and beyond (multi-token prediction) are never
+declared, so their tensors are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from colibri_core.nn.layers import CausalLM, DecoderLayer, Embedding, Linear
+
+if TYPE_CHECKING:
+    from colibri_core.nn.weights import Weights
+
+# (layer index, layer prefix) -> the block of that layer, its weights declared
+LayerBlock = Callable[[int, str], Any]
+
+
+class DecoderArgs(Protocol):
+    """The config fields ``build_decoder`` reads (every family's ``ModelArgs`` has them)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+
+@dataclass(frozen=True)
+class Names:
+    """Where the text model's tensors live: most checkpoints use the defaults; wrappers
+    (Kimi K2.5: ``language_model.model.``, Qwen3.5: ``model.language_model.``) prefix them."""
+
+    model: str = "model."
+    layers: str = "layers"
+    lm_head: str = "lm_head"
+
+    def layer(self, i: int) -> str:
+        return f"{self.model}{self.layers}.{i}"
+
+
+def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock, names: Names = Names(), *,
+                  offset_norms: bool = False, refused_tokens: dict[int, str] | None = None) -> CausalLM:
+    """Embeddings, ``a.num_hidden_layers`` layers x + mixer(norm(x)), h + mlp(norm(h)),
+    the final norm and the LM head (``lm_head``, or the embeddings when
+    ``a.tie_word_embeddings``). ``offset_norms``: the RMSNorms scale by (1 + w).
+    ``refused_tokens`` goes to ``CausalLM``."""
+    hidden = a.hidden_size
+
+    def norm(prefix: str):
+        return w.rms_norm(prefix, hidden, a.rms_norm_eps, offset=offset_norms)
+
+    layers = []
+    for i in range(a.num_hidden_layers):
+        p = names.layer(i)
+        layers.append(DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p)))
+    embed = Embedding(w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden)))
+    lm_head = Linear(embed.weight) if a.tie_word_embeddings else w.linear(names.lm_head, a.vocab_size, hidden)
+    return CausalLM(embed=embed, layers=layers, norm=norm(f"{names.model}norm"), lm_head=lm_head,
+                    vocab_size=a.vocab_size, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
