@@ -163,7 +163,8 @@ def softmax_moe(w, layer: int, p: str, n_experts: int, top_k: int, norm_topk_pro
 
 def sigmoid_moe(a: SigmoidMoEArgs, w, layer: int, p: str) -> SparseMoE:
     """The MoE block at ``p``: ``gate`` (+ ``gate.e_score_correction_bias``), routed
-    experts ``experts.{e}.*_proj`` streamed by the store, ``shared_experts``."""
+    experts ``experts`` streamed by the store (per expert or fused, as
+    ``Weights.swiglu_experts`` reads them), ``shared_experts``."""
     hidden, inner, n = a.hidden_size, a.moe_intermediate_size, a.n_routed_experts
     experts = w.swiglu_experts(layer, f"{p}.experts", n, hidden, inner)
     router = SigmoidGroupedTopKRouter(

@@ -50,7 +50,8 @@ class Kimi(Family):
         return _build(a, text, w, names, refused_tokens=refused)
 
 
-def _build(a: DeepseekV3Args, config: dict, w, names: Names = Names(), refused_tokens: dict[int, str] | None = None):
+def _build(a: DeepseekV3Args, config: dict, w, names: Names = Names(),
+           refused_tokens: dict[int, str] | None = None):
     """The DeepSeek-V3 text model of ``config``, its tensors under ``names``."""
     return build_decoder(a, w, mla_mixer(a, config, w), sigmoid_moe_mlp(a, w), names, refused_tokens=refused_tokens)
 
