@@ -5,7 +5,8 @@ Its arrays are ``Box`` objects: the documented array protocol (``shape``, ``ndim
 ``dtype``, ``reshape``, ``transpose``, basic indexing and assignment into a basic slice,
 ``+ - * /`` and unary ``-`` with boxes and Python numbers) and nothing else: no
 ``astype``, no ``nbytes``, no fancy indexing, no iteration, no truth value, no numpy
-scalars or host arrays as operands. ``__array__`` refuses, so numpy cannot wrap a box as
+scalars or host arrays as operands. Every refusal is a ``ProtocolError`` (a TypeError,
+also for a missing attribute, so that ``getattr(x, name, default)`` cannot hide one). ``__array__`` refuses, so numpy cannot wrap a box as
 an object array behind the core's back. Prepared linear and embedding weights are
 opaque (``Sealed``): a block that reads one as an array fails.
 
@@ -71,6 +72,9 @@ class Box:
 
     def __init__(self, value: np.ndarray):
         self.value = value
+
+    def __getattr__(self, name):  # a TypeError, not an AttributeError: getattr(x, name, default) must not hide it
+        raise ProtocolError(f"backend arrays have no attribute {name!r} in the contract's array protocol")
 
     def __array__(self, *args, **kwargs):
         raise ProtocolError("np.asarray of a backend array: use Backend.to_host")
