@@ -46,7 +46,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self._k is None else int(self._k.nbytes + self._v.nbytes)
+        return 0 if self._k is None else self.backend.nbytes(self._k) + self.backend.nbytes(self._v)
 
     def bytes_per_token(self) -> int:
         h, dk, dv = self.shape

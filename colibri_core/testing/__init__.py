@@ -3,6 +3,10 @@
 - ``registered_plugin``: register a plugin object in-process for the duration of a block.
 - ``colibri_core.testing.oracle``: tiny random transformers models as oracles, and
   ``FamilyOracleSuite``, the conformance base class every family test subclasses.
+- ``colibri_core.testing.backend_kit``: ``BackendConformanceSuite``, the conformance
+  base class a backend's tests subclass: every contract method against the reference.
+- ``colibri_core.testing.backends``: the backends both suites run on (every installed
+  one; ``COLIBRI_TEST_BACKENDS`` restricts them).
 - ``colibri_core.testing.fp8``: quantise a saved tiny model to fp8 block scales (an
   ``OracleCase.rewrite`` hook), with the dequantised weights as transformers' reference.
 """

@@ -1,0 +1,619 @@
+"""The backend conformance kit: every method of the backend contract
+(``colibri_core.engine.backend``), checked op by op against the numpy reference
+(``colibri_core.engine.reference.ReferenceBackend``) on seeded random inputs.
+
+A backend author subclasses ``BackendConformanceSuite`` in a test module, says how to
+make the backend and, where its arithmetic differs from float32 numpy, how close it
+promises to be; then runs pytest::
+
+    # tests/test_conformance.py of the colibri-mybackend distribution
+    from colibri_core.testing.backend_kit import BackendConformanceSuite
+    from colibri_mybackend import MyBackend
+
+    class TestMyBackend(BackendConformanceSuite):
+        tolerance = 1e-5                                   # float operations
+        packed_tolerance = {**BackendConformanceSuite.packed_tolerance, "q4": 3e-2}
+
+        def make_backend(self):
+            return MyBackend()
+
+    $ pytest tests/test_conformance.py -q
+
+Every check is one pytest test (``test_linear[q4-70-bias]``, ``test_attention[gqa4-decode]``
+...), so a failure names the operation and the inputs. Besides, colibri's own tests run
+this suite on every installed backend (``colibri_core.testing.backends``: installing a
+backend plugin adds its run; ``COLIBRI_TEST_BACKENDS=cpu,mlx`` restricts the list).
+
+What is checked: memory (``asarray`` / ``zeros`` dtypes, the ``to_host`` round trip,
+``host_syncs`` counted by ``to_host``); the array protocol the core relies on (shape,
+reshape, transpose, basic indexing, assignment into a basic slice, arithmetic with
+backend arrays and Python numbers); embedding; linear / linears with biases for 1, 3 and
+70 rows (the CPU kernels change strategy past 64) and weights of every packed kind
+handed over as the core hands them (``prepare_weight`` of the stored ``QuantTensor``
+when ``keeps_stored``, else of its float32 decode), against ``x @ dequantize(w).T``;
+norms; both RoPE layouts with a partial rotary part; attention with 1, 2 and 4 query
+heads per KV head, prefill and decode; sparse and latent (MLA) attention with DSA
+selections that causality partly masks; the MLA expansion and absorption and the
+identity that both forms attend alike; the DSA indexer's scores; top-k and both routers
+(ties go to the lower index); one expert and the routed experts of a layer (each expert
+fetched once, in ascending order; ``window`` and ``ready`` honoured and without effect
+on the result); the elementwise and row operations; the causal convolution and the
+gated delta rule, chunked and stepwise, with their carried state.
+
+Tolerances, declared by the subclass as class attributes:
+
+- ``tolerance``: float operations. A result passes when its largest difference from the
+  reference is at most ``tolerance`` x the reference's largest magnitude (infinities
+  must match exactly). The default, 1e-5, suits float32 arithmetic in another order
+  (BLAS, SIMD, a GPU); a backend computing in bfloat16 needs about 1e-2.
+- ``packed_tolerance``: the same, per packed kind, for products with packed weights
+  (linear, linears, embedding, experts). The defaults allow what the CPU kernels do:
+  int8 activations for int4 and int8 weights (q4 2e-2, q8 1e-4; measured 1.2e-2 and
+  2.7e-5), exact decodes with float32 products for mxfp4, fp8 and bf16 (1e-5; measured
+  6e-7).
+
+A backend whose activations are float16 or bfloat16 (``activation_dtype``) is held to at
+least 2e-3 or 2e-2 whatever it declares. Integer results (indices, routing choices) must
+be identical.
+"""
+
+from __future__ import annotations
+
+import weakref
+import zlib
+
+import numpy as np
+import pytest
+
+from colibri_core.engine.backend import Backend
+from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.experts.tiers import ExpertWeights
+from colibri_core.formats.base import QuantTensor, f32_to_bf16
+from colibri_core.formats.fp8 import E4M3_TO_F32
+from colibri_core.formats.integer import MXFP4, Int4GS64, Int8Row
+from colibri_core.formats.reference import dequantize
+from colibri_core.io.container import SCALES_SUFFIX
+from colibri_core.nn.rope import build_rope
+
+PACKED_KINDS = ("q8", "q4", "mxfp4", "fp8", "bf16")
+WEIGHT_KINDS = ("f32",) + PACKED_KINDS  # "f32": a float32 array, never packed
+ROWS = (1, 3, 70)  # one token, a few, and past the CPU kernels' switch to BLAS at 64
+FP8_BLOCK = (32, 64)  # small blocks, so the test weights have several, some partial
+# the least a backend whose activations are of this dtype can promise (its inputs alone are
+# rounded to 2^-11 / 2^-8 of their magnitude)
+DTYPE_TOLERANCE = {"float32": 0.0, "float16": 2e-3, "bfloat16": 2e-2}
+# (T new positions, start): prefill from 0, one decoded token, a chunk after a prefix
+STEPS = {"prefill": (6, 0), "decode": (1, 9), "chunk": (4, 5)}
+
+
+# -- input builders ----------------------------------------------------------------------
+def seeded(*key) -> np.random.Generator:
+    """A generator seeded by the check's parameters: every run sees the same inputs."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def normal(rng: np.random.Generator, *shape, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def pack(kind: str, w: np.ndarray) -> QuantTensor:
+    """A float32 (rows, cols) weight in packed form ``kind``, as the formats store it."""
+    n, k = w.shape
+    if kind == "bf16":
+        return QuantTensor("bf16", f32_to_bf16(w), None, (n, k))
+    if kind == "fp8":
+        return _fp8_blocks(w, FP8_BLOCK)
+    fmt = {"q8": Int8Row, "q4": Int4GS64, "mxfp4": MXFP4}[kind]()
+    tensors = fmt.encode("w", w)
+    return QuantTensor(fmt.kernel, tensors["w"][1], tensors["w" + SCALES_SUFFIX][1], (n, k))
+
+
+def _fp8_blocks(w: np.ndarray, block: tuple[int, int]) -> QuantTensor:
+    """e4m3 codes nearest to w / scale, one float32 scale per block (absmax -> 448)."""
+    n, k = w.shape
+    bm, bn = block
+    r, c = -(-n // bm), -(-k // bn)
+    padded = np.zeros((r * bm, c * bn), dtype=np.float32)
+    padded[:n, :k] = w
+    amax = np.abs(padded.reshape(r, bm, c, bn)).max(axis=(1, 3))
+    scale = np.where(amax > 0, amax / 448, 1).astype(np.float32)
+    scaled = w / np.repeat(np.repeat(scale, bm, axis=0), bn, axis=1)[:n, :k]
+    table = np.where(np.isnan(E4M3_TO_F32), np.inf, E4M3_TO_F32)  # never pick a NaN code
+    codes = np.abs(scaled[..., None] - table).argmin(axis=-1).astype(np.uint8)
+    return QuantTensor("fp8", codes, scale, (n, k), block)
+
+
+def host_form(backend: Backend, w, use: str):
+    """A host weight as the core hands it to ``prepare_weight``: packed only when the
+    backend keeps this kind packed for this use, else its float32 decode."""
+    if isinstance(w, QuantTensor) and not backend.keeps_stored(w.kind, use):
+        return dequantize(w)
+    return w
+
+
+def selection(rng: np.random.Generator, t: int, start: int, s: int, k: int) -> np.ndarray:
+    """(T, k) distinct key positions per query, some beyond what causality lets it see;
+    each query's own position is among them, so every query sees at least one key."""
+    rows = []
+    for i in range(t):
+        others = rng.permutation(np.delete(np.arange(s), start + i))[: k - 1]
+        rows.append(rng.permutation(np.append(others, start + i)))
+    return np.array(rows, dtype=np.int64)
+
+
+def router_input(rng: np.random.Generator, t: int, hidden: int, n_experts: int, ties: bool):
+    """One-hot token rows and a router weight whose columns are the logits: products
+    are exact on every backend, so the choice of experts is decided by the rule alone.
+    Distinct logits are 0.25 apart; with ``ties`` many are equal."""
+    x = np.zeros((t, hidden), dtype=np.float32)
+    x[np.arange(t), rng.integers(0, hidden, t)] = 1.0
+    if ties:
+        columns = [rng.integers(0, 3, n_experts) * 0.5 for _ in range(hidden)]
+    else:
+        columns = [rng.permutation(n_experts) * 0.25 + 0.1 for _ in range(hidden)]
+    return x, np.stack(columns, axis=1).astype(np.float32)
+
+
+class _Fetcher:
+    """``fetch`` for routed_experts: records the order of fetches and how many earlier
+    fetched experts the backend still holds at each fetch (a fresh object per fetch, so
+    only the backend can keep one alive)."""
+
+    def __init__(self, experts: list[ExpertWeights]):
+        self.experts, self.order, self.most_held = experts, [], 0
+        self._refs: list[weakref.ref] = []
+
+    def __call__(self, e: int) -> ExpertWeights:
+        self.most_held = max(self.most_held, sum(r() is not None for r in self._refs))
+        w = ExpertWeights(dict(self.experts[e].arrays), 0)
+        self._refs.append(weakref.ref(w))
+        self.order.append(e)
+        return w
+
+
+class BackendConformanceSuite:
+    """Subclass it, define ``make_backend`` and, if needed, the tolerances (see the
+    module docstring); pytest collects every check."""
+
+    tolerance: float = 1e-5
+    packed_tolerance: dict[str, float] = {"q8": 1e-4, "q4": 2e-2, "mxfp4": 1e-5, "fp8": 1e-5, "bf16": 1e-5}
+
+    def make_backend(self) -> Backend:
+        raise NotImplementedError("a BackendConformanceSuite subclass defines make_backend()")
+
+    @pytest.fixture
+    def backend(self) -> Backend:
+        return self.make_backend()
+
+    ref = ReferenceBackend()
+
+    # -- helpers -------------------------------------------------------------------------
+    def tol(self, backend: Backend, kind: str = "f32") -> float:
+        declared = self.tolerance if kind == "f32" else self.packed_tolerance[kind]
+        return max(declared, DTYPE_TOLERANCE.get(backend.activation_dtype, 0.0))
+
+    @staticmethod
+    def assert_close(got, want, tol: float, what: str) -> None:
+        """``got`` (host) matches ``want``: same shape; integers identical; floats within
+        ``tol`` x the largest magnitude of ``want``, the same infinities."""
+        got, want = np.asarray(got), np.asarray(want)
+        assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+        if want.dtype.kind in "iub":
+            assert got.dtype.kind in "iub", f"{what}: dtype {got.dtype}, expected integers"
+            wrong = np.argwhere(got != want)
+            assert not wrong.size, (f"{what}: {len(wrong)} of {want.size} differ, first at {tuple(wrong[0])}: "
+                                    f"{got[tuple(wrong[0])]} instead of {want[tuple(wrong[0])]}")
+            return
+        got, want = got.astype(np.float64), want.astype(np.float64)
+        finite = np.isfinite(want)
+        assert np.array_equal(np.isfinite(got), finite) and np.array_equal(got[~finite], want[~finite]), \
+            f"{what}: infinities or NaNs differ from the reference's"
+        if not finite.any():
+            return
+        err = float(np.abs(got[finite] - want[finite]).max())
+        scale = float(np.abs(want[finite]).max())
+        assert err <= tol * scale, f"{what}: off by {err:.3g}, more than {tol:g} x {scale:.3g} (the reference's magnitude)"
+
+    def check(self, backend: Backend, got, want, what: str, kind: str = "f32") -> None:
+        """A backend array against the reference's result."""
+        own = type(backend.zeros((1,), "float32"))
+        assert isinstance(got, own), f"{what}: a {type(got).__name__}, not the backend's array type {own.__name__}"
+        self.assert_close(backend.to_host(got), want, self.tol(backend, kind), what)
+
+    @staticmethod
+    def act(backend: Backend, x: np.ndarray):
+        """Host float32 activations as the backend's."""
+        return backend.asarray(x, backend.activation_dtype)
+
+    @staticmethod
+    def cached(backend: Backend, x: np.ndarray):
+        return backend.asarray(x, backend.cache_dtype)
+
+    def weight(self, backend: Backend, kind: str, shape: tuple[int, int], rng, use: str = "linear"):
+        """(the backend's prepared weight, the float32 numbers it stands for)."""
+        w = normal(rng, *shape, scale=0.1)
+        if kind != "f32":
+            packed = pack(kind, w)
+            w = dequantize(packed)
+            return backend.prepare_weight(host_form(backend, packed, use), use), w
+        return backend.prepare_weight(w, use), w
+
+    # -- memory ----------------------------------------------------------------------------
+    @pytest.mark.parametrize("dtype", ["float32", "int64", "int32"])
+    def test_asarray_to_host_round_trip(self, backend, dtype):
+        rng = seeded("asarray", dtype)
+        host = (rng.standard_normal((3, 5, 4)) * 100).astype(dtype)
+        x = backend.asarray(host, dtype)
+        syncs = backend.host_syncs
+        back = backend.to_host(x)
+        assert backend.host_syncs == syncs + 1, "to_host must count one host synchronisation"
+        assert isinstance(back, np.ndarray) and back.dtype == np.dtype(dtype), f"to_host gave {type(back)} {back.dtype}"
+        self.assert_close(back, host, 0.0, f"asarray({dtype}) then to_host")
+        zeros = backend.to_host(backend.zeros((2, 3), dtype))
+        assert zeros.dtype == np.dtype(dtype), f"zeros({dtype}) came back as {zeros.dtype}"
+        self.assert_close(zeros, np.zeros((2, 3), dtype), 0.0, f"zeros({dtype})")
+
+    def test_every_float_dtype_holds_its_values(self, backend):
+        assert "float32" in backend.float_dtypes
+        host = normal(seeded("float dtypes"), 4, 6)
+        for dtype in backend.float_dtypes:
+            precision = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]
+            got = backend.to_host(backend.asarray(host, dtype)).astype(np.float32)
+            self.assert_close(got, host, precision, f"asarray({dtype})")
+            self.assert_close(backend.to_host(backend.zeros((2, 2), dtype)).astype(np.float32), np.zeros((2, 2)), 0.0,
+                              f"zeros({dtype})")
+
+    # -- the array protocol --------------------------------------------------------------------
+    def test_shape_reshape_transpose(self, backend):
+        host = normal(seeded("shape"), 4, 6, 5)
+        x = self.act(backend, host)
+        assert x.shape == (4, 6, 5) and all(type(d) is int for d in x.shape), f"shape {x.shape!r}"
+        assert x.ndim == 3
+        self.check(backend, x.reshape(24, 5), host.reshape(24, 5), "reshape(24, 5)")
+        self.check(backend, x.reshape(4, -1), host.reshape(4, -1), "reshape(4, -1)")
+        self.check(backend, x.transpose(1, 0, 2), host.transpose(1, 0, 2), "transpose(1, 0, 2)")
+        self.check(backend, x.transpose(2, 0, 1).reshape(5, 24), host.transpose(2, 0, 1).reshape(5, 24),
+                   "transpose then reshape")
+
+    @pytest.mark.parametrize("key", [
+        pytest.param((1,), id="x[1]"),
+        pytest.param((slice(None), slice(2, 5)), id="x[:,2:5]"),
+        pytest.param((slice(-1, None),), id="x[-1:]"),
+        pytest.param((Ellipsis, 1), id="x[...,1]"),
+        pytest.param((None, slice(None), 0), id="x[None,:,0]"),
+        pytest.param((slice(1, 3), None, slice(None, None, 2)), id="x[1:3,None,::2]"),
+        pytest.param((-1, Ellipsis, slice(1, 2)), id="x[-1,...,1:2]"),
+    ])
+    def test_basic_indexing(self, backend, key):
+        host = normal(seeded("index", key), 4, 6, 5)
+        self.check(backend, self.act(backend, host)[key], host[key], f"indexing {key}")
+
+    def test_assignment_into_a_basic_slice(self, backend):
+        rng = seeded("assign")
+        rows, more = normal(rng, 2, 3, 4), normal(rng, 2, 1, 4)
+        cache = backend.zeros((2, 8, 4), backend.cache_dtype)
+        cache[:, 2:5] = self.cached(backend, rows)
+        cache[:, 5:6] = self.cached(backend, more)
+        want = np.zeros((2, 8, 4), dtype=np.float32)
+        want[:, 2:5], want[:, 5:6] = rows, more
+        self.check(backend, cache, want, "cache[:, a:b] = rows")
+
+    @pytest.mark.parametrize("op", ["+", "-", "*", "/"])
+    def test_arithmetic(self, backend, op):
+        rng = seeded("arithmetic", op)
+        a = normal(rng, 3, 1, 4)
+        b = ((rng.random((5, 4)) + 0.5) * rng.choice([-1, 1], (5, 4))).astype(np.float32)  # |b| >= 0.5: safe divisors
+        apply = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y, "/": lambda x, y: x / y}[op]
+        x, y = self.act(backend, a), self.act(backend, b)
+        self.check(backend, apply(x, y), apply(a, b), f"array {op} array (broadcast)")
+        self.check(backend, apply(y, 1.5), apply(b, np.float32(1.5)), f"array {op} float")
+        self.check(backend, apply(2.5, y), apply(np.float32(2.5), b), f"float {op} array")
+        self.check(backend, apply(y, 3), apply(b, np.float32(3)), f"array {op} int")
+        self.check(backend, -y, -b, "unary -")
+
+    # -- dense operations ----------------------------------------------------------------------
+    @pytest.mark.parametrize("kind", WEIGHT_KINDS)
+    def test_embedding(self, backend, kind):
+        rng = seeded("embedding", kind)
+        table, truth = self.weight(backend, kind, (50, 96), rng, use="embedding")
+        ids = np.array([3, 0, 49, 3, 17], dtype=np.int64)
+        self.check(backend, backend.embedding(table, ids), truth[ids], f"embedding of {kind} rows", kind)
+
+    @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+    @pytest.mark.parametrize("rows", ROWS)
+    @pytest.mark.parametrize("kind", WEIGHT_KINDS)
+    def test_linear(self, backend, kind, rows, bias):
+        rng = seeded("linear", kind, rows, bias)
+        w, truth = self.weight(backend, kind, (40, 96), rng)
+        x, b = normal(rng, rows, 96), normal(rng, 40) if bias else None
+        got = backend.linear(self.act(backend, x), w, None if b is None else self.act(backend, b))
+        self.check(backend, got, self.ref.linear(x, truth, b), f"linear {kind} x {rows} rows", kind)
+
+    @pytest.mark.parametrize("rows", ROWS)
+    @pytest.mark.parametrize("kind", WEIGHT_KINDS)
+    def test_linears(self, backend, kind, rows):
+        rng = seeded("linears", kind, rows)
+        prepared = [self.weight(backend, kind, (n, 96), rng) for n in (40, 24, 24)]
+        x, biases = normal(rng, rows, 96), [normal(rng, 40), None, normal(rng, 24)]
+        got = backend.linears(self.act(backend, x), [w for w, _ in prepared],
+                              [None if b is None else self.act(backend, b) for b in biases])
+        assert len(got) == 3
+        for i, (y, (_, truth), b) in enumerate(zip(got, prepared, biases)):
+            self.check(backend, y, self.ref.linear(x, truth, b), f"linears {kind} x {rows} rows, projection {i}", kind)
+
+    @pytest.mark.parametrize("rows", (1, 70))
+    @pytest.mark.parametrize("with_weight", [False, True], ids=["noweight", "weight"])
+    def test_rms_norm(self, backend, with_weight, rows):
+        rng = seeded("rms", with_weight, rows)
+        x, w = normal(rng, rows, 48, scale=3.0), normal(rng, 48) if with_weight else None
+        got = backend.rms_norm(self.act(backend, x), None if w is None else backend.prepare_weight(w, "array"), 1e-6)
+        self.check(backend, got, self.ref.rms_norm(x, w, 1e-6), "rms_norm")
+
+    @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+    @pytest.mark.parametrize("with_weight", [False, True], ids=["noweight", "weight"])
+    def test_layer_norm(self, backend, with_weight, with_bias):
+        rng = seeded("layer norm", with_weight, with_bias)
+        x = normal(rng, 5, 48, scale=3.0) + 1.0
+        w, b = (normal(rng, 48) if with_weight else None), (normal(rng, 48) if with_bias else None)
+        prepared = [None if p is None else backend.prepare_weight(p, "array") for p in (w, b)]
+        self.check(backend, backend.layer_norm(self.act(backend, x), *prepared, 1e-6), self.ref.layer_norm(x, w, b, 1e-6),
+                   "layer_norm")
+
+    @pytest.mark.parametrize("step", ["prefill", "decode"])
+    @pytest.mark.parametrize("rotary_dim", [16, 8], ids=["full", "partial"])
+    @pytest.mark.parametrize("layout", ["rope", "rope_interleaved"])
+    def test_rope(self, backend, layout, rotary_dim, step):
+        t, start = STEPS[step]
+        rng = seeded("rope", layout, rotary_dim, step)
+        rope = build_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}, rotary_dim)
+        cos, sin = rope.cos_sin(np.arange(start, start + t))
+        x = normal(rng, t, 3, 16)
+        got = getattr(backend, layout)(self.act(backend, x), backend.asarray(cos), backend.asarray(sin), rotary_dim)
+        self.check(backend, got, getattr(self.ref, layout)(x, cos, sin, rotary_dim), f"{layout}, rotary_dim {rotary_dim}")
+
+    # -- attention ----------------------------------------------------------------------------
+    def _attention_inputs(self, name, group, step, d=16, dv=12, hkv=2):
+        t, start = STEPS[step]
+        rng = seeded(name, group, step)
+        s = start + t
+        return rng, t, start, s, normal(rng, t, hkv * group, d), normal(rng, hkv, s, d), normal(rng, hkv, s, dv)
+
+    @pytest.mark.parametrize("step", list(STEPS))
+    @pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
+    def test_attention(self, backend, group, step):
+        _, _, start, _, q, k, v = self._attention_inputs("attention", group, step)
+        got = backend.attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3)
+        self.check(backend, got, self.ref.attention(q, k, v, start, 0.3), f"attention, {group} query heads per KV head")
+
+    @pytest.mark.parametrize("step", list(STEPS))
+    @pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
+    def test_sparse_attention(self, backend, group, step):
+        rng, t, start, s, q, k, v = self._attention_inputs("sparse", group, step)
+        chosen = selection(rng, t, start, s, min(4, s))
+        got = backend.sparse_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3,
+                                       backend.asarray(chosen, "int64"))
+        self.check(backend, got, self.ref.sparse_attention(q, k, v, start, 0.3, chosen), "sparse_attention")
+
+    # -- MLA and DSA ---------------------------------------------------------------------------
+    MLA = dict(h=4, nope=8, rope=4, v=6, rank=16)
+
+    def _mla_inputs(self, backend, name, step):
+        t, start = STEPS[step]
+        rng = seeded(name, step)
+        h, nope, rope, v, rank = (self.MLA[key] for key in ("h", "nope", "rope", "v", "rank"))
+        s = start + t
+        host = dict(q_nope=normal(rng, t, h, nope), q_rot=normal(rng, t, h, rope), latent=normal(rng, s, rank),
+                    k_rot=normal(rng, s, rope), kv_b=normal(rng, h * (nope + v), rank, scale=0.3))
+        dev = {name: self.cached(backend, a) if name in ("latent", "k_rot") else self.act(backend, a)
+               for name, a in host.items() if name != "kv_b"}
+        dev["kv_b"] = backend.prepare_weight(host["kv_b"], "array")
+        return rng, t, start, s, host, dev
+
+    @pytest.mark.parametrize("step", list(STEPS))
+    def test_mla_expand(self, backend, step):
+        _, _, _, _, host, dev = self._mla_inputs(backend, "mla expand", step)
+        got = backend.mla_expand(dev["q_nope"], dev["q_rot"], dev["latent"], dev["k_rot"], dev["kv_b"], self.MLA["nope"],
+                                 self.MLA["v"])
+        want = self.ref.mla_expand(host["q_nope"], host["q_rot"], host["latent"], host["k_rot"], host["kv_b"],
+                                   self.MLA["nope"], self.MLA["v"])
+        for name, a, b in zip(("queries", "keys", "values"), got, want):
+            self.check(backend, a, b, f"mla_expand {name}")
+
+    @pytest.mark.parametrize("step", list(STEPS))
+    def test_mla_absorb_query_and_output(self, backend, step):
+        rng, t, _, _, host, dev = self._mla_inputs(backend, "mla absorb", step)
+        nope, v = self.MLA["nope"], self.MLA["v"]
+        self.check(backend, backend.mla_absorb_query(dev["q_nope"], dev["kv_b"], nope, v),
+                   self.ref.mla_absorb_query(host["q_nope"], host["kv_b"], nope, v), "mla_absorb_query")
+        o_lat = normal(rng, t, self.MLA["h"], self.MLA["rank"])
+        self.check(backend, backend.mla_absorb_output(self.act(backend, o_lat), dev["kv_b"], nope, v),
+                   self.ref.mla_absorb_output(o_lat, host["kv_b"], nope, v), "mla_absorb_output")
+
+    @pytest.mark.parametrize("selected", [False, True], ids=["dense", "dsa"])
+    @pytest.mark.parametrize("step", list(STEPS))
+    def test_mla_attention(self, backend, step, selected):
+        rng, t, start, s, host, dev = self._mla_inputs(backend, "mla attention", step)
+        chosen = selection(rng, t, start, s, min(3, s)) if selected else None
+        q_lat = normal(rng, t, self.MLA["h"], self.MLA["rank"])
+        got = backend.mla_attention(self.act(backend, q_lat), dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2,
+                                    None if chosen is None else backend.asarray(chosen, "int64"))
+        want = self.ref.mla_attention(q_lat, host["q_rot"], host["latent"], host["k_rot"], start, 0.2, chosen)
+        self.check(backend, got, want, "mla_attention")
+
+    @pytest.mark.parametrize("selected", [False, True], ids=["dense", "dsa"])
+    @pytest.mark.parametrize("step", list(STEPS))
+    def test_mla_absorbed_attention_equals_expanded(self, backend, step, selected):
+        """The two forms of MLA the core switches between compute the same attention."""
+        rng, t, start, s, host, dev = self._mla_inputs(backend, "mla forms", step)
+        nope, v = self.MLA["nope"], self.MLA["v"]
+        chosen = selection(rng, t, start, s, min(3, s)) if selected else None
+        sel = None if chosen is None else backend.asarray(chosen, "int64")
+        q, keys, values = backend.mla_expand(dev["q_nope"], dev["q_rot"], dev["latent"], dev["k_rot"], dev["kv_b"], nope, v)
+        expanded = (backend.attention(q, keys, values, start, 0.2) if sel is None
+                    else backend.sparse_attention(q, keys, values, start, 0.2, sel))
+        q_lat = backend.mla_absorb_query(dev["q_nope"], dev["kv_b"], nope, v)
+        o_lat = backend.mla_attention(q_lat, dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2, sel)
+        absorbed = backend.mla_absorb_output(o_lat, dev["kv_b"], nope, v)
+        self.check(backend, absorbed, backend.to_host(expanded), "absorbed MLA against expanded MLA")
+
+    @pytest.mark.parametrize("step", list(STEPS))
+    def test_dsa_index_scores(self, backend, step):
+        t, start = STEPS[step]
+        rng = seeded("dsa", step)
+        q, k, w = normal(rng, t, 4, 8), normal(rng, start + t, 8), normal(rng, t, 4)
+        got = backend.dsa_index_scores(self.act(backend, q), self.cached(backend, k), self.act(backend, w), 0.35, start)
+        self.check(backend, got, self.ref.dsa_index_scores(q, k, w, 0.35, start), "dsa_index_scores")
+
+    # -- routing ---------------------------------------------------------------------------------
+    @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+    def test_top_k(self, backend, ties):
+        rng = seeded("top_k", ties)
+        scores = (rng.integers(0, 4, (5, 12)) if ties else rng.standard_normal((5, 12))).astype(np.float32)
+        scores[0, 7:] = -np.inf  # masked positions (DSA) are never preferred to visible ones
+        self.check(backend, backend.top_k(backend.asarray(scores), 5), self.ref.top_k(scores, 5),
+                   "top_k indices (largest first, ties to the lower index)")
+
+    @pytest.mark.parametrize("renormalise", [False, True], ids=["raw", "renormalised"])
+    @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+    @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+    @pytest.mark.parametrize("rows", ROWS)
+    def test_softmax_top_k(self, backend, rows, ties, bias, renormalise):
+        rng = seeded("softmax_top_k", rows, ties, bias, renormalise)
+        x, w = router_input(rng, rows, 16, 12, ties)
+        # a bias in steps of 1/16 keeps distinct logits distinct (and equal ones equal when constant)
+        b = (np.full(12, 0.25) if ties else rng.permutation(12) / 16 % 0.25).astype(np.float32) if bias else None
+        indices, weights = backend.softmax_top_k(self.act(backend, x), backend.prepare_weight(w, "array"), 3, renormalise,
+                                                 None if b is None else self.act(backend, b))
+        want_indices, want_weights = self.ref.softmax_top_k(x, w, 3, renormalise, b)
+        assert isinstance(indices, np.ndarray) and isinstance(weights, np.ndarray), "routers return host arrays"
+        self.assert_close(indices, want_indices, 0, "softmax_top_k experts")
+        self.assert_close(weights, want_weights, self.tol(backend), "softmax_top_k weights")
+
+    @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+    @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+    @pytest.mark.parametrize("groups", [(1, 1), (4, 2)], ids=["ungrouped", "4groups-top2"])
+    @pytest.mark.parametrize("rows", (1, 70))
+    def test_sigmoid_grouped_top_k(self, backend, rows, groups, ties, bias):
+        rng = seeded("sigmoid_grouped_top_k", rows, groups, ties, bias)
+        x, w = router_input(rng, rows, 16, 16, ties)
+        # whole-number biases keep distinct scores (all within (0, 1)) distinct
+        b = rng.integers(0, 3, 16).astype(np.float32) if bias else None
+        n_group, topk_group = groups
+        got = backend.sigmoid_grouped_top_k(self.act(backend, x), backend.prepare_weight(w, "array"), b, 4, n_group,
+                                            topk_group, True, 2.5)
+        want = self.ref.sigmoid_grouped_top_k(x, w, b, 4, n_group, topk_group, True, 2.5)
+        assert all(isinstance(a, np.ndarray) for a in got), "routers return host arrays"
+        self.assert_close(got[0], want[0], 0, "sigmoid_grouped_top_k experts")
+        self.assert_close(got[1], want[1], self.tol(backend), "sigmoid_grouped_top_k weights")
+
+    # -- experts --------------------------------------------------------------------------------
+    def _expert(self, backend, kind, rng, hidden=96, inter=24):
+        mats = {role: self.weight(backend, kind, shape, rng) for role, shape in
+                (("gate", (inter, hidden)), ("up", (inter, hidden)), ("down", (hidden, inter)))}
+        return ExpertWeights({r: m[0] for r, m in mats.items()}, 0), {r: m[1] for r, m in mats.items()}
+
+    @pytest.mark.parametrize("rows", ROWS)
+    @pytest.mark.parametrize("kind", WEIGHT_KINDS)
+    def test_swiglu_expert(self, backend, kind, rows):
+        rng = seeded("swiglu", kind, rows)
+        prepared, truth = self._expert(backend, kind, rng)
+        x = normal(rng, rows, 96)
+        got = backend.swiglu_expert(self.act(backend, x), prepared["gate"], prepared["up"], prepared["down"])
+        self.check(backend, got, self.ref.swiglu_expert(x, truth["gate"], truth["up"], truth["down"]),
+                   f"swiglu_expert {kind} x {rows} rows", kind)
+
+    @pytest.mark.parametrize("tokens", ROWS)
+    @pytest.mark.parametrize("kind", WEIGHT_KINDS)
+    def test_routed_experts(self, backend, kind, tokens):
+        rng = seeded("routed", kind, tokens)
+        n_experts, k = 8, 2
+        experts, truths = zip(*(self._expert(backend, kind, rng) for _ in range(n_experts)))
+        x = normal(rng, tokens, 96)
+        indices = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :k].astype(np.int64)
+        weights = rng.random((tokens, k)).astype(np.float32)
+        want = self.ref.routed_experts(x, indices, weights, lambda e: truths[e])
+        used = sorted(set(indices.ravel().tolist()))
+        results = []
+        for window in (1, 2, 8):
+            for ready_name, ready in (("none", None), ("all", lambda e: True), ("some", lambda e: e % 3 != 1)):
+                fetch = _Fetcher(list(experts))
+                out = backend.to_host(backend.routed_experts(self.act(backend, x), indices, weights, fetch, window, ready))
+                label = f"routed_experts {kind}, {tokens} tokens, window {window}, ready {ready_name}"
+                assert fetch.order == used, f"{label}: fetched {fetch.order}; each expert once, ascending: {used}"
+                assert fetch.most_held <= window, f"{label}: held {fetch.most_held} fetched experts at once"
+                self.assert_close(out, want, self.tol(backend, kind), label)
+                results.append((label, out))
+        for label, out in results[1:]:
+            assert np.array_equal(out, results[0][1]), f"{label}: not bit-identical to {results[0][0]}"
+
+    # -- elementwise and row operations -----------------------------------------------------------
+    @pytest.mark.parametrize("op", ["silu", "silu_mul", "sigmoid", "softplus", "softmax", "l2_norm", "clip"])
+    def test_elementwise(self, backend, op):
+        rng = seeded("elementwise", op)
+        x, y = normal(rng, 70, 33, scale=4.0), normal(rng, 70, 33)
+        x[0, :12] = [-100, -30, -20.5, -1, 0, 1, 19.9, 20, 20.1, 30, 100, 88]  # softplus' threshold, exp's limits
+        args = {"silu_mul": (y,), "l2_norm": (1e-6,), "clip": (2.5,)}.get(op, ())
+        dev_args = [self.act(backend, a) if isinstance(a, np.ndarray) else a for a in args]
+        got = getattr(backend, op)(self.act(backend, x), *dev_args)
+        self.check(backend, got, getattr(self.ref, op)(x, *args), op)
+
+    @pytest.mark.parametrize("axis", [0, 1, -1])
+    def test_concat(self, backend, axis):
+        rng = seeded("concat", axis)
+        parts = [normal(rng, 3, 4, 5), normal(rng, 3, 4, 5), normal(rng, 3, 4, 5)]
+        got = backend.concat([self.act(backend, p) for p in parts], axis)
+        self.check(backend, got, np.concatenate(parts, axis=axis), f"concat on axis {axis}")
+
+    def test_take_rows_and_add_rows(self, backend):
+        rng = seeded("rows")
+        x, y = normal(rng, 10, 6), normal(rng, 4, 6)
+        rows = np.array([7, 2, 2, 9], dtype=np.int64)
+        self.check(backend, backend.take_rows(self.act(backend, x), rows), x[rows], "take_rows")
+        distinct, scale = np.array([7, 0, 3, 9], dtype=np.int64), rng.random(4).astype(np.float32)
+        want = self.ref.add_rows(x.copy(), distinct, y, scale)
+        got = backend.add_rows(self.act(backend, x.copy()), distinct, self.act(backend, y), scale)  # may work in place
+        self.check(backend, got, want, "add_rows")
+
+    # -- recurrent layers -------------------------------------------------------------------------
+    def test_causal_conv1d_carries_its_state(self, backend):
+        rng = seeded("conv")
+        x, weight = normal(rng, 9, 12), backend.prepare_weight(normal(rng, 12, 4), "array")
+        whole, whole_state = self.ref.causal_conv1d(x, backend.to_host(weight), np.zeros((3, 12), np.float32))
+        state, outs = backend.zeros((3, 12), "float32"), []
+        for a, b in ((0, 5), (5, 6), (6, 9)):  # a prompt, one token, a chunk
+            out, state = backend.causal_conv1d(self.act(backend, x[a:b]), weight, state)
+            outs.append(backend.to_host(out))
+        self.assert_close(np.concatenate(outs), whole, self.tol(backend), "causal_conv1d fed in pieces")
+        self.check(backend, state, whole_state, "causal_conv1d state")
+
+    def _delta_inputs(self, backend, rep, name):
+        rng = seeded(name, rep)
+        t, hk, dk, dv = 12, 2, 8, 6
+        hv = hk * rep
+        q, k = normal(rng, t, hk, dk), normal(rng, t, hk, dk)
+        q, k = q / np.linalg.norm(q, axis=-1, keepdims=True) * dk**-0.5, k / np.linalg.norm(k, axis=-1, keepdims=True)
+        host = dict(q=q.astype(np.float32), k=k.astype(np.float32), v=normal(rng, t, hv, dv),
+                    g=(-rng.random((t, hv)) * 0.5).astype(np.float32), beta=rng.random((t, hv)).astype(np.float32),
+                    state=normal(rng, hv, dk, dv, scale=0.1))
+        dev = {n: (backend.asarray(a) if n == "state" else self.act(backend, a)) for n, a in host.items()}
+        return host, dev
+
+    @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
+    @pytest.mark.parametrize("chunk", [4, 5, 64])
+    def test_gated_delta_chunked(self, backend, chunk, rep):
+        host, dev = self._delta_inputs(backend, rep, "delta chunked")
+        out, state = backend.gated_delta_chunked(*dev.values(), chunk)
+        want_out, want_state = self.ref.gated_delta_chunked(*host.values(), chunk)
+        self.check(backend, out, want_out, f"gated_delta_chunked (chunks of {chunk}) output")
+        self.check(backend, state, want_state, f"gated_delta_chunked (chunks of {chunk}) state")
+
+    @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
+    def test_gated_delta_step_equals_chunked(self, backend, rep):
+        host, dev = self._delta_inputs(backend, rep, "delta step")
+        out, state = backend.gated_delta_step(*dev.values())
+        want_out, want_state = self.ref.gated_delta_step(*host.values())
+        self.check(backend, out, want_out, "gated_delta_step output")
+        self.check(backend, state, want_state, "gated_delta_step state")
+        chunked_out, chunked_state = backend.gated_delta_chunked(*dev.values(), 5)
+        self.check(backend, chunked_out, backend.to_host(out), "gated_delta_chunked against gated_delta_step")
+        self.check(backend, chunked_state, backend.to_host(state), "gated_delta_chunked state against gated_delta_step")
