@@ -4,6 +4,7 @@ for tests of what a user's ``pip install`` really gives (entry points, dependenc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,9 +26,15 @@ class FreshVenv:
     def python(self) -> Path:
         return self.root / "bin" / "python"
 
+    @property
+    def env(self) -> dict[str, str]:
+        """This process's environment without PYTHONPATH: the venv sees only what is
+        installed in it (a development checkout on PYTHONPATH would add its plugins)."""
+        return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
     def colibri(self, *args, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.root / "bin" / "colibri"), *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env=self.env)
 
     def families(self) -> list[dict]:
         out = self.colibri("list-families", "--json", timeout=120)
@@ -38,7 +45,7 @@ class FreshVenv:
         return [p["name"] for p in json.loads(self.colibri("plugins", "--json", timeout=120).stdout)["plugins"]]
 
     def uninstall(self, distribution: str) -> None:
-        subprocess.run([str(self.pip), "uninstall", "-q", "-y", distribution], check=True, timeout=300)
+        subprocess.run([str(self.pip), "uninstall", "-q", "-y", distribution], check=True, timeout=300, env=self.env)
 
 
 def fresh_venv(repo: Path, tmp_path: Path, *families: str) -> FreshVenv:
@@ -49,6 +56,7 @@ def fresh_venv(repo: Path, tmp_path: Path, *families: str) -> FreshVenv:
     venv = FreshVenv(tmp_path / "venv")
     subprocess.run([sys.executable, "-m", "venv", str(venv.root)], check=True)
     targets = [str(source)] + [str(source / "families" / name) for name in families]
-    install = subprocess.run([str(venv.pip), "install", "-q", *targets], capture_output=True, text=True, timeout=1200)
+    install = subprocess.run([str(venv.pip), "install", "-q", *targets], capture_output=True, text=True, timeout=1200,
+                             env=venv.env)
     assert install.returncode == 0, install.stderr[-3000:]
     return venv

@@ -19,7 +19,7 @@ def test_root_plus_colibri_glm_alone_installs_and_runs_glm5(tmp_path, tmp_path_f
     fx = dsa_suite.TestGlmMoeDsaOracle.oracle("shared_top4", tmp_path_factory)
 
     venv = fresh_venv(REPO, tmp_path, "colibri-glm")
-    missing = subprocess.run([str(venv.python), "-c", "import colibri_deepseek"], capture_output=True, text=True)
+    missing = subprocess.run([str(venv.python), "-c", "import colibri_deepseek"], capture_output=True, text=True, env=venv.env)
     assert missing.returncode != 0 and "No module named 'colibri_deepseek'" in missing.stderr
 
     listed = {row["family"]: row for row in venv.families()}
