@@ -91,12 +91,8 @@ class MlxBackend(Backend):
     def device_memory(self) -> int:
         """Metal's recommended working set on Apple silicon; the host's memory on the CPU
         build (MLX memory is host memory either way: ``unified_memory``)."""
-        if self.device == mx.gpu and mx.metal.is_available():
-            return int(mx.device_info()["max_recommended_working_set_size"])
-        return host_memory()
-
-    def nbytes(self, x):
-        return int(x.nbytes)
+        working_set = mx.device_info().get("max_recommended_working_set_size") if self.device == mx.gpu else None
+        return int(working_set) if working_set else host_memory()
 
     # -- weights -----------------------------------------------------------------------
     def has_kernel(self, kind):
