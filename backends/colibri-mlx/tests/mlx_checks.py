@@ -1,6 +1,26 @@
-"""Comparisons of the MLX backend's results with the reference's."""
+"""Fixtures and comparisons for the MLX backend's tests, imported by each test module
+(a conftest.py here would shadow the one of the core's tests, which they import by name)."""
 
 import numpy as np
+import pytest
+
+from colibri_core.engine.reference import ReferenceBackend
+from colibri_mlx.backend import MlxBackend
+
+
+@pytest.fixture(scope="module")
+def mlx_backend():
+    return MlxBackend()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return ReferenceBackend()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
 
 
 def host(backend, x) -> np.ndarray:

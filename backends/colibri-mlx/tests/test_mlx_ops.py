@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_checks import assert_close, host
+from mlx_checks import assert_close, host, mlx_backend, reference, rng  # noqa: F401 (fixtures)
 
 
 def f32(rng, *shape, scale=1.0):

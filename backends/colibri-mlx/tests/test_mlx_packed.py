@@ -9,7 +9,7 @@ import pytest
 from colibri_core.formats.base import QuantTensor, f32_to_bf16
 from colibri_core.formats.reference import dequantize
 from colibri_mlx import packed
-from mlx_checks import host
+from mlx_checks import host, mlx_backend, rng  # noqa: F401 (fixtures)
 
 ROWS = 48
 

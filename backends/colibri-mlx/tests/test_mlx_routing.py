@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from colibri_core.formats.base import QuantTensor, f32_to_bf16
-from mlx_checks import assert_close, host
+from mlx_checks import assert_close, host, mlx_backend, reference, rng  # noqa: F401 (fixtures)
 
 
 def router_weight(rng, n_experts, hidden, duplicates):
