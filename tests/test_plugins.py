@@ -76,6 +76,25 @@ def test_same_family_name_twice_is_a_conflict():
             get_registry().get("backend", "cpu")
 
 
+def test_list_backends_shows_what_each_computes_on():
+    class Accelerated:
+        @colibri_core.hookimpl
+        def colibri_register_backends(self, register):
+            from colibri_core.plugins.registry import BackendSpec
+
+            register(BackendSpec("fast", "nowhere:Fast", device=lambda: "gpu"))
+            register(BackendSpec("vague", "nowhere:Vague"))
+            register(BackendSpec("broken", "nowhere:Broken", device="nowhere:probe"))
+            register(BackendSpec("absent", "nowhere:Absent", probe=lambda: "not here", device="gpu"))
+
+    with registered_plugin(Accelerated(), "accelerated"):
+        rows = {r["backend"]: r for r in json.loads(invoke("list-backends", "--json").stdout)}
+        assert {name: rows[name]["device"] for name in ("cpu", "fast", "vague", "broken", "absent")} == {
+            "cpu": "cpu", "fast": "gpu", "vague": None, "broken": None, "absent": None}
+        table = invoke("list-backends").stdout
+        assert "available (cpu)" in table and "available (gpu)" in table and "unavailable: not here" in table
+
+
 def test_a_hook_that_raises_marks_only_its_plugin_failed():
     class Exploding:
         @colibri_core.hookimpl

@@ -98,14 +98,20 @@ def list_backends(as_json):
     for entry in get_manager().registry.all("backend"):
         reason = entry.spec.unavailable_reason()
         rows.append({"backend": entry.spec.name, "available": reason is None, "reason": reason,
+                     "device": entry.spec.device_kind() if reason is None else None,
                      "plugin": entry.plugin, "description": entry.spec.description})
     if as_json:
         _emit_json(rows)
     else:
         _console().print(_table("Compute backends", ["backend", "status", "plugin", "description"], [
-            [r["backend"], "available" if r["available"] else f"unavailable: {r['reason']}", r["plugin"], r["description"]]
-            for r in rows]))
+            [r["backend"], _backend_status(r), r["plugin"], r["description"]] for r in rows]))
     _warn_plugin_problems()
+
+
+def _backend_status(row: dict) -> str:
+    if not row["available"]:
+        return f"unavailable: {row['reason']}"
+    return f"available ({row['device']})" if row["device"] else "available"
 
 
 def _simple_listing(kind: str, title: str, extra=None):

@@ -41,5 +41,6 @@ def colibri_register_backends(register):
             "colibri_core.backends.cpu.backend:CpuBackend",
             probe="colibri_core.backends.cpu.probe:cpu_unavailable_reason",
             description="numpy float32 with BLAS, plus compiled kernels for packed weights",
+            device="cpu",
         )
     )

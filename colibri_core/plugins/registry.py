@@ -82,12 +82,15 @@ class TierSpec:
 @dataclass(frozen=True)
 class BackendSpec:
     """A compute backend. ``probe`` names a cheap function returning None when the
-    backend can run here, or a short reason why not; it must not import heavy stacks."""
+    backend can run here, or a short reason why not; it must not import heavy stacks.
+    ``device`` says what the backend computes on here, for listings ("cpu", "gpu"): the
+    word itself, or a cheap function returning it (a callable or "module:function")."""
 
     name: str
     impl: str
     probe: str | Callable[[], str | None] | None = None
     description: str = ""
+    device: str | Callable[[], str | None] | None = None
 
     def load(self) -> Any:
         return import_object(self.impl)
@@ -96,10 +99,22 @@ class BackendSpec:
         if self.probe is None:
             return None
         try:
-            probe = import_object(self.probe) if isinstance(self.probe, str) else self.probe
-            return probe()
+            return _resolve(self.probe)()
         except Exception as exc:  # a broken probe must not break listing
             return f"probe failed: {type(exc).__name__}: {exc}"
+
+    def device_kind(self) -> str | None:
+        """What the backend computes on here, or None when it does not say."""
+        if self.device is None or (isinstance(self.device, str) and ":" not in self.device):
+            return self.device
+        try:
+            return _resolve(self.device)()
+        except Exception:  # a broken probe must not break listing
+            return None
+
+
+def _resolve(ref: str | Callable) -> Callable:
+    return import_object(ref) if isinstance(ref, str) else ref
 
 
 KINDS = {"family": FamilySpec, "quant": QuantSpec, "tier": TierSpec, "backend": BackendSpec}
