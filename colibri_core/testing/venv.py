@@ -55,6 +55,11 @@ class FreshVenv:
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
+    def backends(self) -> dict[str, dict]:
+        out = self.colibri("list-backends", "--json", timeout=120)
+        assert out.returncode == 0, out.stderr
+        return {row["backend"]: row for row in json.loads(out.stdout)}
+
     def plugin_names(self) -> list[str]:
         return [p["name"] for p in json.loads(self.colibri("plugins", "--json", timeout=120).stdout)["plugins"]]
 
@@ -62,14 +67,16 @@ class FreshVenv:
         subprocess.run([str(self.pip), "uninstall", "-q", "-y", distribution], check=True, timeout=300, env=ENV)
 
 
-def fresh_venv(repo: Path, tmp_path: Path, *families: str) -> FreshVenv:
+def fresh_venv(repo: Path, tmp_path: Path, *families: str, paths: tuple[str, ...] = ()) -> FreshVenv:
     """A new venv with colibri-core and the named ``families/`` distributions installed
-    (non-editable, from a copy of ``repo``); fails the test with pip's error otherwise."""
+    (non-editable, from a copy of ``repo``), plus ``paths``: other distributions of the
+    repository as pip requirements relative to its root (``"backends/colibri-mlx[cpu]"``);
+    fails the test with pip's error otherwise."""
     source = tmp_path / "src"
     shutil.copytree(repo, source, ignore=IGNORED)
     venv = FreshVenv(tmp_path / "venv")
     subprocess.run([sys.executable, "-m", "venv", str(venv.root)], check=True)
-    targets = [str(source)] + [str(source / "families" / name) for name in families]
+    targets = [str(source)] + [str(source / "families" / name) for name in families] + [str(source / p) for p in paths]
     install = subprocess.run([str(venv.pip), "install", "-q", *targets], capture_output=True, text=True, timeout=1200,
                              env=ENV)
     assert install.returncode == 0, install.stderr[-3000:]
