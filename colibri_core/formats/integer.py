@@ -123,7 +123,7 @@ class Int8Row(StampedFormat):
         return {name: ("I8", q), name + SCALES_SUFFIX: ("F32", scale)}
 
     def decode(self, info, raw, companions):
-        return raw.astype(np.float32) * companions[info.name + SCALES_SUFFIX][:, None]
+        return decode_q8(raw, companions[info.name + SCALES_SUFFIX])
 
 
 class NibbleFormat(StampedFormat):
@@ -156,13 +156,7 @@ class Int4GS64(NibbleFormat):
         return {name: ("U8", packed), name + SCALES_SUFFIX: ("BF16", bits)}
 
     def decode(self, info, raw, companions):
-        scale = companions[info.name + SCALES_SUFFIX]
-        if scale.dtype == np.uint16:  # bfloat16 bits
-            scale = bf16_to_f32(scale)
-        n, g = scale.shape
-        b = raw.reshape(n, g, 32)
-        q = np.concatenate((b & 15, b >> 4), axis=-1).astype(np.float32) - 8
-        return (q * scale[..., None]).reshape(n, g * 64)[:, : self.shape_of(info)[1]]
+        return decode_q4(raw, companions[info.name + SCALES_SUFFIX], self.shape_of(info)[1])
 
 
 class MXFP4(NibbleFormat):
@@ -186,12 +180,34 @@ class MXFP4(NibbleFormat):
         return {name: ("U8", packed), name + SCALES_SUFFIX: ("U8", biased)}
 
     def decode(self, info, raw, companions):
-        exps = companions[info.name + SCALES_SUFFIX]
-        n, g = exps.shape
-        b = raw.reshape(n, g, 16)
-        values = E2M1_VALUES[np.concatenate((b & 15, b >> 4), axis=-1)]
-        scale = np.ldexp(np.float32(1.0), exps.astype(np.int32) - 127).astype(np.float32)
-        return (values * scale[..., None]).reshape(n, g * 32)[:, : self.shape_of(info)[1]]
+        return decode_mxfp4(raw, companions[info.name + SCALES_SUFFIX], self.shape_of(info)[1])
+
+
+def decode_q8(data: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """int8-row values (rows, cols) times their row's scale, as float32."""
+    return data.astype(np.float32) * np.asarray(scales, dtype=np.float32).reshape(-1, 1)
+
+
+def nibble_codes(data: np.ndarray, groups: int, group: int) -> np.ndarray:
+    """(rows, groups, group) 4-bit codes: byte j of a group holds element j (low nibble)
+    and element j + group/2 (high nibble)."""
+    b = data.reshape(data.shape[0], groups, group // 2)
+    return np.concatenate((b & 15, b >> 4), axis=-1)
+
+
+def decode_q4(data: np.ndarray, scales: np.ndarray, cols: int) -> np.ndarray:
+    """int4-gs64 (bfloat16 bits or float32 scales) as float32 (rows, cols)."""
+    scale = bf16_to_f32(scales) if scales.dtype == np.uint16 else np.asarray(scales, dtype=np.float32)
+    n, g = scale.shape
+    q = nibble_codes(data, g, 64).astype(np.float32) - 8
+    return (q * scale[..., None]).reshape(n, g * 64)[:, :cols]
+
+
+def decode_mxfp4(data: np.ndarray, exponents: np.ndarray, cols: int) -> np.ndarray:
+    """MXFP4 (e2m1 codes, one e8m0 exponent per 32) as float32 (rows, cols)."""
+    n, g = exponents.shape
+    scale = np.ldexp(np.float32(1.0), exponents.astype(np.int32) - 127).astype(np.float32)
+    return (E2M1_VALUES[nibble_codes(data, g, 32)] * scale[..., None]).reshape(n, g * 32)[:, :cols]
 
 
 FORMATS = {f.name: f for f in (Int8Row, Int4GS64, MXFP4)}

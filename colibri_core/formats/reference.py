@@ -11,7 +11,7 @@ import numpy as np
 
 from colibri_core.formats.base import QuantTensor, bf16_to_f32
 from colibri_core.formats.fp8 import dequantize as fp8_blocks, e4m3_to_f32
-from colibri_core.formats.integer import E2M1_VALUES
+from colibri_core.formats.integer import decode_mxfp4, decode_q4, decode_q8
 
 
 def dequantize(w: QuantTensor) -> np.ndarray:
@@ -20,22 +20,13 @@ def dequantize(w: QuantTensor) -> np.ndarray:
     if w.kind == "bf16":
         return bf16_to_f32(w.data).reshape(n, k)
     if w.kind == "q8":
-        return w.data.astype(np.float32) * np.asarray(w.scales, dtype=np.float32).reshape(n, 1)
+        return decode_q8(w.data, w.scales)
+    if w.kind == "q4":
+        return np.ascontiguousarray(decode_q4(w.data, w.scales, k))
+    if w.kind == "mxfp4":
+        return np.ascontiguousarray(decode_mxfp4(w.data, w.scales, k))
     if w.kind == "fp8":
         return fp8_blocks(e4m3_to_f32(w.data), np.asarray(w.scales, dtype=np.float32), w.block)
-    if w.kind in ("q4", "mxfp4"):
-        scales = w.scales
-        g = scales.shape[1]
-        group = 64 if w.kind == "q4" else 32
-        b = w.data.reshape(n, g, group // 2)
-        codes = np.concatenate((b & 15, b >> 4), axis=-1)
-        if w.kind == "q4":
-            s = bf16_to_f32(scales) if scales.dtype == np.uint16 else np.asarray(scales, dtype=np.float32)
-            values = (codes.astype(np.float32) - 8) * s[..., None]
-        else:
-            s = np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32)
-            values = E2M1_VALUES[codes] * s[..., None]
-        return np.ascontiguousarray(values.reshape(n, g * group)[:, :k], dtype=np.float32)
     raise ValueError(f"no reference decode for packed kind {w.kind!r}")
 
 

@@ -28,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from colibri_core.formats.base import QuantTensor, bf16_to_f32
+from colibri_core.formats.integer import nibble_codes
 from colibri_core.formats.reference import dequantize
 
 NATIVE_KINDS = frozenset({"q4", "mxfp4", "bf16"})  # kinds with an exact MLX form
@@ -120,12 +121,8 @@ def nibbles_to_mlx(data: np.ndarray, rows: int, group: int) -> np.ndarray:
     """colibri's nibble layout (byte j of a group: element j low, element j + group/2
     high) to MLX's (eight elements per uint32, element i in bits 4i..4i+3: byte j holds
     elements 2j (low) and 2j+1 (high), little-endian)."""
-    half = group // 2
-    b = np.ascontiguousarray(data, dtype=np.uint8).reshape(rows, -1, half)
-    codes = np.empty((rows, b.shape[1], group), dtype=np.uint8)  # element order
-    codes[..., :half] = b & 15
-    codes[..., half:] = b >> 4
-    codes = codes.reshape(rows, -1)
+    data = np.ascontiguousarray(data, dtype=np.uint8).reshape(rows, -1)
+    codes = nibble_codes(data, data.shape[1] * 2 // group, group).reshape(rows, -1)  # element order
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return np.ascontiguousarray(packed).view("<u4")
 
