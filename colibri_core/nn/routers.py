@@ -35,13 +35,11 @@ class SigmoidGroupedTopKRouter:
         gate.weight.role = "router"  # routing decisions stay at the stored precision
         self.n_group, self.topk_group = n_group, topk_group
         self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
-        self._host_bias: dict[int, np.ndarray] = {}
+        self._host_bias: np.ndarray | None = None  # the bias on the host, copied at the first call
 
     def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
-        bias = None
-        if self.bias is not None:  # a host copy, made once: choosing experts happens on the host
-            bias = self._host_bias.get(id(step.ops))
-            if bias is None:
-                bias = self._host_bias[id(step.ops)] = step.ops.to_host(self.bias.value).astype(np.float32)
+        if self.bias is not None and self._host_bias is None:  # once: choosing experts happens on the host
+            self._host_bias = step.ops.to_host(self.bias.value).astype(np.float32)
+        bias = self._host_bias
         return step.ops.sigmoid_grouped_top_k(x, self.gate.weight.value, bias, self.top_k, self.n_group, self.topk_group,
                                               self.norm_topk_prob, self.routed_scaling_factor)
