@@ -187,9 +187,8 @@ class FormatResolver:
 
     def resident_nbytes(self, info: TensorInfo, backend, use: str) -> int:
         """Bytes the prepared weight takes in the backend's memory."""
-        packed = self.kept_packed(info, backend, use)
-        stored = info.nbytes + sum(t.nbytes for t in self.companions(info)) if packed else 4 * _numel(self.logical_shape(info))
-        return backend.weight_nbytes(self.format_for(info).kernel if packed else None, self.logical_shape(info), stored)
+        kind = self.format_for(info).kernel if self.kept_packed(info, backend, use) else None
+        return backend.weight_nbytes(kind, self.logical_shape(info), self.host_nbytes(info, backend, use))
 
     def companions(self, info: TensorInfo) -> list[TensorInfo]:
         checkpoint = self._context.checkpoint
