@@ -63,7 +63,7 @@ def test_a_device_backend_keeps_dense_weights_in_device_memory_and_plans_each_ti
              device_memory=10_000, vram=9500)
     with pytest.raises(BudgetError, match="dense weights"):
         plan(dense_bytes=9000, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=10**6, cap=None, device_memory=10_000)
-    with pytest.raises(UsageError, match="--vram"):
+    with pytest.raises(UsageError, match="vram: the backend has no device memory"):
         plan(dense_bytes=0, expert_bytes=100, moe_layers=2, experts_per_layer=8, ram=10**6, cap=None, vram=100)
 
 

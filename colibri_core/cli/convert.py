@@ -115,8 +115,10 @@ def _open_manifest(bp, out: Path, experts: str, dense: str) -> dict:
     if path.exists():
         try:
             manifest = json.loads(path.read_text())
-        except ValueError:
-            raise UsageError(f"{path}: unreadable conversion manifest; delete {out} and convert again") from None
+        except (ValueError, RecursionError):
+            manifest = None
+        if not isinstance(manifest, dict):
+            raise UsageError(f"{path}: unreadable conversion manifest; delete {out} and convert again")
         for key, value in wanted.items():
             if manifest.get(key) != value:
                 raise UsageError(f"{out} holds a conversion with {key} = {manifest.get(key)!r}, not {value!r}; "

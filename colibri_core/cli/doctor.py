@@ -8,7 +8,6 @@ the files are readable to the end and float weights hold no NaN or infinity.
 
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 from dataclasses import asdict, dataclass
@@ -39,11 +38,12 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
     add = checks.append
 
     if not model_dir.is_dir():
-        add(Check("model directory", "fail", f"{model_dir} is not a directory", "point --model at a Hugging Face model directory"))
+        problem = "is not a directory" if model_dir.exists() else "does not exist"
+        add(Check("model directory", "fail", f"{model_dir} {problem}", "point --model at a Hugging Face model directory"))
         return checks
     add(Check("model directory", "pass", str(model_dir)))
 
-    from colibri_core.model.config import read_json
+    from colibri_core.model.config import check_family_keys, read_json
 
     try:
         config = read_json(model_dir / "config.json", "model config")
@@ -51,6 +51,11 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
         add(Check("config.json", "fail", str(exc), "the directory needs a valid config.json from the model's release"))
         return checks
     model_type = config.get("model_type")
+    try:
+        check_family_keys(model_dir / "config.json", config)
+    except ColibriError as exc:
+        add(Check("config.json", "fail", str(exc), "restore config.json from the model's release"))
+        return checks
     add(Check("config.json", "pass" if model_type else "warn", f"model_type {model_type!r}",
               "" if model_type else "config.json has no model_type; the family is chosen from 'architectures'"))
 
@@ -60,25 +65,27 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
         family = get_registry().family_for(model_type, config.get("architectures"))
         add(Check("family plugin", "pass", f"{family.spec.name} (plugin {family.plugin})"))
     except ColibriError as exc:
-        add(Check("family plugin", "fail", str(exc), f"install the family plugin for {model_type!r} (colibri list-families shows what is installed)"))
+        add(Check("family plugin", "fail", str(exc), f"a family plugin for {model_type!r}: colibri list-families shows the "
+                                                     "installed families, colibri plugins the disabled ones"))
         family = None
 
     checks.extend(_tokenizer_checks(model_dir))
 
-    from colibri_core.io.checkpoint import INDEX_NAME
+    from colibri_core.io.checkpoint import INDEX_NAME, read_index
 
     index = model_dir / INDEX_NAME
     shards = sorted(model_dir.glob("*.safetensors"))
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            weight_map = read_index(index)
+        except ColibriError as exc:
+            add(Check("weight shards", "fail", str(exc), "restore the index file from the release"))
+        else:
             listed = sorted(set(weight_map.values()))
             missing = [s for s in listed if not (model_dir / s).is_file()]
             add(Check("weight shards", "fail" if missing else "pass",
                       f"{len(listed)} shards in {INDEX_NAME}" + (f"; missing: {', '.join(missing[:5])}" if missing else ""),
                       "copy the missing shards from the model's release" if missing else ""))
-        except (ValueError, AttributeError) as exc:
-            add(Check("weight shards", "fail", f"{index}: unreadable index ({exc})", "restore the index file from the release"))
     elif shards:
         add(Check("weight shards", "pass", f"{len(shards)} safetensors files, no index"))
     else:

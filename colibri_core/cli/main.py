@@ -14,7 +14,7 @@ import sys
 import click
 
 from colibri_core import __version__
-from colibri_core.errors import ColibriError
+from colibri_core.errors import ColibriError, cli_spelling
 from colibri_core.plugins.discovery import get_manager
 
 
@@ -191,26 +191,34 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
         _default_showwarning(message, category, filename, lineno, file, line)
 
 
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    note = str(exc)
+    click.echo("interrupted" + (f": {note}" if note else ""), err=True)
+    sys.exit(130)
+
+
 def main(argv=None) -> None:
     import warnings
 
     global _default_showwarning
     _default_showwarning = warnings.showwarning
     warnings.showwarning = _show_warning
-    build_cli()
     try:
-        cli.main(args=argv, prog_name="colibri", standalone_mode=False)
+        with cli_spelling():
+            build_cli()
+            cli.main(args=argv, prog_name="colibri", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except click.Abort as exc:  # click turns Ctrl-C into Abort
+        if not isinstance(exc.__cause__, KeyboardInterrupt):
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        _interrupted(exc.__cause__)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
     except ColibriError as exc:
         if os.environ.get("COLIBRI_DEBUG"):
             raise

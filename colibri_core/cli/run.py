@@ -38,13 +38,16 @@ def load_with_progress(model_dir, *, quiet: bool, **options):
 
 
 def parse_token_ids(text: str) -> list[int]:
-    try:
-        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise UsageError(f"--token-ids takes comma-separated integers, got {text!r}") from None
-    if not ids:
+    parts = [part.strip() for part in text.split(",")]
+    if parts and not parts[-1]:
+        parts.pop()  # a trailing comma
+    # digits only: int() would also take "1_0" (as 10), "+1", "-1" and non-ASCII digits
+    bad = next((part for part in parts if not (part.isascii() and part.isdigit())), None)
+    if bad is not None:
+        raise UsageError(f"--token-ids takes comma-separated non-negative integers (digits only), got {bad!r} in {text!r}")
+    if not parts:
         raise UsageError("--token-ids is empty")
-    return ids
+    return [int(part) for part in parts]
 
 
 def stats_table(stats, model):
@@ -57,7 +60,7 @@ def stats_table(stats, model):
     table.add_column(style="bold")
     table.add_column()
     table.add_row("prompt", f"{s.prompt_tokens} tokens, prefill {s.prefill_s:.2f} s ({s.prefill_tok_s:.1f} tok/s)")
-    table.add_row("time to first token", f"{s.ttft_s:.2f} s")
+    table.add_row("time to first token", f"{s.ttft_s:.2f} s" if s.ttft_s is not None else "none (no token generated)")
     table.add_row("decode", f"{s.generated_tokens} tokens, {s.decode_tok_s:.2f} tok/s")
     p = model.placement
     if p.moe_layers:
@@ -72,11 +75,14 @@ def stats_table(stats, model):
         device = f"{s.hits_device} device, " if p.device is not None else ""
         table.add_row("expert hit rate", f"{s.hit_rate:.1%} of {lookups} lookups: {device}{s.hits_pinned} RAM pinned, "
                                          f"{s.hits_lru} RAM LRU, {s.hits_prefetched} prefetched, {s.misses} misses")
-        per_token = f", {format_bytes(s.bytes_read / s.generated_tokens)}/token" if s.generated_tokens else ""
+        # per generated token: decode reads only (the prompt's reads are the prefill's, not the tokens')
+        split = (f": prefill {format_bytes(s.bytes_read - s.decode_bytes_read)}, decode "
+                 f"{format_bytes(s.decode_bytes_read)}" + (f" ({format_bytes(s.decode_bytes_per_token)}/token)"
+                                                          if s.decode_bytes_per_token else ""))
         drives = ""
         if len(s.bytes_read_by_drive) > 1:
             drives = " (" + ", ".join(f"{name}: {format_bytes(n)}" for name, n in s.bytes_read_by_drive.items()) + ")"
-        table.add_row("read from disk", f"{format_bytes(s.bytes_read)} in {s.disk_reads} reads{per_token}{drives}")
+        table.add_row("read from disk", f"{format_bytes(s.bytes_read)} in {s.disk_reads} reads{split}{drives}")
         if p.prefetch_slots:
             table.add_row("prefetch", f"{s.prefetch_issued} read ahead ({s.prefetch_unused} unused), "
                                       f"precision {s.prefetch_precision:.0%}, recall {s.prefetch_recall:.0%}")
@@ -90,13 +96,17 @@ def stats_table(stats, model):
 
 def stream_to_terminal(generation, model, *, show_ids: bool) -> None:
     out = sys.stdout
-    for event in generation:
-        if show_ids:
-            if event.token_id >= 0:
-                out.write(f"{event.token_id} ")
-        else:
-            out.write(event.text)
-        out.flush()
+    events = iter(generation)
+    try:
+        for event in events:
+            if show_ids:
+                if event.token_id >= 0:
+                    out.write(f"{event.token_id} ")
+            else:
+                out.write(event.text)
+            out.flush()
+    finally:  # interrupted while writing: close the generation now, so its statistics are recorded
+        events.close()
     out.write("\n")
     out.flush()
 
@@ -171,27 +181,56 @@ def sampling_options(f):
 def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ignore_eos, as_json,
         quiet, **placement):
     """Generate from PROMPT (or --token-ids) with the model in --model."""
+    from colibri_core.engine.api import check_load_options
+    from colibri_core.engine.sampling import SamplingParams, check_max_tokens
+    from colibri_core.model.tokenizer import check_text
+
+    # every option is checked before anything is loaded (a large model takes minutes)
     if (prompt is None) == (token_ids is None):
         raise UsageError("give a PROMPT or --token-ids (exactly one)")
     if chat and prompt is None:
         raise UsageError("--chat needs a text PROMPT")
-    model = load_with_progress(model_dir, quiet=quiet or as_json, **placement_kwargs(**placement))
+    # an error, not a warning: without --chat the system message would silently not reach the model
+    if system is not None and not chat:
+        raise UsageError("--system is a chat message: add --chat (the model's chat template places it)")
+    ids = parse_token_ids(token_ids) if token_ids is not None else None
+    if prompt is not None:
+        check_text(prompt, "PROMPT")
+    if system is not None:
+        check_text(system, "--system")
+    SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    check_max_tokens(max_tokens)
+    options = placement_kwargs(**placement)
+    check_load_options(**{k: options[k] for k in ("cap", "pin", "pin_share", "prefetch_slots", "history", "history_decay")})
+
+    model = load_with_progress(model_dir, quiet=quiet or as_json, **options)
     with model:
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                       ignore_eos=ignore_eos)
-        if token_ids is not None:
-            generation = model.stream(token_ids=parse_token_ids(token_ids), **kwargs)
+        if ids is not None:
+            generation = model.stream(token_ids=ids, **kwargs)
         elif chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             generation = model.stream(messages=messages, **kwargs)
         else:
             generation = model.stream(prompt, **kwargs)
+        try:
+            if as_json:
+                generation.run()
+            else:
+                stream_to_terminal(generation, model, show_ids=model.tokenizer is None)
+        except KeyboardInterrupt:
+            # the statistics of the tokens made so far, then exit 130 (main says "interrupted")
+            if as_json:
+                click.echo(json.dumps(generation.result().as_dict()))
+            else:
+                sys.stdout.write("\n")
+                if not quiet:
+                    _stderr_console().print(stats_table(generation.result().stats, model))
+            raise
         if as_json:
-            result = generation.run()
-            click.echo(json.dumps(result.as_dict()))
-            return
-        stream_to_terminal(generation, model, show_ids=model.tokenizer is None)
-        if not quiet:
+            click.echo(json.dumps(generation.result().as_dict()))
+        elif not quiet:
             _stderr_console().print(stats_table(generation.result().stats, model))
 
 

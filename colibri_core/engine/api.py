@@ -23,7 +23,7 @@ import numpy as np
 from colibri_core.model.blueprint import Blueprint, inspect_model
 from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.model.config import eos_token_ids
-from colibri_core.errors import ColibriError, UsageError
+from colibri_core.errors import ColibriError, UsageError, option
 from colibri_core.io.drives import Drive, MirrorSpec, measure_bandwidth, validate_mirror
 from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.prefetch import Prefetcher
@@ -34,7 +34,7 @@ from colibri_core.engine.placement import Placement
 from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.plugins.registry import Entry, import_object
-from colibri_core.engine.sampling import SamplingParams
+from colibri_core.engine.sampling import SamplingParams, check_max_tokens
 from colibri_core.model.tokenizer import Tokenizer
 from colibri_core.units import parse_size
 from colibri_core.warn import warn
@@ -127,8 +127,9 @@ class Model:
                return_logits: bool = False) -> Generation:
         """Start generating; iterate the returned Generation for TokenEvents, then call
         its ``result()`` for the token ids, text and statistics."""
-        ids = self._prompt_ids(prompt, token_ids, messages)
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        check_max_tokens(max_tokens)
+        ids = self._prompt_ids(prompt, token_ids, messages)
         stop = frozenset() if ignore_eos else frozenset(self.eos_ids)
         return Generation(self, ids, max_tokens, sampling, stop, return_logits)
 
@@ -174,8 +175,33 @@ def open_backend(name: str, vram: int | str | None = None):
     backend = create_backend(get_registry(), name)
     budget = parse_size(vram) if vram is not None else None
     if budget is not None and backend.device_memory() is None:
-        raise UsageError(f"--vram: backend {backend.name!r} has no device memory (its experts live in RAM: use --ram)")
+        raise UsageError(f"{option('vram')}: backend {backend.name!r} has no device memory (its experts live in RAM: "
+                         f"use {option('ram')})")
     return backend, budget
+
+
+def check_load_options(*, cap=None, pin="auto", pin_share=0.5, prefetch_slots=None, history=True,
+                       history_decay=1.0) -> None:
+    """The placement options of ``load``, checked before anything is read."""
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if pin not in ("auto", "on", "off"):
+        raise UsageError(f"{option('pin')} must be 'auto', 'on' or 'off', got {pin!r}")
+    if history not in (True, False, "read"):
+        raise UsageError(f"history must be True, False or 'read', got {history!r}")
+    if not is_number(history_decay) or not 0 < history_decay <= 1:
+        raise UsageError(f"{option('history_decay')} must be in (0, 1], got {history_decay!r}")
+    if cap is not None and (not is_int(cap) or cap < 0):
+        raise UsageError(f"{option('cap')} must be an integer >= 0, got {cap!r}")
+    if not is_number(pin_share) or not 0 <= pin_share < 1:
+        raise UsageError(f"{option('pin_share')} must be in [0, 1), got {pin_share!r}")
+    if prefetch_slots is not None and (not is_int(prefetch_slots) or prefetch_slots < 1):
+        raise UsageError(f"{option('prefetch_slots')} must be an integer >= 1 (experts read ahead per layer), "
+                         f"got {prefetch_slots!r}")
 
 
 def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str = "cpu",
@@ -204,12 +230,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     history: True reads and saves the routing history (colibri-usage.json), "read" only
          reads it, False ignores it; history_decay multiplies the saved counts at each save.
     """
-    if pin not in ("auto", "on", "off"):
-        raise UsageError(f"pin must be 'auto', 'on' or 'off', got {pin!r}")
-    if history not in (True, False, "read"):
-        raise UsageError(f"history must be True, False or 'read', got {history!r}")
-    if not 0 < history_decay <= 1:
-        raise UsageError(f"history_decay must be in (0, 1], got {history_decay}")
+    check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots, history=history,
+                       history_decay=history_decay)
     started = time.perf_counter()
     registry = get_registry()
     backend_obj, vram_budget = open_backend(backend, vram)

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from colibri_core.errors import UsageError
-from colibri_core.engine.sampling import Sampler, SamplingParams
+from colibri_core.errors import NonFiniteError, UsageError
+from colibri_core.engine.sampling import Sampler, SamplingParams, check_max_tokens
 
 PREFILL_CHUNK = 256  # prompt tokens per forward pass; bounds activation memory
 
@@ -23,7 +23,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     prefill_s: float = 0.0
-    ttft_s: float = 0.0
+    ttft_s: float | None = 0.0  # None when no token was sampled
     decode_s: float = 0.0
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
@@ -39,6 +39,7 @@ class GenerationStats:
     bytes_read: int = 0  # expert bytes read from disk during this generation, all drives
     bytes_read_by_drive: dict = field(default_factory=dict)
     decode_bytes_read: int = 0  # of those, read after the first token (decode only)
+    decode_bytes_per_token: float = 0.0  # decode_bytes_read per forward pass after the first token
     disk_reads: int = 0
     prefetch_issued: int = 0
     prefetch_unused: int = 0
@@ -71,7 +72,7 @@ class GenerationResult:
     token_ids: list[int]
     text: str | None
     stats: GenerationStats
-    finish_reason: str  # "stop" (eos), "length" (max tokens) or "context" (context full)
+    finish_reason: str  # "stop" (eos), "length" (max tokens), "context" (context full) or "interrupted"
     logits: list[np.ndarray] | None = None
 
     def as_dict(self) -> dict:
@@ -103,62 +104,68 @@ class Generation:
         lm.check_prompt(prompt)
         if len(prompt) >= lm.max_context:
             raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {lm.max_context}")
-        if self.max_tokens < 0:
-            raise UsageError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        check_max_tokens(self.max_tokens)
 
         sampler = Sampler(self.sampling)
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
-        before = at_first = store_stats()
+        clock = _Clock(before=store_stats())
         cache = lm.new_cache(ops)
-        t0 = time.perf_counter()
-        logits = None
         store = model.store
-        for i in range(0, len(prompt), PREFILL_CHUNK):
-            logits = lm.forward(np.asarray(prompt[i : i + PREFILL_CHUNK]), cache, ops)
-        if store is not None:
-            store.after_tokens(len(prompt))
-        t_prefill = time.perf_counter()
-        t_first = t_last = t_prefill
-        decode_steps = 0  # forward passes after the first token
-        self.finish_reason = "length"
-        for n in range(self.max_tokens):
-            token = sampler(logits)
-            now = time.perf_counter()
-            if n == 0:
-                t_first = now
-                at_first = store_stats()  # decode reads are counted from here
-            t_last = now
-            if token in self.stop_ids:
-                self.finish_reason = "stop"
-                break
-            self.token_ids.append(token)
-            text = decoder.add(token) if decoder is not None else ""
-            self._text.append(text)
-            if self.return_logits:
-                self._logits.append(logits)
-            yield TokenEvent(token, text, logits if self.return_logits else None)
-            if n == self.max_tokens - 1:
-                break
-            if cache.length >= lm.max_context:
-                self.finish_reason = "context"
-                break
-            logits = lm.forward(np.asarray([token]), cache, ops)
-            decode_steps += 1
+        self.finish_reason = "interrupted"  # until the loop below says otherwise
+        try:
+            logits = None
+            for i in range(0, len(prompt), PREFILL_CHUNK):
+                logits = lm.forward(np.asarray(prompt[i : i + PREFILL_CHUNK]), cache, ops)
             if store is not None:
-                store.after_tokens(1)
+                store.after_tokens(len(prompt))
+            clock.prefilled = time.perf_counter()
+            finish = "length"
+            for n in range(self.max_tokens):
+                _check_finite(logits, lm, ops, prompt + self.token_ids, model)
+                token = sampler(logits)
+                now = time.perf_counter()
+                if n == 0:
+                    clock.first = now
+                    clock.at_first = store_stats()  # decode reads are counted from here
+                clock.last = now
+                if token in self.stop_ids:
+                    finish = "stop"
+                    break
+                self.token_ids.append(token)
+                text = decoder.add(token) if decoder is not None else ""
+                self._text.append(text)
+                if self.return_logits:
+                    self._logits.append(logits)
+                yield TokenEvent(token, text, logits if self.return_logits else None)
+                if n == self.max_tokens - 1:
+                    break
+                if cache.length >= lm.max_context:
+                    finish = "context"
+                    break
+                logits = lm.forward(np.asarray([token]), cache, ops)
+                clock.decode_steps += 1
+                if store is not None:
+                    store.after_tokens(1)
+            self.finish_reason = finish
+        finally:  # also when interrupted (Ctrl-C, or the caller stopped iterating): stats of what was made
+            self._record_stats(clock, store_stats(), len(prompt), cache)
         if decoder is not None:
             tail = decoder.flush()
             if tail:
                 self._text.append(tail)
                 yield TokenEvent(-1, tail)
 
-        after = store_stats()
+    def _record_stats(self, clock: "_Clock", after: dict, prompt_tokens: int, cache) -> None:
+        model, store = self.model, self.model.store
+        before, at_first = clock.before, clock.at_first
         s = self.stats
-        s.prompt_tokens, s.generated_tokens = len(prompt), len(self.token_ids)
-        s.prefill_s = t_prefill - t0
-        s.ttft_s = t_first - t0
-        s.prefill_tok_s = len(prompt) / s.prefill_s if s.prefill_s > 0 else 0.0
-        s.decode_s = t_last - t_first
+        s.prompt_tokens, s.generated_tokens = prompt_tokens, len(self.token_ids)
+        prefilled = clock.prefilled if clock.prefilled is not None else time.perf_counter()
+        s.prefill_s = prefilled - clock.start
+        s.prefill_tok_s = prompt_tokens / s.prefill_s if s.prefill_s > 0 and clock.prefilled is not None else 0.0
+        # no token sampled (max_tokens 0, or interrupted in prefill): no time to first token
+        s.ttft_s = clock.first - clock.start if clock.first is not None else None
+        s.decode_s = clock.last - clock.first if clock.first is not None else 0.0
         s.decode_tok_s = (len(self.token_ids) - 1) / s.decode_s if len(self.token_ids) > 1 and s.decode_s > 0 else 0.0
         delta = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int)}
         s.hits_device = delta.get("hits_device", 0)
@@ -171,7 +178,10 @@ class Generation:
         s.hit_rate = s.expert_hits / lookups if lookups else 1.0
         s.bytes_read_by_drive = {name: n - before["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items()}
         s.bytes_read = sum(s.bytes_read_by_drive.values())
-        s.decode_bytes_read = sum(n - at_first["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items())
+        # decode reads: those of the forward passes after the first token (none without one)
+        s.decode_bytes_read = (sum(n - at_first["bytes_by_drive"].get(name, 0) for name, n in after["bytes_by_drive"].items())
+                               if at_first is not None else 0)
+        s.decode_bytes_per_token = s.decode_bytes_read / clock.decode_steps if clock.decode_steps else 0.0
         s.disk_reads = delta.get("reads", 0)
         s.prefetch_issued, s.prefetch_unused = delta.get("prefetch_issued", 0), delta.get("prefetch_unused", 0)
         predicted, used = delta.get("predicted", 0), delta.get("used", 0)
@@ -179,8 +189,8 @@ class Generation:
         s.prefetch_recall = delta.get("predicted_used", 0) / used if used else 0.0
         s.repins = delta.get("repins", 0)
         s.host_syncs = delta["host_syncs"]
-        decode_syncs = after["host_syncs"] - at_first["host_syncs"]
-        s.host_syncs_per_token = decode_syncs / decode_steps if decode_steps else 0.0
+        decode_syncs = after["host_syncs"] - at_first["host_syncs"] if at_first is not None else 0
+        s.host_syncs_per_token = decode_syncs / clock.decode_steps if clock.decode_steps else 0.0
         s.pinned_experts = len(store.ram.pinned_set() | (store.device.pinned_set() if store.device else set())) if store else 0
         s.resident_bytes = model.resident_bytes
         s.device_resident_bytes = model.device_resident_bytes
@@ -198,3 +208,29 @@ class Generation:
         text = "".join(self._text) if self.model.tokenizer is not None else None
         return GenerationResult(list(self.token_ids), text, self.stats, self.finish_reason or "length",
                                 self._logits if self.return_logits else None)
+
+
+@dataclass
+class _Clock:
+    """Times and store counters of one generation, as far as it got."""
+
+    before: dict
+    start: float = field(default_factory=time.perf_counter)
+    prefilled: float | None = None
+    first: float | None = None  # when the first token was sampled
+    last: float | None = None
+    at_first: dict | None = None  # store counters then
+    decode_steps: int = 0  # forward passes after the first token
+
+
+def _check_finite(logits: np.ndarray, lm, ops, ids: list[int], model) -> None:
+    """Refuse to sample from NaN or infinite logits. The sum is one cheap pass over the
+    vocabulary; only when it is not finite are the logits looked at closely and, when
+    they hold NaN or infinity, the step re-run layer by layer to say where it started."""
+    if np.isfinite(logits.sum(dtype=np.float64)) or np.isfinite(logits).all():
+        return
+    stage = lm.first_non_finite(ids, ops)
+    where = f"first in {stage}" if stage else "(a re-run layer by layer stayed finite: the fault is not reproducible)"
+    raise NonFiniteError(
+        f"the model computed NaN or infinite logits after {len(ids)} tokens, {where}; its weights are damaged or "
+        f"hold absurd values: run colibri doctor --model {model.model_dir} --deep")

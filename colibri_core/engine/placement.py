@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from colibri_core.errors import BudgetError, UsageError
+from colibri_core.errors import BudgetError, UsageError, option
 from colibri_core.units import format_bytes
 
 DEFAULT_SHARE_OF_AVAILABLE = 0.8
@@ -114,13 +114,14 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
     the device tier holds it (prepared; default ``expert_bytes``). ``device_memory`` None:
     the backend computes from host memory and there is no device tier."""
     if cap is not None and cap < 0:
-        raise UsageError(f"--cap must be >= 0, got {cap}")
+        raise UsageError(f"{option('cap')} must be >= 0, got {cap}")
     if not 0 <= pin_share < 1:
-        raise UsageError(f"the pinned share must be in [0, 1), got {pin_share}")
+        raise UsageError(f"{option('pin_share')} must be in [0, 1), got {pin_share}")
     if vram is not None and device_memory is None:
-        raise UsageError("--vram: the backend has no device memory (its experts live in RAM: use --ram)")
+        raise UsageError(f"{option('vram')}: the backend has no device memory (its experts live in RAM: use {option('ram')})")
     if vram is not None and vram < 0:
-        raise UsageError(f"--vram must be >= 0, got {vram}")
+        raise UsageError(f"{option('vram')} must be >= 0, got {vram}")
+    ram_option, vram_option = option("ram", keyword=True), option("vram", keyword=True)
     source = "--ram"
     if ram is None:
         source = "default"
@@ -130,9 +131,9 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
     reserve = 2 * prefetch_slots * expert_bytes
     dense_in_ram = dense_bytes if device_memory is None or unified else 0
     if ram < dense_in_ram + working + reserve:
-        hint = "give a larger --ram" if source == "--ram" else "free memory or use a machine with more RAM"
+        hint = f"give a larger {ram_option}" if source == "--ram" else "free memory or use a machine with more RAM"
         raise BudgetError(
-            f"RAM budget {format_bytes(ram)} ({source}) cannot hold "
+            f"RAM budget {format_bytes(ram)} ({ram_option if source == '--ram' else source}) cannot hold "
             + (f"the dense weights ({format_bytes(dense_bytes)})" if dense_in_ram else "")
             + (f"{' plus ' if dense_in_ram else ''}{max(1, io_window)} expert(s) being read ({format_bytes(working)})" if working else "")
             + (f" plus the prefetch reserve ({format_bytes(reserve)})" if reserve else "")
@@ -147,8 +148,9 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
             if vram is None:
                 vram = experts_left
             elif vram > experts_left:
-                raise BudgetError(f"--vram {format_bytes(vram)} is more than the unified --ram budget leaves for experts "
-                                  f"({format_bytes(experts_left)} of {format_bytes(ram)}); give a smaller --vram or a larger --ram")
+                raise BudgetError(f"device budget {format_bytes(vram)} ({vram_option}) is more than the unified RAM budget "
+                                  f"({ram_option}) leaves for experts ({format_bytes(experts_left)} of {format_bytes(ram)}); "
+                                  f"give a smaller {vram_option} or a larger {ram_option}")
         else:
             if vram is None:
                 vram = int(device_memory * DEFAULT_SHARE_OF_DEVICE) - dense_bytes
@@ -156,8 +158,9 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
                     raise BudgetError(f"device memory {format_bytes(device_memory)} cannot hold the dense weights "
                                       f"({format_bytes(dense_bytes)}) with room to compute; use a backend computing from RAM")
             elif vram + dense_bytes > device_memory:
-                raise BudgetError(f"--vram {format_bytes(vram)} plus the dense weights ({format_bytes(dense_bytes)}) is more "
-                                  f"than the device memory ({format_bytes(device_memory)}); give a smaller --vram")
+                raise BudgetError(f"device budget {format_bytes(vram)} ({vram_option}) plus the dense weights "
+                                  f"({format_bytes(dense_bytes)}) is more than the device memory ({format_bytes(device_memory)}); "
+                                  f"give a smaller {vram_option}")
         device = _tier("device", vram, vram_source, device_expert_bytes, moe_layers, experts_per_layer, cap, pin_share)
         if unified:
             experts_left -= device.cache_bytes(moe_layers)

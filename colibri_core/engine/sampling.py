@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from colibri_core.errors import ColibriError, UsageError
+from colibri_core.errors import ColibriError, UsageError, option
+
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -21,16 +23,31 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise UsageError(f"top_k must be >= 0, got {self.top_k}")
+        if not _is_number(self.temperature) or not 0 <= self.temperature < float("inf"):
+            raise UsageError(f"{option('temperature')} must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise UsageError(f"{option('top_p')} must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise UsageError(f"{option('top_k')} must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise UsageError(f"{option('seed')} must be an integer from 0 to 2**64 - 1, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def check_max_tokens(max_tokens) -> None:
+    if not _is_int(max_tokens) or max_tokens < 0:
+        raise UsageError(f"{option('max_tokens')} must be an integer >= 0, got {max_tokens!r}")
 
 
 class Sampler:

@@ -57,7 +57,7 @@ class RoutingHistory:
                 raise ValueError(f"not a version-{FORMAT_VERSION} colibri usage file")
             counts = np.asarray(data["counts"], dtype=np.float64)
             tokens = float(data["tokens"])
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
             warn(f"{path}: routing history is unreadable and is ignored ({exc})")
             return
         if data.get("family") != self.family or counts.shape != self.shape:

@@ -7,13 +7,13 @@ on open, and a tensor name found in two shards is refused rather than silently r
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
 from colibri_core.errors import ModelFormatError
+from colibri_core.io.jsontext import parse_json
 from colibri_core.io.safetensors import SafetensorsFile, TensorInfo, as_array
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -72,18 +72,7 @@ class Checkpoint:
                     raise ModelFormatError(f"{index_path}: tensor {name!r} is mapped to {shard} but {where}")
 
     def _read_index(self, index_path: Path) -> dict[str, str]:
-        if index_path.stat().st_size > MAX_INDEX_BYTES:
-            raise ModelFormatError(f"{index_path}: larger than {MAX_INDEX_BYTES} bytes")
-        try:
-            index = json.loads(index_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelFormatError(f"{index_path}: not valid JSON ({exc})") from None
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise ModelFormatError(f"{index_path}: 'weight_map' must map tensor names to shard file names")
-        if not weight_map:
-            raise ModelFormatError(f"{index_path}: 'weight_map' is empty")
-        return weight_map
+        return read_index(index_path)
 
     def _shard_path(self, shard: str, where: Path) -> Path:
         path = (self.model_dir / shard).resolve()
@@ -147,6 +136,20 @@ class Checkpoint:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def read_index(index_path: Path) -> dict[str, str]:
+    """The validated ``weight_map`` of a ``model.safetensors.index.json``: tensor name ->
+    shard file name, both strings."""
+    if index_path.stat().st_size > MAX_INDEX_BYTES:
+        raise ModelFormatError(f"{index_path}: larger than {MAX_INDEX_BYTES} bytes")
+    index = parse_json(index_path.read_bytes(), str(index_path))
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise ModelFormatError(f"{index_path}: 'weight_map' must map tensor names to shard file names")
+    if not weight_map:
+        raise ModelFormatError(f"{index_path}: 'weight_map' is empty")
+    return weight_map
 
 
 def merge_ranges(infos: list[TensorInfo], gap: int = MERGE_GAP_BYTES) -> list[list[TensorInfo]]:

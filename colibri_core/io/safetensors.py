@@ -22,6 +22,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from colibri_core.errors import ModelFormatError
+from colibri_core.io.jsontext import parse_json
 from colibri_core.io.pagecache import forget
 
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library refuses larger headers too
@@ -105,9 +106,7 @@ class SafetensorsFile:
             raise _fail(path, f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit")
         raw = self._read_exact(8, header_len)
         try:
-            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_refuse_duplicate_keys)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _fail(path, f"header is not valid JSON ({exc})") from None
+            header = parse_json(raw, f"{path}: header", object_pairs_hook=_refuse_duplicate_keys)
         except _DuplicateKey as dup:
             raise _fail(path, "appears twice in the header; refusing to guess", str(dup)) from None
         if not isinstance(header, dict):

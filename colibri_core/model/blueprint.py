@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from colibri_core.io.checkpoint import Checkpoint
-from colibri_core.model.config import read_json
+from colibri_core.model.config import check_family_keys, read_json
 from colibri_core.errors import ModelFormatError
 from colibri_core.nn.layers import CausalLM
 from colibri_core.nn.weights import Weights
@@ -113,14 +113,10 @@ def inspect_model(model_dir: str | Path, backend=None) -> Blueprint:
         backend = create_backend(registry, backend or DEFAULT_BACKEND)
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise ModelFormatError(f"{model_dir}: not a directory")
+        raise ModelFormatError(f"{model_dir}: " + ("not a directory" if model_dir.exists() else "does not exist"))
     config = read_json(model_dir / "config.json", "model config")
-    architectures = config.get("architectures")
-    if architectures is not None and not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
-        raise ModelFormatError(f"{model_dir / 'config.json'}: 'architectures' must be a list of strings")
-    model_type = config.get("model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        raise ModelFormatError(f"{model_dir / 'config.json'}: 'model_type' must be a string")
+    check_family_keys(model_dir / "config.json", config)
+    architectures, model_type = config.get("architectures"), config.get("model_type")
     family_entry = registry.family_for(model_type, architectures)
     checkpoint = Checkpoint(model_dir)
     try:

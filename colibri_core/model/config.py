@@ -8,13 +8,13 @@ allocated, and every error names the file and the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
 from colibri_core.errors import ModelFormatError
+from colibri_core.io.jsontext import parse_json
 
 MAX_CONFIG_BYTES = 16 << 20
 
@@ -43,13 +43,21 @@ def read_json(path: Path, what: str = "file") -> dict[str, Any]:
         raise ModelFormatError(f"{path}: {what} not found") from None
     if size > MAX_CONFIG_BYTES:
         raise ModelFormatError(f"{path}: {size} bytes is too large for a {what}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFormatError(f"{path}: not valid JSON ({exc})") from None
+    data = parse_json(path.read_bytes(), str(path))
     if not isinstance(data, dict):
         raise ModelFormatError(f"{path}: expected a JSON object")
     return data
+
+
+def check_family_keys(path: Path, config: dict[str, Any]) -> None:
+    """The keys a family is chosen by: ``model_type`` a string, ``architectures`` a list
+    of strings (either may be absent)."""
+    architectures = config.get("architectures")
+    if architectures is not None and not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
+        raise ModelFormatError(f"{path}: 'architectures' must be a list of strings")
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelFormatError(f"{path}: 'model_type' must be a string")
 
 
 def bounded(lo: int | float | None = None, hi: int | float | None = None, default: Any = dataclasses.MISSING):

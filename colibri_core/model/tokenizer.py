@@ -82,6 +82,7 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        check_text(text, "the prompt")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -94,6 +95,19 @@ class Tokenizer:
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)
+
+
+def check_text(text: Any, what: str) -> None:
+    """Refuse what the tokenizer cannot take: a non-string, or a string that is not valid
+    Unicode (lone surrogates: how Python passes on command-line bytes that are not UTF-8)."""
+    if not isinstance(text, str):
+        raise UsageError(f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(text[exc.start])
+        byte = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"U+{char:04X}"
+        raise UsageError(f"{what} is not valid UTF-8 text ({byte} at character {exc.start}); give UTF-8 text") from None
 
 
 def _token_text(value: Any) -> str | None:

@@ -257,16 +257,46 @@ class CausalLM:
     def routed_experts(self) -> list[RoutedExperts]:
         return [layer.mlp.experts for layer in self.layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]
 
-    def forward(self, ids: np.ndarray, cache: Cache, ops, *, all_logits: bool = False, routing: list | None = None):
+    def forward(self, ids: np.ndarray, cache: Cache, ops, *, all_logits: bool = False, routing: list | None = None,
+                watch=None):
         """Run new tokens ``ids`` through the model, extending ``cache``. Returns float32
-        logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last."""
+        logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last.
+        ``watch(stage, x)``, when given, sees the activations after every stage."""
         ids = np.asarray(ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
         step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher)
         x = self.embed(ids, step)
-        for layer in self.layers:
+        if watch is not None:
+            watch("the token embeddings", x)
+        for n, layer in enumerate(self.layers):
             x = layer(x, step)
+            if watch is not None:
+                watch(f"layer {n} (of {len(self.layers)}, counting from 0 as the weight names do)", x)
         cache.length += len(ids)
         x = x if all_logits else x[-1:]
-        logits = ops.to_host(self.lm_head(self.norm(x, step), step))
+        x = self.norm(x, step)
+        if watch is not None:
+            watch("the final norm", x)
+        logits = ops.to_host(self.lm_head(x, step))
+        if watch is not None:
+            watch("the LM head", logits)
         return logits if all_logits else logits[0]
+
+    def first_non_finite(self, ids: list[int], ops, chunk: int = 256) -> str | None:
+        """Re-run ``ids`` from an empty cache, looking at the activations after every
+        stage: the first stage whose output holds NaN or infinity, or None when all stay
+        finite. A diagnosis after non-finite logits, never on the normal path."""
+        class Found(Exception):
+            pass
+
+        def watch(stage, x):
+            if not np.isfinite(x if isinstance(x, np.ndarray) else ops.to_host(x)).all():
+                raise Found(stage)
+
+        cache = self.new_cache(ops)
+        try:
+            for i in range(0, len(ids), chunk):
+                self.forward(np.asarray(ids[i : i + chunk]), cache, ops, watch=watch)
+        except Found as found:
+            return str(found)
+        return None

@@ -80,6 +80,7 @@ class PluginManager:
         self.plugins: dict[str, PluginInfo] = {}
         self._registry: Registry | None = None
         self._load_entry_points = load_entry_points
+        self.unknown_selected: list[str] = []  # names in COLIBRI_PLUGINS / _DISABLE_PLUGINS no plugin has
         self._loaded = False
         self._lock = threading.RLock()
 
@@ -102,6 +103,15 @@ class PluginManager:
         per_dist: dict[str | None, int] = {}
         for ep in eps:
             per_dist[_dist_name(ep)] = per_dist.get(_dist_name(ep), 0) + 1
+        known = {ep.name for ep in eps} | {d for d in per_dist if d}
+        for var, names in ((ENV_ONLY, only or set()), (ENV_DISABLE, disabled)):
+            unknown = sorted(names - known - {BUILTIN_NAME})
+            if unknown:
+                named = f"{var} names {', '.join(map(repr, unknown))}, which no installed plugin is"
+                self.unknown_selected.append(named)
+                from colibri_core.warn import warn
+
+                warn(f"{named} (installed: {', '.join(sorted(d for d in per_dist if d)) or 'none'})")
         for ep in eps:
             dist = _dist_name(ep)
             # a plugin is known by its distribution (what users pip install), or
@@ -181,6 +191,13 @@ class PluginManager:
 
     def _build_registry(self) -> Registry:
         registry = Registry()
+        off = sorted(name for name, info in self.plugins.items() if info.status == "disabled")
+        if off:
+            why = sorted({info.error.removeprefix("disabled by ") for info in self.plugins.values()
+                          if info.status == "disabled" and info.error})
+            registry.not_loaded_note = "; ".join(self.unknown_selected + [
+                f"installed but disabled by {' and '.join(why)}: {', '.join(off)}. Enable the family's plugin "
+                "(colibri plugins lists them)"])
         for hook_name, kind in REGISTER_HOOKS.items():
             caller = getattr(self.pm.hook, hook_name)
             for impl in caller.get_hookimpls():
@@ -283,16 +300,16 @@ DEFAULT_BACKEND = "cpu"
 
 def create_backend(registry: Registry, name: str):
     """An instance of the installed backend ``name``. An unknown name or a backend that
-    cannot run here is a one-line UsageError naming what is installed."""
-    from colibri_core.errors import UsageError
+    cannot run here is a one-line BackendError naming what is installed."""
+    from colibri_core.errors import BackendError
 
     table = registry.entries["backend"]
     installed = ", ".join(f"{n}{'' if e.spec.unavailable_reason() is None else ' (unavailable)'}"
                           for n, e in sorted(table.items())) or "none"
     if name not in table:
-        raise UsageError(f"no backend named {name!r} is installed (installed: {installed})")
+        raise BackendError(f"no backend named {name!r} is installed (installed: {installed})")
     entry = registry.get("backend", name)
     reason = entry.spec.unavailable_reason()
     if reason:
-        raise UsageError(f"backend {name!r} is not available here: {reason} (installed: {installed})")
+        raise BackendError(f"backend {name!r} is not available here: {reason} (installed: {installed})")
     return entry.spec.load()()

@@ -150,6 +150,9 @@ class Registry:
     model_types: dict[str, str] = field(default_factory=dict)
     architectures: dict[str, str] = field(default_factory=dict)
     conflicts: list[Conflict] = field(default_factory=list)
+    # why plugins that are installed were not loaded (COLIBRI_PLUGINS and friends), for
+    # "no family runs this model" to say instead of "install one"
+    not_loaded_note: str | None = None
 
     def add(self, kind: str, spec: Any, plugin: str) -> None:
         expected = KINDS[kind]
@@ -220,5 +223,7 @@ class Registry:
         raise UnsupportedModelError(
             f"no installed family runs model_type {model_type!r}"
             + (f" (architectures {architectures})" if architectures else "")
-            + f"; installed model types: {known}. Install the family plugin, e.g. pip install colibri-<family>"
+            + f"; installed model types: {known}. "
+            + (self.not_loaded_note[:1].upper() + self.not_loaded_note[1:] if self.not_loaded_note
+               else "Install the family plugin, e.g. pip install colibri-<family>")
         )

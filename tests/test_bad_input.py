@@ -1,0 +1,248 @@
+"""Untrusted input through the real command line and the Python API: every bad file,
+bad option or bad byte gets one clear line and a non-zero exit (never 70, "a bug"), and
+options are checked before anything is loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import colibri_core
+from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.cli.run import parse_token_ids
+from colibri_core.errors import BackendError, BudgetError, ModelFormatError, UsageError
+from colibri_core.experts.history import FILENAME
+from colibri_core.io.checkpoint import INDEX_NAME
+from colibri_core.testing import edit_config
+from colibri_core.warn import ColibriWarning
+
+from conftest import run_colibri
+
+SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
+                intermediate_size=16, tokenizer_vocab=320, max_position_embeddings=64, shard_bytes=40_000,
+                router_std=1.0, cached_experts_per_layer=2)
+DEEP = 50_000  # nesting levels: far past Python's recursion limit
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bad-input") / "model"
+    build_demo_model(path, SPEC)
+    return path
+
+
+@pytest.fixture
+def model_dir(base, tmp_path):
+    d = tmp_path / "model"
+    shutil.copytree(base, d)
+    return d
+
+
+def one_error_line(out, *fragments, code=2):
+    """The process failed with ``code`` and exactly one stderr line naming ``fragments``."""
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == code, out.stderr
+    assert "Traceback" not in out.stderr and "internal error" not in out.stderr, out.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def doctor_checks(model_dir):
+    out = run_colibri("doctor", "--model", model_dir, "--json")
+    assert out.returncode in (0, 1), out.stderr
+    return out.returncode, {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+
+
+# -- 1. doctor on values of the wrong type ----------------------------------------------
+@pytest.mark.parametrize("value", [5, {"a": 1}, ["x"], None], ids=["number", "dict", "list", "null"])
+def test_doctor_names_an_index_whose_weight_map_values_are_not_strings(model_dir, value):
+    index = json.loads((model_dir / INDEX_NAME).read_text())
+    index["weight_map"][next(iter(index["weight_map"]))] = value
+    (model_dir / INDEX_NAME).write_text(json.dumps(index))
+    code, checks = doctor_checks(model_dir)
+    assert code == 1
+    assert checks["weight shards"]["status"] == "fail" and INDEX_NAME in checks["weight shards"]["detail"]
+    assert "weight_map" in checks["weight shards"]["detail"]
+
+
+@pytest.mark.parametrize("key, value", [("model_type", ["olmoe"]), ("model_type", {"a": 1}), ("architectures", "Olmoe")])
+def test_doctor_names_a_config_whose_family_keys_have_the_wrong_type(model_dir, key, value):
+    edit_config(model_dir, **{key: value})
+    code, checks = doctor_checks(model_dir)
+    assert code == 1
+    assert checks["config.json"]["status"] == "fail" and repr(key) in checks["config.json"]["detail"]
+    one_error_line(run_colibri("run", "--model", model_dir, "--token-ids", "1"), "config.json", key)
+
+
+# -- 2. JSON nested beyond the parser's recursion ----------------------------------------
+def deep_json() -> str:
+    return "[" * DEEP + "]" * DEEP
+
+
+def test_deep_json_in_config_index_and_shard_header_is_a_clean_error(model_dir, tmp_path):
+    cases = {}
+    config = tmp_path / "config"
+    shutil.copytree(model_dir, config)
+    (config / "config.json").write_text('{"model_type": ' + deep_json() + "}")
+    cases[config] = "config.json"
+    index = tmp_path / "index"
+    shutil.copytree(model_dir, index)
+    (index / INDEX_NAME).write_text('{"weight_map": ' + deep_json() + "}")
+    cases[index] = INDEX_NAME
+    header = tmp_path / "header"
+    shutil.copytree(model_dir, header)
+    shard = sorted(header.glob("*.safetensors"))[0]
+    blob = ('{"x": ' + deep_json() + "}").encode()
+    shard.write_bytes(struct.pack("<Q", len(blob)) + blob)
+    cases[header] = shard.name
+    for d, name in cases.items():
+        one_error_line(run_colibri("run", "--model", d, "--token-ids", "1"), name, "nested too deeply")
+        code, checks = doctor_checks(d)
+        assert code == 1 and any(name in c["detail"] for c in checks.values() if c["status"] == "fail"), checks
+
+
+def test_deep_json_routing_history_is_ignored_with_a_warning(model_dir):
+    (model_dir / FILENAME).write_text('{"format": 1, "counts": ' + deep_json() + "}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ColibriWarning)
+        with colibri_core.load(model_dir, history="read") as model:
+            assert len(model.generate(token_ids=[1, 2], max_tokens=2, ignore_eos=True).token_ids) == 2
+    assert any(FILENAME in str(w.message) and "ignored" in str(w.message) for w in caught)
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1", "--max-tokens", "1", "-q")
+    assert out.returncode == 0 and "routing history is unreadable and is ignored" in out.stderr
+
+
+# -- 3. a prompt that is not UTF-8 ------------------------------------------------------
+def test_prompt_with_invalid_utf8_bytes_is_a_clean_error(model_dir):
+    bad = os.fsdecode(b"caf\xe9 \xff")  # what Python makes of non-UTF-8 argv bytes
+    one_error_line(run_colibri("run", "--model", model_dir, bad, "--max-tokens", "1"), "PROMPT", "UTF-8", "0xe9")
+    one_error_line(run_colibri("run", "--model", model_dir, "hi", "--chat", "--system", bad), "--system", "UTF-8")
+    with colibri_core.load(model_dir, history=False) as model:
+        with pytest.raises(UsageError, match="not valid UTF-8"):
+            model.generate("\udcff", max_tokens=1)
+        with pytest.raises(UsageError, match="not valid UTF-8"):
+            model.generate(messages=[{"role": "user", "content": "\ud800"}], max_tokens=1)
+
+
+# -- 4, 13, 18. options checked before anything is loaded --------------------------------
+@pytest.mark.parametrize("args, fragments", [
+    (["--seed", "-1"], ["--seed", "0 to 2**64 - 1"]),
+    (["--seed", str(2**64)], ["--seed"]),
+    (["--temperature", "-1"], ["--temperature", ">= 0"]),
+    (["--temperature", "nan"], ["--temperature"]),
+    (["--temperature", "inf"], ["--temperature", "finite"]),
+    (["--top-p", "2"], ["--top-p", "(0, 1]"]),
+    (["--top-p", "0"], ["--top-p"]),
+    (["--top-k", "-1"], ["--top-k", ">= 0"]),
+    (["--max-tokens", "-1"], ["--max-tokens", ">= 0"]),
+    (["--prefetch", "--prefetch-slots", "-3"], ["--prefetch-slots", ">= 1"]),
+    (["--prefetch-slots", "0"], ["--prefetch-slots"]),
+    (["--pin-share", "1.5"], ["--pin-share", "[0, 1)"]),
+    (["--cap", "-2"], ["--cap", ">= 0"]),
+    (["--history-decay", "0"], ["--history-decay", "(0, 1]"]),
+    (["--ram", "lots"], ["cannot read size"]),
+    (["--backend", "quantum"], ["no backend named 'quantum'"]),
+])
+def test_bad_options_fail_before_the_model_is_read(tmp_path, args, fragments):
+    # the model directory does not exist: only an option check that comes first can answer
+    one_error_line(run_colibri("run", "--model", tmp_path / "nowhere", "--token-ids", "1", *args), *fragments)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--token-ids", "1_0"], ["--token-ids", "'1_0'"]),
+    (["--token-ids", "1,-2"], ["--token-ids", "'-2'"]),
+    (["--token-ids", "+1"], ["--token-ids"]),
+    (["--token-ids", "1,,2"], ["--token-ids"]),
+    (["hello", "--system", "be brief"], ["--system", "--chat"]),
+])
+def test_prompt_options_fail_before_the_model_is_read(tmp_path, args, fragments):
+    one_error_line(run_colibri("run", "--model", tmp_path / "nowhere", *args), *fragments)
+
+
+def test_token_ids_are_digits_only():
+    assert parse_token_ids("1, 2,3,") == [1, 2, 3]
+    for text in ("1_0", "٣", "0x10", "1 2", "", ","):
+        with pytest.raises(UsageError):
+            parse_token_ids(text)
+
+
+def test_api_checks_sampling_options_when_the_generation_is_created(model_dir):
+    with colibri_core.load(model_dir, history=False) as model:
+        for bad in (dict(seed=-1), dict(seed=1.5), dict(temperature=-1), dict(top_p=2), dict(top_k=-1),
+                    dict(max_tokens=-1), dict(max_tokens=2.5)):
+            with pytest.raises(UsageError) as info:
+                model.stream(token_ids=[1], **bad)  # eagerly: before the first token is asked for
+            assert next(iter(bad)) in str(info.value) and "--" not in str(info.value)
+
+
+@pytest.mark.parametrize("options", [dict(prefetch=True, prefetch_slots=-3), dict(cap=-1), dict(pin_share=2.0),
+                                     dict(history_decay=0), dict(pin="always")])
+def test_api_checks_placement_options_before_reading_the_model(tmp_path, options):
+    with pytest.raises(UsageError) as info:
+        colibri_core.load(tmp_path / "nowhere", **options)
+    assert next(iter(options.keys() - {"prefetch"})) in str(info.value)
+
+
+# -- 18. messages -----------------------------------------------------------------------
+def test_a_missing_model_path_says_it_does_not_exist(tmp_path):
+    one_error_line(run_colibri("run", "--model", tmp_path / "nowhere", "--token-ids", "1"), "does not exist")
+    (tmp_path / "file").write_text("x")
+    one_error_line(run_colibri("run", "--model", tmp_path / "file", "--token-ids", "1"), "not a directory")
+    out = run_colibri("doctor", "--model", tmp_path / "nowhere", "--json")
+    assert out.returncode == 1 and "does not exist" in out.stdout
+
+
+def test_plugin_selection_names_unknown_and_disabled_plugins(model_dir):
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1", env={"COLIBRI_PLUGINS": "nosuch"})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "COLIBRI_PLUGINS names 'nosuch', which no installed plugin is" in out.stderr
+    assert "colibri-olmoe" in out.stderr  # the known plugins are listed
+    assert "pip install" not in out.stderr
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1", env={"COLIBRI_DISABLE_PLUGINS": "colibri-olmoe"})
+    line = one_error_line(out, "disabled by COLIBRI_DISABLE_PLUGINS", "colibri-olmoe")
+    assert "pip install" not in line
+
+
+def test_api_messages_name_keywords_and_the_cli_names_flags(model_dir):
+    with pytest.raises(BudgetError) as info:
+        colibri_core.load(model_dir, ram="1K", history=False)
+    assert "(ram=)" in str(info.value) and "--ram" not in str(info.value)
+    one_error_line(run_colibri("run", "--model", model_dir, "--token-ids", "1", "--ram", "1K"), "(--ram)")
+
+
+def test_an_unknown_backend_is_a_backend_error(model_dir):
+    with pytest.raises(BackendError, match="no backend named 'cuda'"):
+        colibri_core.load(model_dir, backend="cuda")
+    assert issubclass(BackendError, UsageError)  # exit status 2, as before
+
+
+# -- 17. statistics ---------------------------------------------------------------------
+def test_no_generated_token_means_no_decode_reads_and_no_time_to_first_token(model_dir):
+    with colibri_core.load(model_dir, history=False) as model:
+        s = model.generate(token_ids=[1, 2, 3], max_tokens=0).stats
+    assert s.generated_tokens == 0 and s.bytes_read > 0  # the prefill read experts
+    assert s.decode_bytes_read == 0 and s.decode_bytes_per_token == 0 and s.ttft_s is None
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "0", "--json")
+    stats = json.loads(out.stdout)["stats"]
+    assert stats["ttft_s"] is None and stats["decode_bytes_read"] == 0 and stats["bytes_read"] > 0
+
+
+def test_disk_bytes_per_token_count_only_decode_reads(model_dir):
+    with colibri_core.load(model_dir, history=False, cap=1) as model:
+        s = model.generate(token_ids=list(range(1, 30)), max_tokens=6, ignore_eos=True).stats
+    assert 0 < s.decode_bytes_read < s.bytes_read
+    assert s.decode_bytes_per_token == pytest.approx(s.decode_bytes_read / 5)  # 5 forward passes after the first token
+    out = run_colibri("run", "--model", model_dir, "--token-ids", ",".join(map(str, range(1, 30))), "--max-tokens", "6",
+                      "--ignore-eos", "--cap", "1")
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stderr.splitlines() if "read from disk" in line)
+    assert "prefill" in line and "decode" in line
