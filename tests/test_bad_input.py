@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import colibri_core
+import colibri_core.errors
 from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.cli.run import parse_token_ids
 from colibri_core.errors import BackendError, BudgetError, ModelFormatError, UsageError
@@ -246,3 +247,48 @@ def test_disk_bytes_per_token_count_only_decode_reads(model_dir):
     assert out.returncode == 0, out.stderr
     line = next(line for line in out.stderr.splitlines() if "read from disk" in line)
     assert "prefill" in line and "decode" in line
+
+
+# -- 7. non-finite activations ----------------------------------------------------------
+def poke_bf16(model_dir: Path, tensor: str, bits: int, count: int = 1) -> None:
+    """Overwrite the first ``count`` elements of a BF16 tensor with the value ``bits``."""
+    shard = model_dir / json.loads((model_dir / INDEX_NAME).read_text())["weight_map"][tensor]
+    raw = bytearray(shard.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    start = 8 + n + json.loads(raw[8 : 8 + n])[tensor]["data_offsets"][0]
+    raw[start : start + 2 * count] = np.full(count, bits, dtype="<u2").tobytes()
+    shard.write_bytes(bytes(raw))
+
+
+BF16_NAN, BF16_INF, BF16_HUGE = 0x7FC0, 0x7F80, 0x7F7F  # NaN, +infinity, 3.39e38 (finite)
+O_PROJ = "model.layers.{}.self_attn.o_proj.weight"
+
+
+@pytest.mark.parametrize("bits, layer, count, what", [(BF16_NAN, 1, 1, "NaN"), (BF16_INF, 0, 1, "infinity"),
+                                                      (BF16_HUGE, 1, 64, "beyond +-65504")],
+                         ids=["nan", "inf", "overflows"])
+def test_non_finite_logits_stop_generation_naming_the_layer(model_dir, bits, layer, count, what):
+    poke_bf16(model_dir, O_PROJ.format(layer), bits, count)
+    with colibri_core.load(model_dir, history=False) as model:
+        events = []
+        with pytest.raises(colibri_core.errors.NonFiniteError) as info:
+            for event in model.stream(token_ids=[1, 2, 3], max_tokens=4, ignore_eos=True):
+                events.append(event)
+    assert events == []  # no token from non-finite logits
+    assert f"first in layer {layer} " in str(info.value) and "colibri doctor" in str(info.value)
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "4", "--ignore-eos")
+    one_error_line(out, f"layer {layer} ", "--deep")
+    assert out.stdout.strip() == ""
+    code, checks = doctor_checks(model_dir)
+    assert code == 0  # only --deep reads the data
+    out = run_colibri("doctor", "--model", model_dir, "--deep", "--json")
+    check = {c["name"]: c for c in json.loads(out.stdout)["checks"]}["tensor data (--deep)"]
+    assert out.returncode == 1 and check["status"] == "fail"
+    assert what in check["detail"] and O_PROJ.format(layer) in check["detail"]
+
+
+def test_the_finiteness_check_leaves_healthy_generation_alone(model_dir):
+    with colibri_core.load(model_dir, history=False) as model:
+        a = model.generate(token_ids=[1, 2, 3], max_tokens=6, ignore_eos=True)
+        assert a.finish_reason == "length" and len(a.token_ids) == 6
+        assert model.lm.first_non_finite([1, 2, 3] + a.token_ids, model.backend) is None

@@ -3,7 +3,8 @@
 Each check has a status (pass, warn or fail), a detail and, when it does not pass, a
 hint. Nothing is written. The default checks parse every shard header (cheap, and what
 ``colibri run`` needs anyway); ``--deep`` also reads every tensor's bytes once, proving
-the files are readable to the end and float weights hold no NaN or infinity.
+the files are readable to the end and float weights hold no NaN, no infinity and no
+magnitude beyond MAX_WEIGHT_MAGNITUDE.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from colibri_core.errors import BudgetError, ColibriError
 from colibri_core.units import format_bytes
 
 LOW_DISK_BYTES = 64 << 20
+# Larger than any trained weight: float16's largest finite value. Released models run in
+# float16 somewhere, which such a weight could not, and the largest real weights (norm
+# gains) are orders of magnitude smaller. Corrupt bytes look like this: one flipped
+# exponent bit makes a bf16 weight of 0.02 about 1e36, and its products overflow to
+# infinity a layer or two later.
+MAX_WEIGHT_MAGNITUDE = 65504.0
 
 
 @dataclass
@@ -173,7 +180,8 @@ def _disk_space_check(model_dir: Path) -> Check:
 
 
 def _data_check(bp) -> Check:
-    bad = []
+    """Read every tensor; float weights must be finite and below MAX_WEIGHT_MAGNITUDE."""
+    nan, inf, huge = [], [], []
     total = 0
     for name, info in bp.checkpoint.tensors.items():
         raw = bp.checkpoint.read_many([info])[name]
@@ -181,9 +189,17 @@ def _data_check(bp) -> Check:
         if info.dtype in ("F32", "F16", "BF16"):
             fmt = bp.resolver._by_dtype.get(info.dtype)
             values = fmt.decode(info, raw, {}) if fmt is not None else raw
-            if not np.all(np.isfinite(values)):
-                bad.append(name)
-    if bad:
-        return Check("tensor data (--deep)", "fail", f"{len(bad)} tensors hold NaN or infinity, first {bad[0]!r}",
+            if np.isnan(values).any():
+                nan.append(name)
+            elif np.isinf(values).any():
+                inf.append(name)
+            elif values.size and float(np.abs(values).max()) > MAX_WEIGHT_MAGNITUDE:
+                huge.append(f"{name} ({float(np.abs(values).max()):.3g})")
+    problems = [f"{len(found)} tensors hold {what}, first {found[0]!r}" if what != "huge" else
+                f"{len(found)} tensors hold values beyond +-{MAX_WEIGHT_MAGNITUDE:g}, which no trained weight has, "
+                f"first {found[0]}" for what, found in (("NaN", nan), ("infinity", inf), ("huge", huge)) if found]
+    if problems:
+        return Check("tensor data (--deep)", "fail", "; ".join(problems),
                      "the weights are damaged: re-download the shards holding them")
-    return Check("tensor data (--deep)", "pass", f"read all {format_bytes(total)}: every tensor readable and finite")
+    return Check("tensor data (--deep)", "pass", f"read all {format_bytes(total)}: every tensor readable, float weights "
+                                                 f"finite and within +-{MAX_WEIGHT_MAGNITUDE:g}")
