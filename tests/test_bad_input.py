@@ -292,3 +292,26 @@ def test_the_finiteness_check_leaves_healthy_generation_alone(model_dir):
         a = model.generate(token_ids=[1, 2, 3], max_tokens=6, ignore_eos=True)
         assert a.finish_reason == "length" and len(a.token_ids) == 6
         assert model.lm.first_non_finite([1, 2, 3] + a.token_ids, model.backend) is None
+
+
+# -- 5. chat templates that would run away ----------------------------------------------
+@pytest.mark.parametrize("source, fragment", [
+    ("{% for i in range(10**8) %}x{% endfor %}", "Range too big"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
+    ("{{ 9 ** (9 ** 9) }}", "larger number"),
+    ("{{ 'x' * 10**10 }}", "repeating a str"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "stack"),
+], ids=["huge-range", "nested-loops", "power", "repeat", "recursion"])
+def test_a_runaway_chat_template_is_stopped_and_named(model_dir, source, fragment):
+    template = model_dir / "chat_template.jinja"
+    template.write_text(source)
+    with colibri_core.load(model_dir, history=False) as model:
+        with pytest.raises(ModelFormatError) as info:
+            model.generate(messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    assert str(template) in str(info.value) and fragment in str(info.value)
+
+
+def test_a_runaway_chat_template_is_one_line_from_the_cli(model_dir):
+    (model_dir / "chat_template.jinja").write_text("{% for i in range(10**8) %}x{% endfor %}")
+    one_error_line(run_colibri("run", "--model", model_dir, "--chat", "hi", "--max-tokens", "1"), "chat_template.jinja",
+                   "chat template stopped")

@@ -1,46 +1,15 @@
-"""Tokenizer (``tokenizer.json`` through the tokenizers library) and chat template
-(``tokenizer_config.json`` or ``chat_template.jinja``, rendered with jinja2)."""
+"""Tokenizer (``tokenizer.json`` through the tokenizers library) and where its chat
+template comes from (``tokenizer_config.json`` or ``chat_template.jinja``; rendered by
+``colibri_core.model.chat_template``)."""
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from colibri_core.model.chat_template import ChatTemplate
 from colibri_core.model.config import read_json
 from colibri_core.errors import ModelFormatError, UsageError
-
-
-class ChatTemplate:
-    def __init__(self, source: str, special: dict[str, str], origin: str):
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-            return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self.origin = origin
-        self.special = special
-        try:
-            self.template = env.from_string(source)
-        except TemplateError as exc:
-            raise ModelFormatError(f"{origin}: chat template does not compile: {exc}") from None
-
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra) -> str:
-        from jinja2 import TemplateError
-
-        try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special, **extra)
-        except TemplateError as exc:
-            raise UsageError(f"{self.origin}: chat template refused the conversation: {exc}") from None
 
 
 class Tokenizer:
