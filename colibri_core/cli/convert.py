@@ -15,9 +15,12 @@ agrees.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,10 +29,10 @@ import numpy as np
 
 from colibri_core.model.blueprint import inspect_model
 from colibri_core.io.checkpoint import INDEX_NAME
-from colibri_core.io.container import metadata as container_metadata
-from colibri_core.errors import UnsupportedModelError, UsageError
+from colibri_core.io.container import metadata as container_metadata, stamp_of
+from colibri_core.errors import ResourceError, UnsupportedModelError, UsageError
 from colibri_core.formats.base import f32_to_bf16
-from colibri_core.formats.integer import FORMATS
+from colibri_core.formats.integer import FORMATS, StampedFormat
 from colibri_core.io.safetensors import StreamWriter
 from colibri_core.warn import warn
 
@@ -78,16 +81,73 @@ def convert(src: str | Path, out: str | Path, *, experts: str = "int4", dense: s
         raise UsageError("--out must be a different directory from --model")
     bp = inspect_model(src)
     try:
-        plan = _plan(bp, TARGETS[experts], TARGETS[dense])
-        manifest = _open_manifest(bp, out, experts, dense)
-        return _run(bp, out, plan, manifest, progress)
+        notes: list[str] = []
+        plan = _plan(bp, TARGETS[experts], TARGETS[dense], notes)
+        with _storage_errors(out), _only_writer(out):
+            manifest = _open_manifest(bp, out, experts, dense)
+            return _run(bp, out, plan, manifest, progress, notes)
     finally:
         bp.close()
 
 
-def _plan(bp, experts: str, dense: str) -> dict[str, str]:
-    """tensor name -> target (a format name, "bf16", "f32" or "keep")."""
+@contextmanager
+def _storage_errors(out: Path):
+    """What the machine refuses while we write (disk full, read-only, no permission) is a
+    ResourceError saying what to do; the finished shards stay, so a re-run resumes."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        where = exc.filename or out
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ResourceError(f"disk full while writing {out} ({exc.strerror}): free space and re-run the same "
+                                "command: it resumes from the last finished shard") from None
+        if exc.errno == errno.EROFS:
+            raise ResourceError(f"{where}: read-only file system; choose an --out on a writable drive") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise ResourceError(f"{where}: permission denied; choose an --out you can write") from None
+        raise ResourceError(f"{where}: {exc.strerror} while converting into {out}; re-running resumes from the last "
+                            "finished shard") from None
+
+
+@contextmanager
+def _only_writer(out: Path):
+    """Hold an exclusive lock on ``out`` while converting: two conversions into one
+    directory would otherwise delete each other's temporary files and overwrite each
+    other's manifest. The lock is on the directory itself (nothing extra is left in it)
+    and goes with the process, however it ends."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ResourceError(f"another colibri convert is writing {out}; wait for it to finish (then re-running "
+                                "finds the work done) or choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _plan(bp, experts: str, dense: str, notes: list[str] | None = None) -> dict[str, str]:
+    """tensor name -> target (a format name, "bf16", "f32" or "keep"). A tensor already
+    stored in its target format is left out (copied as it is, stamp and all): decoding
+    and encoding it again could only lose precision. One stored in another of colibri's
+    quantised formats is requantised, and ``notes`` says so."""
     plan: dict[str, str] = {}
+    same: dict[str, int] = {}
+    requantised: dict[tuple[str, str], int] = {}
+
+    def choose(info, target: str, what: str) -> None:
+        stored = bp.resolver.format_for(info)
+        if stored.name == target:
+            same[what] = same.get(what, 0) + 1
+            return
+        if isinstance(stored, StampedFormat):
+            requantised[(what, stored.name)] = requantised.get((what, stored.name), 0) + 1
+        plan[info.name] = target
+
     if experts != "keep":
         for decl in bp.moe:
             for matrices in decl.matrices:
@@ -96,11 +156,19 @@ def _plan(bp, experts: str, dense: str) -> dict[str, str]:
                         raise UnsupportedModelError(
                             f"{info.path}: experts are stored fused ({info.name.split('[')[0]!r}); converting fused "
                             "experts is not supported yet (use --experts keep)")
-                    plan[info.name] = experts
+                    choose(info, experts, "expert")
     if dense != "keep":
         for p in bp.weights.params.values():
             if p.role == "linear" and len(p.shape) == 2:
-                plan[p.name] = dense
+                choose(p.info, dense, "dense")
+    if notes is not None:
+        for what, n in same.items():
+            target = experts if what == "expert" else dense
+            notes.append(f"{n} {what} tensors are already {target}: copied unchanged, not requantised")
+        for (what, stored), n in requantised.items():
+            target = experts if what == "expert" else dense
+            notes.append(f"{n} {what} tensors stored as {stored} are requantised to {target}: the rounding errors add up "
+                         "(convert from the original weights for the best quality)")
     return plan
 
 
@@ -124,9 +192,8 @@ def _open_manifest(bp, out: Path, experts: str, dense: str) -> dict:
                 raise UsageError(f"{out} holds a conversion with {key} = {manifest.get(key)!r}, not {value!r}; "
                                  "refusing to mix: choose another --out or delete it")
         return manifest
-    if out.exists() and any(out.iterdir()):
+    if any(out.iterdir()):  # _only_writer made it
         raise UsageError(f"{out} exists and is not a colibri conversion in progress; choose an empty or new --out")
-    out.mkdir(parents=True, exist_ok=True)
     manifest = {**wanted, "done": {}, "complete": False}
     _write_json(path, manifest)
     return manifest
@@ -141,7 +208,7 @@ def _write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress) -> ConvertResult:
+def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: list[str] = ()) -> ConvertResult:
     for stale in out.glob("*.tmp-*"):
         stale.unlink()
     resolver, checkpoint = bp.resolver, bp.checkpoint
@@ -149,7 +216,7 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress) -> Conve
     dropped = {c.name for name in plan for c in resolver.companions(checkpoint.info(name))}
     files = _source_files(bp)
     total, done_bytes = sum(files.values()), 0
-    result = ConvertResult(out, 0, 0, 0, total, 0)
+    result = ConvertResult(out, 0, 0, 0, total, 0, notes=list(notes))
     weight_map: dict[str, str] = {}
     for shard, sf in sorted(checkpoint.files.items()):
         tensors = sorted(sf.tensors.values(), key=lambda t: t.offset)
@@ -160,6 +227,9 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress) -> Conve
             target = plan.get(t.name)
             if target is None:
                 specs.append((t.name, t.dtype, t.shape))
+                stamp = stamp_of(checkpoint, t)
+                if stamp is not None:  # a quantised tensor copied as it is keeps its stamp
+                    stamps[t.name] = dict(stamp)
             else:
                 shape = resolver.logical_shape(t)
                 specs.extend(_target_specs(target, t.name, shape))

@@ -8,6 +8,7 @@ import sys
 import click
 
 from colibri_core.cli.run import backend_options
+from colibri_core.errors import Interrupted
 from colibri_core.units import format_bytes, parse_size
 
 
@@ -140,8 +141,12 @@ def convert(model_dir, out_dir, experts, dense, report, as_json):
     with Progress(TextColumn("converting"), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=console,
                   disable=as_json or not console.is_terminal, transient=True) as bar:
         task = bar.add_task("convert", total=None)
-        result = run_convert(model_dir, out_dir, experts=experts, dense=dense,
-                             progress=lambda done, total: bar.update(task, completed=done, total=total))
+        try:
+            result = run_convert(model_dir, out_dir, experts=experts, dense=dense,
+                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+        except KeyboardInterrupt:
+            raise Interrupted(f"the finished shards in {out_dir} are kept: run the same command again and it "
+                              "resumes") from None
     data = {"out": str(result.out), "shards_written": result.shards_written, "shards_resumed": result.shards_resumed,
             "tensors_converted": result.tensors_converted, "bytes_in": result.bytes_in, "bytes_out": result.bytes_out,
             "experts": experts, "dense": dense}

@@ -13,6 +13,7 @@ uses stays intact. Slots are 4096-aligned, as O_DIRECT reads need.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import threading
 import weakref
@@ -62,7 +63,17 @@ class BufferPool:
 
 def _huge_mapping(length: int) -> mmap.mmap:
     """An anonymous private mapping the kernel is asked to back with 2 MiB pages."""
-    mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOMEM, errno.EAGAIN):
+            raise
+        from colibri_core.errors import ResourceError, option
+        from colibri_core.units import format_bytes
+
+        raise ResourceError(f"cannot map {format_bytes(length)} more memory for weights ({exc.strerror}): the machine "
+                            f"or the address-space limit (ulimit -v) allows less; give a smaller {option('ram', keyword=True)}"
+                            ) from None
     if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             mapping.madvise(mmap.MADV_HUGEPAGE)

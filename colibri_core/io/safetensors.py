@@ -306,7 +306,10 @@ class StreamWriter:
 
     def abort(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # e.g. the disk is full: closing flushes, and fails again
+                pass
         if os.path.exists(self._tmp):
             os.unlink(self._tmp)
 

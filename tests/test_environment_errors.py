@@ -1,0 +1,239 @@
+"""What the machine refuses (a full disk, a read-only --out, no memory to map, another
+convert in the same directory) and Ctrl-C: one line saying what happened and what to
+do, the exit statuses of colibri_core/errors.py (3 for the environment, 130 for Ctrl-C),
+never 70 ("a bug in colibri"). Faults are injected by monkeypatching the os calls; the
+two-converts race and Ctrl-C of a running generation are real."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+import colibri_core
+from colibri_core.cli import convert as convert_module
+from colibri_core.cli.convert import MANIFEST, convert
+from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.cli.main import main
+from colibri_core.errors import ResourceError
+from colibri_core.io import buffers
+from colibri_core.warn import ColibriWarning
+
+from conftest import run_colibri
+
+SPEC = DemoSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
+                intermediate_size=96, tokenizer_vocab=300, shard_bytes=60_000, router_std=1.0,
+                max_position_embeddings=8192)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    path = tmp_path_factory.mktemp("env") / "src"
+    build_demo_model(path, SPEC)
+    assert len(list(path.glob("*.safetensors"))) >= 3
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(source, tmp_path_factory):
+    """An uninterrupted int4 conversion, to compare resumed ones with."""
+    out = tmp_path_factory.mktemp("env-ref") / "out"
+    convert(source, out, experts="int4")
+    return out
+
+
+def tree_bytes(path):
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+
+
+def cli(capsys, monkeypatch, *args) -> tuple[int, list[str]]:
+    """The command line in this process (so monkeypatched faults reach it): exit status
+    and stderr lines."""
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main([*map(str, args)])
+    return info.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def fail_on_commit(monkeypatch, n: int, exc: BaseException):
+    """StreamWriter.commit raises ``exc`` on its n-th call (that shard never lands)."""
+    real = convert_module.StreamWriter.commit
+    calls = {"n": 0}
+
+    def commit(self):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise exc
+        return real(self)
+
+    monkeypatch.setattr(convert_module.StreamWriter, "commit", commit)
+    return real
+
+
+# -- disk full, read-only ---------------------------------------------------------------
+def test_disk_full_during_convert_says_free_space_and_resume(source, reference, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    real = fail_on_commit(monkeypatch, 2, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    with pytest.raises(ResourceError) as info:
+        convert(source, out, experts="int4")
+    assert "free space" in str(info.value) and "resumes" in str(info.value) and str(out) in str(info.value)
+    assert not list(out.glob("*.tmp-*"))  # the half-written shard is gone
+    fail_on_commit(monkeypatch, 1, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    code, lines = cli(capsys, monkeypatch, "convert", "--model", source, "--out", out, "--experts", "int4")
+    assert code == 3 and len(lines) == 1 and lines[0].startswith("error: disk full") and "resumes" in lines[0]
+    monkeypatch.setattr(convert_module.StreamWriter, "commit", real)
+    result = convert(source, out, experts="int4")  # space freed: it resumes
+    assert result.shards_resumed == 1
+    assert tree_bytes(out) == tree_bytes(reference)
+
+
+def test_a_read_only_out_is_named(source, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "ro" / "out"
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if str(path).startswith(str(tmp_path / "ro")):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    with pytest.raises(ResourceError, match="read-only file system; choose an --out"):
+        convert(source, out, experts="int4")
+    code, lines = cli(capsys, monkeypatch, "convert", "--model", source, "--out", out)
+    assert code == 3 and len(lines) == 1 and "read-only" in lines[0] and "ro" in lines[0]
+
+
+# -- two converts into one --out --------------------------------------------------------
+def test_a_convert_into_a_directory_another_convert_holds_is_refused(source, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running convert holds it
+        proc = run_colibri("convert", "--model", source, "--out", out)
+        assert proc.returncode == 3 and "another colibri convert is writing" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        assert list(out.iterdir()) == []  # the loser wrote nothing
+    finally:
+        os.close(fd)
+
+
+def test_two_converts_racing_into_one_out(source, reference, tmp_path):
+    """Real processes started together: each finishes the conversion or says another
+    holds the directory; none crashes, and the result is the uninterrupted bytes."""
+    for round_ in range(5):
+        out = tmp_path / f"out{round_}"
+        env = {k: v for k, v in os.environ.items() if k != "COLIBRI_DEBUG"}
+        procs = [subprocess.Popen([sys.executable, "-m", "colibri_core", "convert", "--model", str(source), "--out",
+                                   str(out), "--experts", "int4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env) for _ in range(2)]
+        results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+        for code, err in results:
+            assert "internal error" not in err and "Traceback" not in err, err
+            assert code == 0 or (code == 3 and "another colibri convert is writing" in err), (code, err)
+        assert any(code == 0 for code, _ in results)
+        again = convert(source, out, experts="int4")  # whatever happened, a re-run completes it
+        assert again.shards_written == 0
+        assert tree_bytes(out) == tree_bytes(reference)
+
+
+# -- no memory to map -------------------------------------------------------------------
+def test_mmap_refused_is_a_resource_error_naming_the_budget(source, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(buffers, "_POOL", buffers.BufferPool())  # no free slots left from earlier tests
+    monkeypatch.setattr(buffers.mmap, "mmap", refuse)
+    with pytest.raises(ResourceError) as info:
+        colibri_core.load(source, history=False)
+    assert "ulimit -v" in str(info.value) and "ram=" in str(info.value)
+    code, lines = cli(capsys, monkeypatch, "run", "--model", source, "--token-ids", "1", "--max-tokens", "1")
+    assert code == 3 and len(lines) == 1 and "--ram" in lines[0] and "ulimit -v" in lines[0]
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------
+def test_ctrl_c_during_convert_exits_130_and_says_it_resumes(source, reference, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    real = fail_on_commit(monkeypatch, 2, KeyboardInterrupt())
+    code, lines = cli(capsys, monkeypatch, "convert", "--model", source, "--out", out, "--experts", "int4")
+    assert code == 130
+    assert lines[-1].startswith("interrupted: ") and "resumes" in lines[-1] and str(out) in lines[-1]
+    monkeypatch.setattr(convert_module.StreamWriter, "commit", real)
+    assert convert(source, out, experts="int4").shards_resumed == 1
+    assert tree_bytes(out) == tree_bytes(reference)
+
+
+def test_an_interrupted_generation_keeps_the_statistics_of_its_tokens(source, monkeypatch):
+    with colibri_core.load(source, history=False) as model:
+        real = model.lm.forward
+        calls = {"n": 0}
+
+        def forward(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 5:  # the prefill, then 3 decode steps, then Ctrl-C
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(model.lm, "forward", forward)
+        generation = model.stream(token_ids=[1, 2, 3], max_tokens=50, ignore_eos=True)
+        seen = []
+        with pytest.raises(KeyboardInterrupt):
+            for event in generation:
+                seen.append(event.token_id)
+        result = generation.result()
+    assert result.finish_reason == "interrupted" and result.token_ids == seen and len(seen) == 4
+    assert result.stats.generated_tokens == 4 and result.stats.prompt_tokens == 3 and result.stats.ttft_s is not None
+
+
+def test_ctrl_c_during_run_prints_the_statistics_so_far_and_exits_130(source):
+    env = {k: v for k, v in os.environ.items() if k != "COLIBRI_DEBUG"}
+    proc = subprocess.Popen([sys.executable, "-m", "colibri_core", "run", "--model", str(source), "--token-ids", "1,2,3",
+                             "--max-tokens", "8000", "--ignore-eos", "--history", "off"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        first = proc.stdout.read(8)  # tokens are streaming
+        assert first, proc.stderr.read()
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert "statistics" in err and "decode" in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "interrupted"
+    generated = int(re.search(r"decode\s+(\d+) tokens", err).group(1))
+    assert 0 < generated < 8000  # the tokens made before Ctrl-C
+
+
+# -- converting a container into its own format -----------------------------------------
+def test_converting_a_container_into_its_own_format_copies_it(reference, tmp_path):
+    again = tmp_path / "again"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ColibriWarning)
+        result = convert(reference, again, experts="int4")
+    assert result.tensors_converted == 0
+    assert any("already int4-gs64: copied unchanged" in str(w.message) for w in caught)
+    shards = [p.name for p in reference.glob("*.safetensors")]
+    assert all((again / s).read_bytes() == (reference / s).read_bytes() for s in shards)
+    kept = tmp_path / "kept"
+    convert(reference, kept, experts="keep")  # the quantised tensors keep their stamps
+    with colibri_core.load(reference, history=False) as a, colibri_core.load(kept, history=False) as b:
+        assert a.generate(token_ids=[1, 2], max_tokens=4).token_ids == b.generate(token_ids=[1, 2], max_tokens=4).token_ids
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ColibriWarning)
+        convert(reference, tmp_path / "int8", experts="int8")
+    assert any("requantised to int8-row" in str(w.message) for w in caught)
+    assert json.loads((again / MANIFEST).read_text())["complete"]
