@@ -315,3 +315,19 @@ def test_a_runaway_chat_template_is_one_line_from_the_cli(model_dir):
     (model_dir / "chat_template.jinja").write_text("{% for i in range(10**8) %}x{% endfor %}")
     one_error_line(run_colibri("run", "--model", model_dir, "--chat", "hi", "--max-tokens", "1"), "chat_template.jinja",
                    "chat template stopped")
+
+
+@pytest.mark.parametrize("command, args, fragments", [
+    ("plan", ["--cap", "-1"], ["--cap"]),
+    ("plan", ["--pin-share", "7"], ["--pin-share"]),
+    ("bench", ["--tokens", "0"], ["--tokens"]),
+    ("bench", ["--repeats", "-1"], ["--repeats"]),
+    ("bench", ["--temperature", "-1"], ["--temperature"]),
+])
+def test_other_commands_check_their_options_first(tmp_path, command, args, fragments):
+    one_error_line(run_colibri(command, "--model", tmp_path / "nowhere", *args), *fragments)
+
+
+def test_demo_checks_its_options_before_building(tmp_path):
+    one_error_line(run_colibri("demo", "--dir", tmp_path / "demo", "--max-tokens", "-5"), "--max-tokens")
+    assert not (tmp_path / "demo").exists()

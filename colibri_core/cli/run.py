@@ -247,8 +247,12 @@ def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json, backend, vram):
     from it with a RAM budget small enough that experts stream from disk."""
     from colibri_core.cli.demo import DEFAULT_SPEC, default_demo_dir, ensure_demo_model
     from colibri_core.engine.api import open_backend
+    from colibri_core.engine.sampling import check_max_tokens
+    from colibri_core.model.tokenizer import check_text
 
-    backend_obj, _ = open_backend(backend, vram)  # bad options fail before the model is built
+    check_max_tokens(max_tokens)  # bad options fail before the model is built
+    check_text(prompt, "--prompt")
+    backend_obj, _ = open_backend(backend, vram)
     console = _stderr_console()
     path = ensure_demo_model(demo_dir or default_demo_dir(), DEFAULT_SPEC, rebuild=rebuild, console=console, quiet=as_json)
     budget = ram if ram is not None else DEFAULT_SPEC.default_budget(path, backend_obj)

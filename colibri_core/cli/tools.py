@@ -8,7 +8,7 @@ import sys
 import click
 
 from colibri_core.cli.run import backend_options
-from colibri_core.errors import Interrupted
+from colibri_core.errors import Interrupted, UsageError
 from colibri_core.units import format_bytes, parse_size
 
 
@@ -27,9 +27,10 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_jso
     """Show how a model would be placed, tier by tier (device memory, RAM, disk), its
     projected expert hit rate per tier and its bottleneck."""
     from colibri_core.cli.plan import make_plan
-    from colibri_core.engine.api import open_backend
+    from colibri_core.engine.api import check_load_options, open_backend
     from colibri_core.model.blueprint import inspect_model
 
+    check_load_options(cap=cap, pin=pin, pin_share=pin_share)
     backend_obj, vram_budget = open_backend(backend, vram)
     ram_budget = parse_size(ram) if ram else None
     disk_budget = float(parse_size(disk_bw)) if disk_bw else None
@@ -195,9 +196,16 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     from colibri_core.cli.bench import bench as run_bench
 
     err = Console(stderr=True, highlight=False)
-    from colibri_core.engine.api import open_backend
+    from colibri_core.engine.api import check_load_options, open_backend
+    from colibri_core.engine.sampling import SamplingParams
 
-    open_backend(backend, vram)  # bad options fail here, before any engine runs
+    # bad options fail here, before any engine runs
+    for name, value in (("--tokens", tokens), ("--prompt-tokens", prompt_tokens), ("--repeats", repeats)):
+        if value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    SamplingParams(temperature=temperature)
+    check_load_options(cap=cap)
+    open_backend(backend, vram)
     options = {"history": "read", "prefetch": prefetch, "preload": preload, "direct_io": direct_io, "backend": backend}
     if cap is not None:
         options["cap"] = cap
