@@ -7,6 +7,8 @@ import mmap
 import os
 import shutil
 import subprocess
+import sys
+import time
 import warnings
 
 import numpy as np
@@ -263,6 +265,81 @@ def test_a_read_only_model_dir_keeps_its_history_in_the_cache_dir(model_dir, tmp
         assert saved.is_relative_to(tmp_path / "cache") and json.loads(saved.read_text())["tokens"] > 0
         history = RoutingHistory.open(model_dir, "olmoe", "olmoe", SPEC.num_hidden_layers, SPEC.num_experts)
         assert history.path == saved
+    finally:
+        _make_mutable(model_dir)
+
+
+# -- routing history: concurrent runs, killed saves, read-only model directories ----------
+_SAVER = """
+import sys, time, pathlib
+import numpy as np
+from colibri_core.experts.history import RoutingHistory
+model_dir, worker, go = pathlib.Path(sys.argv[1]), int(sys.argv[2]), pathlib.Path(sys.argv[3])
+history = RoutingHistory.open(model_dir, "olmoe", "olmoe", 3, 8)
+for layer in range(3):
+    history.record(layer, np.full(worker + 1, worker % 8))  # worker w routes w+1 tokens to expert w % 8
+history.record_tokens(worker + 1)
+pathlib.Path(sys.argv[4]).touch()  # loaded: every worker read the same saved counts
+while not go.exists():
+    time.sleep(0.005)
+history.save()
+"""
+
+
+def test_concurrent_runs_add_up_their_routing_counts(model_dir, tmp_path):
+    workers = 8
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _SAVER, str(model_dir), str(w), str(go), str(tmp_path / f"ready{w}")])
+             for w in range(workers)]
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready{w}").exists() for w in range(workers)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a worker did not start"
+            time.sleep(0.01)
+        go.touch()
+        assert all(p.wait(timeout=60) == 0 for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    saved = json.loads((model_dir / FILENAME).read_text())
+    expected = np.zeros((3, 8))
+    for w in range(workers):
+        expected[:, w % 8] += w + 1
+    assert saved["tokens"] == sum(w + 1 for w in range(workers))
+    assert np.array_equal(np.asarray(saved["counts"]), expected)
+    assert not [p for p in model_dir.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_save_killed_midway_leaves_no_temp_file_after_the_next_save(model_dir):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a PID that no longer runs, like a writer killed during its save
+    stale = model_dir / f".{FILENAME}.tmp-{dead.pid}"
+    stale.write_text('{"format": 1, "counts": [[0.0')
+    live = model_dir / f".{FILENAME}.tmp-1"  # init: alive, its file is left alone
+    live.write_text("")
+    with colibri_core.load(model_dir, history=True) as model:
+        model.generate(token_ids=PROMPT, max_tokens=3, ignore_eos=True)
+    assert not stale.exists()
+    assert live.exists()
+    assert json.loads((model_dir / FILENAME).read_text())["tokens"] > 0
+
+
+def test_a_read_only_model_dir_with_a_history_accumulates_in_the_cache_copy(model_dir, tmp_path):
+    shipped = {"format": 1, "family": "olmoe", "model_type": "olmoe", "layers": 3, "experts": 8, "tokens": 1000.0,
+               "counts": np.full((3, 8), 250.0).tolist()}
+    (model_dir / FILENAME).write_text(json.dumps(shipped))
+    _make_immutable(model_dir)
+    try:
+        per_run = len(PROMPT) + 3  # tokens fed through the model by one run of 4 tokens
+        for run in range(1, 4):
+            with colibri_core.load(model_dir, history=True) as model:
+                model.generate(token_ids=PROMPT, max_tokens=4, ignore_eos=True)
+            cached = json.loads(cache_path(model_dir).read_text())
+            assert cached["tokens"] == 1000 + run * per_run
+            assert np.all(np.asarray(cached["counts"]).sum(axis=1) == 1000 * 2 + run * per_run * SPEC.num_experts_per_tok)
+        assert json.loads((model_dir / FILENAME).read_text()) == shipped  # untouched
+        assert RoutingHistory.open(model_dir, "olmoe", "olmoe", 3, 8).path == cache_path(model_dir)
     finally:
         _make_mutable(model_dir)
 
