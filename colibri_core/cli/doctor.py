@@ -34,10 +34,15 @@ class Check:
 
 
 def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = False) -> list[Check]:
-    model_dir = Path(model_dir)
     checks: list[Check] = []
     add = checks.append
+    from colibri_core.io.hub_cache import model_directory
 
+    try:
+        model_dir = model_directory(model_dir)  # a hub cache repo root stands for its refs/main snapshot
+    except ColibriError as exc:
+        add(Check("model directory", "fail", str(exc), "point --model at the snapshot directory, or download the model again"))
+        return checks
     if not model_dir.is_dir():
         add(Check("model directory", "fail", f"{model_dir} is not a directory", "point --model at a Hugging Face model directory"))
         return checks
@@ -94,7 +99,7 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
                       f"{len(bp.checkpoint.files)} shard headers valid, {len(bp.weights.params)} dense tensors and "
                       f"{sum(d.count for d in bp.moe)} experts match the config"))
         except ColibriError as exc:
-            add(Check("headers and tensors", "fail", str(exc), "the named file is damaged or does not belong to this config: re-download it"))
+            add(Check("headers and tensors", "fail", str(exc), _headers_hint(exc)))
     try:
         if bp is not None:
             checks.append(_budget_check(bp, ram))
@@ -106,6 +111,15 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
         if bp is not None:
             bp.close()
     return checks
+
+
+def _headers_hint(exc: ColibriError) -> str:
+    from colibri_core.io.checkpoint import INDEX_NAME, ShardOutsideModelError
+
+    if isinstance(exc, ShardOutsideModelError):
+        return (f"{INDEX_NAME} may name only files inside the model directory (symlinks there are fine, as in the "
+                "Hugging Face cache): put the shard in the directory, or link it there, and name it in weight_map")
+    return "the named file is damaged or does not belong to this config: re-download it"
 
 
 def _tokenizer_checks(model_dir: Path) -> list[Check]:
