@@ -39,6 +39,9 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_jso
     finally:
         bp.close()
     d = report.data
+    from colibri_core.engine.placement import budget_beyond_memory
+
+    d["ram_budget_warning"] = budget_beyond_memory(d["ram_budget"]) if ram_budget is not None else None
     if as_json:
         click.echo(json.dumps(d, indent=2))
         return
@@ -88,6 +91,8 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_jso
         table.add_row(*row)
     console = Console(highlight=False)
     console.print(table)
+    if d["ram_budget_warning"]:
+        console.print(f"  [yellow]warning:[/] {d['ram_budget_warning']}")
     for tip in d["recommended"]:
         console.print(f"  - {tip}")
 

@@ -30,7 +30,7 @@ from colibri_core.experts.prefetch import Prefetcher
 from colibri_core.experts.store import ExpertStore, PinPolicy
 from colibri_core.engine.generation import Generation, GenerationResult, TokenEvent
 from colibri_core.nn.layers import CausalLM
-from colibri_core.engine.placement import Placement
+from colibri_core.engine.placement import Placement, budget_beyond_memory
 from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.plugins.registry import Entry, import_object
@@ -227,6 +227,9 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
         slots_ahead = (prefetch_slots if prefetch_slots is not None else bp.top_k) if prefetch and moe else 0
         placement = bp.placement(ram=budget, cap=cap, pin_share=pin_share if pinning else 0.0,
                                  prefetch_slots=slots_ahead, vram=vram_budget)
+        beyond = budget_beyond_memory(budget) if budget is not None else None
+        if beyond:
+            warn(beyond)
 
         if progress:
             progress.start(bp.dense_disk_bytes, "dense weights")
