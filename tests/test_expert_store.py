@@ -136,6 +136,138 @@ def test_cli_prints_a_mirror_warning_on_one_line(model_dir, tmp_path):
     assert len(warnings_printed) == 1 and victim.name in warnings_printed[0]
 
 
+# -- integrity manifest ------------------------------------------------------------------
+def tensor_spans(shard):
+    """(name, start, end) of every tensor's bytes in a shard file."""
+    raw = shard.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    return [(name, 8 + n + e["data_offsets"][0], 8 + n + e["data_offsets"][1]) for name, e in header.items()
+            if name != "__metadata__"]
+
+
+def corrupt_in_place(shard, only=lambda name: True):
+    """Change one byte in the middle of every (chosen) tensor: same size, same header."""
+    raw = bytearray(shard.read_bytes())
+    for name, start, end in tensor_spans(shard):
+        if end > start and only(name):
+            raw[(start + end) // 2] ^= 0x5A
+    shard.write_bytes(bytes(raw))
+
+
+def truncate_and_reextend(shard):
+    """Cut the shard just after its header, then grow it back to its size with zeros."""
+    size = shard.stat().st_size
+    first = min(start for _, start, _ in tensor_spans(shard))
+    os.truncate(shard, first + 8)
+    os.truncate(shard, size)
+
+
+def write_manifest(model_dir):
+    from conftest import run_colibri
+
+    out = run_colibri("doctor", "--model", model_dir, "--deep", "--write-manifest", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (model_dir / "colibri-integrity.json").is_file()
+
+
+def integrity_warnings(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, ColibriWarning)]
+
+
+@pytest.mark.parametrize("damage", [corrupt_in_place, truncate_and_reextend], ids=["corrupted", "truncated_and_zeroed"])
+def test_a_damaged_mirror_is_caught_by_the_manifest_and_the_primary_serves(model_dir, tmp_path, damage):
+    reference = generate(model_dir, cap=1, max_tokens=16)
+    write_manifest(model_dir)
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    with colibri_core.load(model_dir, cap=1, mirrors=[f"{mirror}@64G"], history=False) as model:
+        first = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
+        assert first.stats.bytes_read_by_drive[str(mirror)] > 0
+        for shard in mirror.glob("*.safetensors"):
+            damage(shard)  # same size, same header: only the bytes differ
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            second = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
+        assert model.store.disk.drives[1].failed
+    ours = integrity_warnings(caught)
+    assert len(ours) == 1 and "integrity manifest" in ours[0] and "reading from the primary" in ours[0], ours
+    same(first, reference)
+    same(second, reference)
+
+
+def test_a_mirror_damaged_before_the_run_gives_the_primary_tokens_with_one_warning(model_dir, tmp_path):
+    reference = generate(model_dir, cap=1, max_tokens=16)
+    write_manifest(model_dir)
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    for shard in mirror.glob("*.safetensors"):
+        corrupt_in_place(shard)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = generate(model_dir, cap=1, max_tokens=16, mirrors=[f"{mirror}@64G"])
+    assert len(integrity_warnings(caught)) == 1
+    same(result, reference)
+
+
+def test_verify_checks_the_primary_and_a_mirror_serves_its_damaged_experts(model_dir, tmp_path):
+    from conftest import run_colibri
+
+    reference = generate(model_dir, cap=1, max_tokens=16)
+    with pytest.raises(colibri_core.errors.UsageError, match="no integrity manifest"):
+        colibri_core.load(model_dir, verify=True, history=False)
+    write_manifest(model_dir)
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    for shard in model_dir.glob("*.safetensors"):
+        corrupt_in_place(shard, only=lambda name: ".mlp.experts." in name)
+    unverified = generate(model_dir, cap=1, max_tokens=16)
+    assert any(not np.array_equal(x, y) for x, y in zip(unverified.logits, reference.logits))  # the damage shows
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        served = generate(model_dir, cap=1, max_tokens=16, verify=True, mirrors=[f"{mirror}@1K"])
+    ours = integrity_warnings(caught)
+    assert len(ours) == 1 and "integrity manifest" in ours[0] and str(mirror) in ours[0], ours
+    same(served, reference)
+    # without a mirror to serve them, damaged bytes are one clear error naming the tensor
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "2", "--verify",
+                      "--history", "off", "--cap", "1")
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and len(out.stderr.splitlines()) == 1, out.stderr
+    assert ".mlp.experts." in out.stderr and "integrity manifest" in out.stderr
+
+
+def test_verify_checks_the_dense_weights_read_at_load(model_dir):
+    from colibri_core.io.integrity import IntegrityError
+
+    write_manifest(model_dir)
+    shard = sorted(model_dir.glob("*.safetensors"))[0]
+    corrupt_in_place(shard, only=lambda name: ".mlp.experts." not in name)
+    generate(model_dir)  # unverified, it loads
+    with pytest.raises(IntegrityError, match="does not match the integrity manifest"):
+        generate(model_dir, verify=True)
+
+
+def test_doctor_deep_checks_the_manifest_and_rewrites_it_on_request(model_dir):
+    from conftest import run_colibri
+
+    def doctor(*args):
+        out = run_colibri("doctor", "--model", model_dir, "--json", *args)
+        return out.returncode, {c["name"]: c for c in json.loads(out.stdout)["checks"]} if out.stdout else out.stderr
+
+    code, checks = doctor()
+    assert code == 0 and checks["integrity manifest"]["detail"].startswith("none")
+    out = run_colibri("doctor", "--model", model_dir, "--write-manifest")
+    assert out.returncode == 2 and "--deep" in out.stderr
+    write_manifest(model_dir)
+    code, checks = doctor("--deep")
+    assert code == 0 and "every tensor matches" in checks["integrity manifest"]["detail"]
+    shard = sorted(model_dir.glob("*.safetensors"))[1]
+    victim = next(name for name, start, end in tensor_spans(shard) if end > start)
+    corrupt_in_place(shard, only=lambda name: name == victim)
+    code, checks = doctor("--deep")
+    assert code == 1 and checks["integrity manifest"]["status"] == "fail" and victim in checks["integrity manifest"]["detail"]
+    code, checks = doctor("--deep", "--write-manifest")
+    assert code == 0 and checks["integrity manifest"]["detail"].startswith("written")
+    assert doctor("--deep")[0] == 0
+
+
 # -- O_DIRECT and the page cache -----------------------------------------------------------
 def resident_pages(path, offset, length):
     """How many pages of [offset, offset+length) are in the page cache (mmap + mincore)."""

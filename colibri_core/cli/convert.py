@@ -6,7 +6,9 @@ block reads as arrays) is copied byte for byte. The work goes shard by shard, te
 tensor, so memory holds one tensor, and every output shard is written atomically. A
 manifest (``colibri-convert.json``) records the source, the choices and the finished
 shards: an interrupted conversion resumes where it stopped and gives the same bytes as
-an uninterrupted one, and a directory converted with other choices is refused.
+an uninterrupted one, and a directory converted with other choices is refused. The
+finished directory gets an integrity manifest (``colibri-integrity.json``, see
+``io/integrity.py``) hashing every tensor written.
 
 ``--report`` loads both models and compares their next-token distributions on fixed
 prompts: cosine similarity of the logits, KL divergence, and how often the greedy token
@@ -26,6 +28,8 @@ import numpy as np
 
 from colibri_core.model.blueprint import inspect_model
 from colibri_core.io.checkpoint import INDEX_NAME
+from colibri_core.io import integrity
+from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.io.container import metadata as container_metadata
 from colibri_core.errors import UnsupportedModelError, UsageError
 from colibri_core.formats.base import f32_to_bf16
@@ -36,7 +40,7 @@ from colibri_core.warn import warn
 MANIFEST = "colibri-convert.json"
 MANIFEST_VERSION = 1
 TARGETS = {"int4": "int4-gs64", "int8": "int8-row", "mxfp4": "mxfp4", "bf16": "bf16", "f32": "f32", "keep": "keep"}
-SKIP_FILES = {INDEX_NAME, MANIFEST, "colibri-usage.json"}
+SKIP_FILES = {INDEX_NAME, MANIFEST, "colibri-usage.json", integrity.MANIFEST_NAME}
 MAX_COPIED_FILE = 256 << 20
 
 
@@ -217,6 +221,8 @@ def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, ma
             _write_json(out / item.name, config)
         else:
             shutil.copyfile(item, out / item.name)
+    with Checkpoint(out) as written:  # hashes what is on disk now: resumed shards included
+        integrity.write(written)
     manifest["complete"] = True
     _write_json(out / MANIFEST, manifest)
     for note in result.notes:

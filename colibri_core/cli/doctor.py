@@ -1,9 +1,11 @@
 """``colibri doctor``: read-only readiness checks of a model directory.
 
 Each check has a status (pass, warn or fail), a detail and, when it does not pass, a
-hint. Nothing is written. The default checks parse every shard header (cheap, and what
-``colibri run`` needs anyway); ``--deep`` also reads every tensor's bytes once, proving
-the files are readable to the end and float weights hold no NaN or infinity.
+hint. Nothing is written, except the integrity manifest when ``--write-manifest`` asks
+for it. The default checks parse every shard header (cheap, and what ``colibri run``
+needs anyway); ``--deep`` also reads every tensor's bytes once, proving the files are
+readable to the end and float weights hold no NaN or infinity, and checks them against
+the integrity manifest (``io/integrity.py``) when there is one.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class Check:
         return asdict(self)
 
 
-def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = False) -> list[Check]:
+def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = False,
+               write_manifest: bool = False) -> list[Check]:
     checks: list[Check] = []
     add = checks.append
     from colibri_core.io.hub_cache import model_directory
@@ -106,6 +109,7 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
             checks.append(_history_check(bp))
             if deep:
                 checks.append(_data_check(bp))
+            checks.append(_integrity_check(bp, deep=deep, write=write_manifest))
         checks.append(_disk_space_check(model_dir))
     finally:
         if bp is not None:
@@ -199,3 +203,33 @@ def _data_check(bp) -> Check:
         return Check("tensor data (--deep)", "fail", f"{len(bad)} tensors hold NaN or infinity, first {bad[0]!r}",
                      "the weights are damaged: re-download the shards holding them")
     return Check("tensor data (--deep)", "pass", f"read all {format_bytes(total)}: every tensor readable and finite")
+
+
+def _integrity_check(bp, *, deep: bool, write: bool) -> Check:
+    from colibri_core.io import integrity
+    from colibri_core.warn import ColibriWarning
+
+    name = "integrity manifest"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ColibriWarning)
+        manifest = integrity.Manifest.read(bp.checkpoint)
+    problems = [str(w.message) for w in caught if issubclass(w.category, ColibriWarning)]
+    if deep and manifest is not None:
+        bad = integrity.mismatches(bp.checkpoint, manifest)
+        if bad and not write:
+            return Check(name, "fail", f"{len(bad)} tensors differ from {integrity.MANIFEST_NAME}, first {bad[0]!r}",
+                         "the shards changed since the manifest was written: re-download them, or, if the change is "
+                         "yours, rewrite it with colibri doctor --deep --write-manifest")
+    if write:
+        try:
+            path = integrity.write(bp.checkpoint)
+        except ColibriError as exc:
+            return Check(name, "fail", str(exc), "make the model directory writable to store the manifest there")
+        return Check(name, "pass", f"written: {path} ({len(bp.checkpoint.tensors)} tensors, {integrity.ALGORITHM})")
+    if problems:
+        return Check(name, "warn", problems[0], "rewrite it with colibri doctor --deep --write-manifest")
+    if manifest is None:
+        return Check(name, "pass", f"none: reads from mirrors are not verified ({integrity.MANIFEST_NAME} is written by "
+                                   "colibri convert and colibri doctor --deep --write-manifest)")
+    checked = " and every tensor matches" if deep else " (--deep checks every tensor against it)"
+    return Check(name, "pass", f"{len(manifest.digests)} tensors hashed{checked}")

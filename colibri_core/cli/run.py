@@ -120,6 +120,8 @@ def placement_options(f):
         click.option("--direct-io", is_flag=True, help="Read experts with O_DIRECT (bypasses the page cache)."),
         click.option("--mirror", "mirrors", multiple=True, metavar="DIR[@BW]",
                      help="A read-only copy of the model on another drive, optionally with its bandwidth (e.g. @2G per second). Repeatable."),
+        click.option("--verify", is_flag=True,
+                     help="Check every read from the model directory against its integrity manifest too (mirror reads always are)."),
         click.option("--history", type=click.Choice(["save", "read", "off"]), default="save", show_default=True,
                      help="Routing history: read and save it, only read it, or ignore it."),
         click.option("--history-decay", type=float, default=1.0, show_default=True, help="Multiply saved routing counts by this at each save."),
@@ -141,10 +143,10 @@ def backend_options(f):
 
 
 def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_io, mirrors, history, history_decay,
-                     preload, backend, vram) -> dict:
+                     preload, backend, vram, verify=False) -> dict:
     return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
                 direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,
-                preload=preload, backend=backend, vram=vram)
+                preload=preload, backend=backend, vram=vram, verify=verify)
 
 
 def sampling_options(f):

@@ -101,12 +101,18 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_jso
 @click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
 @click.option("--ram", default=None, help="RAM budget to check (default: 80% of available memory).")
 @click.option("--deep", is_flag=True, help="Also read every tensor once: readable to the end, no NaN or infinity.")
+@click.option("--write-manifest", is_flag=True,
+              help="With --deep: write the integrity manifest (colibri-integrity.json) that mirror reads and --verify check.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of checks.")
-def doctor(model_dir, ram, deep, as_json):
-    """Read-only readiness checks of a model directory; exits 1 if any check fails."""
+def doctor(model_dir, ram, deep, write_manifest, as_json):
+    """Readiness checks of a model directory; exits 1 if any check fails. Nothing is
+    written unless --write-manifest asks for the integrity manifest."""
     from colibri_core.cli.doctor import run_checks
+    from colibri_core.errors import UsageError
 
-    checks = run_checks(model_dir, ram=parse_size(ram) if ram else None, deep=deep)
+    if write_manifest and not deep:
+        raise UsageError("--write-manifest reads every tensor: give it with --deep")
+    checks = run_checks(model_dir, ram=parse_size(ram) if ram else None, deep=deep, write_manifest=write_manifest)
     failed = any(c.status == "fail" for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": not failed, "checks": [c.as_dict() for c in checks]}, indent=2))

@@ -25,6 +25,7 @@ from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.model.config import eos_token_ids
 from colibri_core.errors import ColibriError, UsageError
 from colibri_core.io.drives import Drive, MirrorSpec, measure_bandwidth, validate_mirror
+from colibri_core.io.integrity import MANIFEST_NAME, Manifest
 from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.prefetch import Prefetcher
 from colibri_core.experts.store import ExpertStore, PinPolicy
@@ -182,7 +183,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          vram: int | str | None = None, preload: bool = False, progress: LoadProgress | None = None,
          direct_io: bool = False, mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5,
          prefetch: bool = False, prefetch_slots: int | None = None, history: bool | str = True,
-         history_decay: float = 1.0) -> Model:
+         history_decay: float = 1.0, verify: bool = False) -> Model:
     """Load a Hugging Face model directory.
 
     ram: RAM budget for weights (bytes or "4G"); dense weights (on a backend computing
@@ -203,6 +204,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          prefetch_slots experts per layer (default: the router's top-k).
     history: True reads and saves the routing history (colibri-usage.json), "read" only
          reads it, False ignores it; history_decay multiplies the saved counts at each save.
+    verify: check every read from the model directory against the integrity manifest
+         (colibri-integrity.json; reads from mirrors are checked whenever it exists).
     """
     if pin not in ("auto", "on", "off"):
         raise UsageError(f"pin must be 'auto', 'on' or 'off', got {pin!r}")
@@ -219,6 +222,12 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     bp = inspect_model(model_dir, backend_obj)
     store = None
     try:
+        manifest = Manifest.read(bp.checkpoint) if verify or mirror_specs else None
+        if verify:
+            if manifest is None:
+                raise UsageError(f"--verify: {bp.model_dir} has no integrity manifest ({MANIFEST_NAME}); "
+                                 "write one with colibri doctor --deep --write-manifest")
+            bp.checkpoint.integrity = manifest
         moe = bp.moe
         routing = (RoutingHistory.open(bp.model_dir, bp.family.spec.name, bp.config.get("model_type"), len(moe),
                                        bp.experts_per_layer) if history and moe else None)
@@ -236,7 +245,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
         dense_read = bp.weights.load_dense(bp.resolver, backend_obj, progress.advance if progress else None)
 
         if moe:
-            drives = _drives(bp, mirror_specs, direct_io)
+            drives = _drives(bp, mirror_specs, direct_io, manifest, verify)
             disk_tier, ram_tier = (registry.tier(role).spec.load() for role in ("disk", "ram"))
             device = None
             if placement.device is not None:
@@ -281,9 +290,11 @@ def _device_tier(registry, backend):
     return import_object(own) if isinstance(own, str) else own
 
 
-def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool) -> list[Drive]:
+def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool, manifest, verify: bool) -> list[Drive]:
+    """The primary (its reads checked against ``manifest`` with ``verify``) and the usable
+    mirrors (their reads always checked against it, when there is one)."""
     files = {sf.path: sf for sf in bp.checkpoint.files.values()}
-    drives = [Drive("primary", {path: path for path in files}, direct=direct_io)]
+    drives = [Drive("primary", {path: path for path in files}, direct=direct_io, integrity=manifest if verify else None)]
     for spec in mirrors:
         usable, skipped = validate_mirror(files, spec)
         for reason in skipped:
@@ -291,7 +302,7 @@ def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool) -> list[D
         if not usable:
             warn(f"mirror {spec.path} holds no usable shard of this model; not used")
             continue
-        drives.append(Drive(str(spec.path), usable, direct=direct_io, bandwidth=spec.bandwidth))
+        drives.append(Drive(str(spec.path), usable, direct=direct_io, bandwidth=spec.bandwidth, integrity=manifest))
     if len(drives) > 1:
         for drive in drives:
             if drive.bandwidth is None:

@@ -43,6 +43,7 @@ class Checkpoint:
         self.bytes_read = 0
         self.reads = 0
         self.drop_cache = True  # weights we read are decoded into our memory: the page cache copy is waste
+        self.integrity = None  # a Manifest every read is checked against (``--verify``), or None
         try:
             self._open()
         except BaseException:
@@ -145,6 +146,8 @@ class Checkpoint:
             self.bytes_read += end - start
             self.reads += 1
             for t in group:
+                if self.integrity is not None:
+                    self.integrity.check(t, buf[t.offset - start : t.offset - start + t.nbytes], path)
                 out[t.name] = as_array(t, buf[t.offset - start : t.offset - start + t.nbytes])
         return out
 
