@@ -231,10 +231,11 @@ def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, ma
 
 # -- quality report --------------------------------------------------------------------
 def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length: int = 24, seed: int = 0,
-                   **load_options) -> dict:
+                   progress: Callable[[int, int], None] | None = None, **load_options) -> dict:
     """Next-token distributions of the converted model against the source on fixed
     prompts (random token ids from ``seed``): cosine similarity of the logits, KL(source
-    || converted) of the softmax, and greedy agreement, over every position."""
+    || converted) of the softmax, and greedy agreement, over every position.
+    ``progress(done, total)`` counts the prompts compared (0 once both models loaded)."""
     import colibri_core
 
     cos, kl, agree = [], [], []
@@ -242,13 +243,17 @@ def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length
         vocab = a.lm.vocab_size
         rng = np.random.default_rng(seed)
         length = min(length, a.lm.max_context)
-        for _ in range(prompts):
+        if progress:
+            progress(0, prompts)
+        for done in range(1, prompts + 1):
             ids = rng.integers(0, vocab, length).tolist()
             x, y = a.logits(ids).astype(np.float64), b.logits(ids).astype(np.float64)
             cos.extend(np.sum(x * y, axis=1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)))
             p, q = _log_softmax(x), _log_softmax(y)
             kl.extend(np.sum(np.exp(p) * (p - q), axis=1))
             agree.extend(x.argmax(axis=1) == y.argmax(axis=1))
+            if progress:
+                progress(done, prompts)
     return {"positions": len(cos), "cosine_mean": float(np.mean(cos)), "cosine_min": float(np.min(cos)),
             "kl_mean": float(np.mean(kl)), "kl_max": float(np.max(kl)), "greedy_agreement": float(np.mean(agree))}
 

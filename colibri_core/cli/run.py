@@ -16,23 +16,21 @@ def _stderr_console():
     return Console(stderr=True, highlight=False)
 
 
-def load_with_progress(model_dir, *, quiet: bool, **options):
-    """Load a model, showing a progress bar on a terminal."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
+def load_with_progress(model_dir, *, quiet: bool, show_progress: bool = False, **options):
+    """Load a model, showing a progress bar on a terminal (or anywhere with ``show_progress``)."""
+    from colibri_core.cli import progress
     from colibri_core.engine.api import LoadProgress, load
 
-    console = _stderr_console()
-    if quiet or not console.is_terminal:
+    console = progress.stderr_console(force=show_progress)
+    if not progress.wanted(console, asked=show_progress, quiet=quiet):
         return load(model_dir, **options)
-    with Progress(TextColumn("loading {task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                  console=console, transient=True) as bar:
+    with progress.bar(console, enabled=True, label="loading {task.description}") as bar:
         task = {"id": None}
 
-        def start(total, what):
+        def start(total, what, unit):
             if task["id"] is not None:
                 bar.remove_task(task["id"])
-            task["id"] = bar.add_task(what, total=total)
+            task["id"] = bar.add_task(what, total=total, unit=unit)
 
         return load(model_dir, progress=LoadProgress(start, lambda n: bar.advance(task["id"], n)), **options)
 
@@ -170,17 +168,23 @@ def sampling_options(f):
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or statistics.")
+@click.option("--progress", "show_progress", is_flag=True,
+              help="Show progress bars (loading, the prompt's prefill) on stderr even when it is not a terminal.")
 def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ignore_eos, as_json,
-        quiet, **placement):
+        quiet, show_progress, **placement):
     """Generate from PROMPT (or --token-ids) with the model in --model."""
     if (prompt is None) == (token_ids is None):
         raise UsageError("give a PROMPT or --token-ids (exactly one)")
     if chat and prompt is None:
         raise UsageError("--chat needs a text PROMPT")
-    model = load_with_progress(model_dir, quiet=quiet or as_json, **placement_kwargs(**placement))
+    model = load_with_progress(model_dir, quiet=quiet or as_json, show_progress=show_progress, **placement_kwargs(**placement))
+    from colibri_core.cli import progress
+
+    console = progress.stderr_console(force=show_progress)
+    prefill = progress.PrefillBar(console, progress.wanted(console, asked=show_progress, quiet=quiet or as_json))
     with model:
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                      ignore_eos=ignore_eos)
+                      ignore_eos=ignore_eos, prefill_progress=prefill)
         if token_ids is not None:
             generation = model.stream(token_ids=parse_token_ids(token_ids), **kwargs)
         elif chat:
@@ -188,11 +192,14 @@ def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top
             generation = model.stream(messages=messages, **kwargs)
         else:
             generation = model.stream(prompt, **kwargs)
-        if as_json:
-            result = generation.run()
-            click.echo(json.dumps(result.as_dict()))
-            return
-        stream_to_terminal(generation, model, show_ids=model.tokenizer is None)
+        try:
+            if as_json:
+                result = generation.run()
+                click.echo(json.dumps(result.as_dict()))
+                return
+            stream_to_terminal(generation, model, show_ids=model.tokenizer is None)
+        finally:
+            prefill.close()
         if not quiet:
             _stderr_console().print(stats_table(generation.result().stats, model))
 

@@ -140,24 +140,28 @@ def doctor(model_dir, ram, deep, write_manifest, as_json):
               help="Format of the dense linear weights (attention, shared experts, dense MLPs, LM head).")
 @click.option("--report", is_flag=True, help="Compare next-token distributions with the source on fixed prompts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def convert(model_dir, out_dir, experts, dense, report, as_json):
+@click.option("--progress", "show_progress", is_flag=True, help="Show progress bars on stderr even when it is not a terminal.")
+def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
     """Quantise a model into a colibri container, shard by shard (resumable)."""
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from colibri_core.cli import progress
     from colibri_core.cli.convert import convert as run_convert, quality_report
 
-    console = Console(stderr=True, highlight=False)
-    with Progress(TextColumn("converting"), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=console,
-                  disable=as_json or not console.is_terminal, transient=True) as bar:
-        task = bar.add_task("convert", total=None)
+    console = progress.stderr_console(force=show_progress)
+    enabled = progress.wanted(console, asked=show_progress, quiet=as_json)
+    with progress.bar(console, enabled=enabled) as bar:
+        task = bar.add_task("converting", total=None)
         result = run_convert(model_dir, out_dir, experts=experts, dense=dense,
                              progress=lambda done, total: bar.update(task, completed=done, total=total))
     data = {"out": str(result.out), "shards_written": result.shards_written, "shards_resumed": result.shards_resumed,
             "tensors_converted": result.tensors_converted, "bytes_in": result.bytes_in, "bytes_out": result.bytes_out,
             "experts": experts, "dense": dense}
     if report:
-        data["report"] = quality_report(model_dir, out_dir)
+        with progress.bar(console, enabled=enabled) as bar:
+            task = bar.add_task("comparing with the source", total=None, unit="prompts")
+            data["report"] = quality_report(model_dir, out_dir,
+                                            progress=lambda done, total: bar.update(task, completed=done, total=total))
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return

@@ -43,7 +43,8 @@ from colibri_core.warn import warn
 
 @dataclass
 class LoadProgress:
-    """Callbacks for long loads: ``start(total_bytes, what)`` then ``advance(n)``."""
+    """Callbacks for long loads: ``start(total, what, unit)`` (unit: "bytes" or "experts")
+    then ``advance(n)`` in that unit."""
 
     start: Callable[[int, str], None]
     advance: Callable[[int], None]
@@ -125,13 +126,14 @@ class Model:
     def stream(self, prompt: str | None = None, *, token_ids: list[int] | None = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
-               return_logits: bool = False) -> Generation:
+               return_logits: bool = False, prefill_progress: Callable[[int, int], None] | None = None) -> Generation:
         """Start generating; iterate the returned Generation for TokenEvents, then call
-        its ``result()`` for the token ids, text and statistics."""
+        its ``result()`` for the token ids, text and statistics. ``prefill_progress(done,
+        total)`` is told how many prompt tokens are through the model, layer by layer."""
         ids = self._prompt_ids(prompt, token_ids, messages)
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         stop = frozenset() if ignore_eos else frozenset(self.eos_ids)
-        return Generation(self, ids, max_tokens, sampling, stop, return_logits)
+        return Generation(self, ids, max_tokens, sampling, stop, return_logits, prefill_progress)
 
     def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:
         """Generate to completion. Same arguments as ``stream``."""
@@ -241,7 +243,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
             warn(beyond)
 
         if progress:
-            progress.start(bp.dense_disk_bytes, "dense weights")
+            progress.start(bp.dense_disk_bytes, "dense weights", "bytes")
         dense_read = bp.weights.load_dense(bp.resolver, backend_obj, progress.advance if progress else None)
 
         if moe:
@@ -259,13 +261,13 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
                 experts.store = store
             if store.pinned_capacity:
                 if progress:
-                    progress.start(store.pinned_capacity, "pinned experts")
+                    progress.start(store.pinned_capacity, "pinned experts", "experts")
                 store.apply_pins(progress=(lambda: progress.advance(1)) if progress else None)
             if slots_ahead:
                 bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead)
             if preload:
                 if progress:
-                    progress.start(store.warm_slots * len(moe), "experts")
+                    progress.start(store.warm_slots * len(moe), "experts", "experts")
                 store.warm(progress=(lambda: progress.advance(1)) if progress else None)
         expert_kinds = {bp.resolver.format_for(i).kernel for d in moe for i in d.matrices[0].values()}
         backend_obj.placed(any(isinstance(p.value, QuantTensor) for p in bp.weights.params.values())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -88,6 +89,8 @@ class Generation:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_ids: frozenset[int] = frozenset()
     return_logits: bool = False
+    # told (prompt tokens through the model, prompt tokens) as the prefill advances, layer by layer
+    prefill_progress: Callable[[int, int], None] | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -113,8 +116,15 @@ class Generation:
         t0 = time.perf_counter()
         logits = None
         store = model.store
+        report = self.prefill_progress
+        layers = max(1, len(lm.layers))
         for i in range(0, len(prompt), PREFILL_CHUNK):
-            logits = lm.forward(np.asarray(prompt[i : i + PREFILL_CHUNK]), cache, ops)
+            chunk = prompt[i : i + PREFILL_CHUNK]
+            after_layer = None
+            if report is not None:
+                def after_layer(done, i=i, n=len(chunk)):
+                    report(i + n * done // layers, len(prompt))
+            logits = lm.forward(np.asarray(chunk), cache, ops, after_layer=after_layer)
         if store is not None:
             store.after_tokens(len(prompt))
         t_prefill = time.perf_counter()

@@ -257,15 +257,19 @@ class CausalLM:
     def routed_experts(self) -> list[RoutedExperts]:
         return [layer.mlp.experts for layer in self.layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]
 
-    def forward(self, ids: np.ndarray, cache: Cache, ops, *, all_logits: bool = False, routing: list | None = None):
+    def forward(self, ids: np.ndarray, cache: Cache, ops, *, all_logits: bool = False, routing: list | None = None,
+                after_layer=None):
         """Run new tokens ``ids`` through the model, extending ``cache``. Returns float32
-        logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last."""
+        logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last.
+        ``after_layer(n)``, if given, is told after each layer how many are done."""
         ids = np.asarray(ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
         step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher)
         x = self.embed(ids, step)
-        for layer in self.layers:
+        for done, layer in enumerate(self.layers, 1):
             x = layer(x, step)
+            if after_layer is not None:
+                after_layer(done)
         cache.length += len(ids)
         x = x if all_logits else x[-1:]
         logits = ops.to_host(self.lm_head(self.norm(x, step), step))
