@@ -268,6 +268,26 @@ def test_doctor_deep_checks_the_manifest_and_rewrites_it_on_request(model_dir):
     assert doctor("--deep")[0] == 0
 
 
+def test_a_manifest_that_no_longer_describes_a_shard_leaves_it_unverified_with_one_warning(model_dir):
+    from colibri_core.io import integrity
+    from colibri_core.io.checkpoint import Checkpoint
+
+    write_manifest(model_dir)
+    path = model_dir / integrity.MANIFEST_NAME
+    data = json.loads(path.read_text())
+    changed = sorted(data["shards"])[1]
+    data["shards"][changed]["header"] = "0" * 32  # as if the shard had been replaced since
+    path.write_text(json.dumps(data))
+    with Checkpoint(model_dir) as checkpoint:
+        with pytest.warns(ColibriWarning, match=f"does not describe {changed}") as caught:
+            manifest = integrity.Manifest.read(checkpoint)
+        assert len([w for w in caught if issubclass(w.category, ColibriWarning)]) == 1
+        assert set(manifest.digests) == set(checkpoint.tensors) - set(checkpoint.files[changed].tensors)
+    path.write_text("{broken")
+    with pytest.warns(ColibriWarning, match="unreadable and is ignored"):
+        assert generate(model_dir, mirrors=[str(make_mirror(model_dir, model_dir.parent / "m"))]).token_ids
+
+
 # -- O_DIRECT and the page cache -----------------------------------------------------------
 def resident_pages(path, offset, length):
     """How many pages of [offset, offset+length) are in the page cache (mmap + mincore)."""
