@@ -194,3 +194,25 @@ def test_cli_convert_json(source, tmp_path):
     assert data["tensors_converted"] > 0 and data["report"]["greedy_agreement"] > 0.8
     again = run_colibri("convert", "--model", source, "--out", tmp_path / "out", "--experts", "int4")
     assert again.returncode == 2 and "refusing to mix" in again.stderr
+
+
+def test_convert_writes_an_integrity_manifest_of_what_it_wrote(source, tmp_path):
+    from colibri_core.io import integrity
+    from colibri_core.io.checkpoint import Checkpoint
+
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    with Checkpoint(src) as checkpoint:
+        integrity.write(checkpoint)  # the source's manifest describes the source, not the conversion
+    out = tmp_path / "out"
+    convert(src, out, experts="int4", dense="int8")
+    with Checkpoint(out) as checkpoint:
+        manifest = integrity.Manifest.read(checkpoint)
+        assert manifest is not None and set(manifest.digests) == set(checkpoint.tensors)
+        assert integrity.mismatches(checkpoint, manifest) == []
+    shard = sorted(out.glob("*.safetensors"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF  # the last byte belongs to the last tensor
+    shard.write_bytes(bytes(raw))
+    with Checkpoint(out) as checkpoint:
+        assert len(integrity.mismatches(checkpoint, integrity.Manifest.read(checkpoint))) == 1

@@ -7,6 +7,8 @@ import mmap
 import os
 import shutil
 import subprocess
+import sys
+import time
 import warnings
 
 import numpy as np
@@ -132,6 +134,158 @@ def test_cli_prints_a_mirror_warning_on_one_line(model_dir, tmp_path):
     assert out.returncode == 0, out.stderr
     warnings_printed = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings_printed) == 1 and victim.name in warnings_printed[0]
+
+
+# -- integrity manifest ------------------------------------------------------------------
+def tensor_spans(shard):
+    """(name, start, end) of every tensor's bytes in a shard file."""
+    raw = shard.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    return [(name, 8 + n + e["data_offsets"][0], 8 + n + e["data_offsets"][1]) for name, e in header.items()
+            if name != "__metadata__"]
+
+
+def corrupt_in_place(shard, only=lambda name: True):
+    """Change one byte in the middle of every (chosen) tensor: same size, same header."""
+    raw = bytearray(shard.read_bytes())
+    for name, start, end in tensor_spans(shard):
+        if end > start and only(name):
+            raw[(start + end) // 2] ^= 0x5A
+    shard.write_bytes(bytes(raw))
+
+
+def truncate_and_reextend(shard):
+    """Cut the shard just after its header, then grow it back to its size with zeros."""
+    size = shard.stat().st_size
+    first = min(start for _, start, _ in tensor_spans(shard))
+    os.truncate(shard, first + 8)
+    os.truncate(shard, size)
+
+
+def write_manifest(model_dir):
+    from conftest import run_colibri
+
+    out = run_colibri("doctor", "--model", model_dir, "--deep", "--write-manifest", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (model_dir / "colibri-integrity.json").is_file()
+
+
+def integrity_warnings(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, ColibriWarning)]
+
+
+@pytest.mark.parametrize("damage", [corrupt_in_place, truncate_and_reextend], ids=["corrupted", "truncated_and_zeroed"])
+def test_a_damaged_mirror_is_caught_by_the_manifest_and_the_primary_serves(model_dir, tmp_path, damage):
+    reference = generate(model_dir, cap=1, max_tokens=16)
+    write_manifest(model_dir)
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    with colibri_core.load(model_dir, cap=1, mirrors=[f"{mirror}@64G"], history=False) as model:
+        first = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
+        assert first.stats.bytes_read_by_drive[str(mirror)] > 0
+        for shard in mirror.glob("*.safetensors"):
+            damage(shard)  # same size, same header: only the bytes differ
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            second = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
+        assert model.store.disk.drives[1].failed
+    ours = integrity_warnings(caught)
+    assert len(ours) == 1 and "integrity manifest" in ours[0] and "reading from the primary" in ours[0], ours
+    same(first, reference)
+    same(second, reference)
+
+
+def test_a_mirror_damaged_before_the_run_gives_the_primary_tokens_with_one_warning(model_dir, tmp_path):
+    reference = generate(model_dir, cap=1, max_tokens=16)
+    write_manifest(model_dir)
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    for shard in mirror.glob("*.safetensors"):
+        corrupt_in_place(shard)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = generate(model_dir, cap=1, max_tokens=16, mirrors=[f"{mirror}@64G"])
+    assert len(integrity_warnings(caught)) == 1
+    same(result, reference)
+
+
+def test_verify_checks_the_primary_and_a_mirror_serves_its_damaged_experts(model_dir, tmp_path):
+    from conftest import run_colibri
+
+    reference = generate(model_dir, cap=1, max_tokens=16)
+    with pytest.raises(colibri_core.errors.UsageError, match="no integrity manifest"):
+        colibri_core.load(model_dir, verify=True, history=False)
+    write_manifest(model_dir)
+    mirror = make_mirror(model_dir, tmp_path / "mirror")
+    for shard in model_dir.glob("*.safetensors"):
+        corrupt_in_place(shard, only=lambda name: ".mlp.experts." in name)
+    unverified = generate(model_dir, cap=1, max_tokens=16)
+    assert any(not np.array_equal(x, y) for x, y in zip(unverified.logits, reference.logits))  # the damage shows
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        served = generate(model_dir, cap=1, max_tokens=16, verify=True, mirrors=[f"{mirror}@1K"])
+    ours = integrity_warnings(caught)
+    assert len(ours) == 1 and "integrity manifest" in ours[0] and str(mirror) in ours[0], ours
+    same(served, reference)
+    # without a mirror to serve them, damaged bytes are one clear error naming the tensor
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "2", "--verify",
+                      "--history", "off", "--cap", "1")
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and len(out.stderr.splitlines()) == 1, out.stderr
+    assert ".mlp.experts." in out.stderr and "integrity manifest" in out.stderr
+
+
+def test_verify_checks_the_dense_weights_read_at_load(model_dir):
+    from colibri_core.io.integrity import IntegrityError
+
+    write_manifest(model_dir)
+    shard = sorted(model_dir.glob("*.safetensors"))[0]
+    corrupt_in_place(shard, only=lambda name: ".mlp.experts." not in name)
+    generate(model_dir)  # unverified, it loads
+    with pytest.raises(IntegrityError, match="does not match the integrity manifest"):
+        generate(model_dir, verify=True)
+
+
+def test_doctor_deep_checks_the_manifest_and_rewrites_it_on_request(model_dir):
+    from conftest import run_colibri
+
+    def doctor(*args):
+        out = run_colibri("doctor", "--model", model_dir, "--json", *args)
+        return out.returncode, {c["name"]: c for c in json.loads(out.stdout)["checks"]} if out.stdout else out.stderr
+
+    code, checks = doctor()
+    assert code == 0 and checks["integrity manifest"]["detail"].startswith("none")
+    out = run_colibri("doctor", "--model", model_dir, "--write-manifest")
+    assert out.returncode == 2 and "--deep" in out.stderr
+    write_manifest(model_dir)
+    code, checks = doctor("--deep")
+    assert code == 0 and "every tensor matches" in checks["integrity manifest"]["detail"]
+    shard = sorted(model_dir.glob("*.safetensors"))[1]
+    victim = next(name for name, start, end in tensor_spans(shard) if end > start)
+    corrupt_in_place(shard, only=lambda name: name == victim)
+    code, checks = doctor("--deep")
+    assert code == 1 and checks["integrity manifest"]["status"] == "fail" and victim in checks["integrity manifest"]["detail"]
+    code, checks = doctor("--deep", "--write-manifest")
+    assert code == 0 and checks["integrity manifest"]["detail"].startswith("written")
+    assert doctor("--deep")[0] == 0
+
+
+def test_a_manifest_that_no_longer_describes_a_shard_leaves_it_unverified_with_one_warning(model_dir):
+    from colibri_core.io import integrity
+    from colibri_core.io.checkpoint import Checkpoint
+
+    write_manifest(model_dir)
+    path = model_dir / integrity.MANIFEST_NAME
+    data = json.loads(path.read_text())
+    changed = sorted(data["shards"])[1]
+    data["shards"][changed]["header"] = "0" * 32  # as if the shard had been replaced since
+    path.write_text(json.dumps(data))
+    with Checkpoint(model_dir) as checkpoint:
+        with pytest.warns(ColibriWarning, match=f"does not describe {changed}") as caught:
+            manifest = integrity.Manifest.read(checkpoint)
+        assert len([w for w in caught if issubclass(w.category, ColibriWarning)]) == 1
+        assert set(manifest.digests) == set(checkpoint.tensors) - set(checkpoint.files[changed].tensors)
+    path.write_text("{broken")
+    with pytest.warns(ColibriWarning, match="unreadable and is ignored"):
+        assert generate(model_dir, mirrors=[str(make_mirror(model_dir, model_dir.parent / "m"))]).token_ids
 
 
 # -- O_DIRECT and the page cache -----------------------------------------------------------
@@ -263,6 +417,81 @@ def test_a_read_only_model_dir_keeps_its_history_in_the_cache_dir(model_dir, tmp
         assert saved.is_relative_to(tmp_path / "cache") and json.loads(saved.read_text())["tokens"] > 0
         history = RoutingHistory.open(model_dir, "olmoe", "olmoe", SPEC.num_hidden_layers, SPEC.num_experts)
         assert history.path == saved
+    finally:
+        _make_mutable(model_dir)
+
+
+# -- routing history: concurrent runs, killed saves, read-only model directories ----------
+_SAVER = """
+import sys, time, pathlib
+import numpy as np
+from colibri_core.experts.history import RoutingHistory
+model_dir, worker, go = pathlib.Path(sys.argv[1]), int(sys.argv[2]), pathlib.Path(sys.argv[3])
+history = RoutingHistory.open(model_dir, "olmoe", "olmoe", 3, 8)
+for layer in range(3):
+    history.record(layer, np.full(worker + 1, worker % 8))  # worker w routes w+1 tokens to expert w % 8
+history.record_tokens(worker + 1)
+pathlib.Path(sys.argv[4]).touch()  # loaded: every worker read the same saved counts
+while not go.exists():
+    time.sleep(0.005)
+history.save()
+"""
+
+
+def test_concurrent_runs_add_up_their_routing_counts(model_dir, tmp_path):
+    workers = 8
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _SAVER, str(model_dir), str(w), str(go), str(tmp_path / f"ready{w}")])
+             for w in range(workers)]
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready{w}").exists() for w in range(workers)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a worker did not start"
+            time.sleep(0.01)
+        go.touch()
+        assert all(p.wait(timeout=60) == 0 for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    saved = json.loads((model_dir / FILENAME).read_text())
+    expected = np.zeros((3, 8))
+    for w in range(workers):
+        expected[:, w % 8] += w + 1
+    assert saved["tokens"] == sum(w + 1 for w in range(workers))
+    assert np.array_equal(np.asarray(saved["counts"]), expected)
+    assert not [p for p in model_dir.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_save_killed_midway_leaves_no_temp_file_after_the_next_save(model_dir):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a PID that no longer runs, like a writer killed during its save
+    stale = model_dir / f".{FILENAME}.tmp-{dead.pid}"
+    stale.write_text('{"format": 1, "counts": [[0.0')
+    live = model_dir / f".{FILENAME}.tmp-1"  # init: alive, its file is left alone
+    live.write_text("")
+    with colibri_core.load(model_dir, history=True) as model:
+        model.generate(token_ids=PROMPT, max_tokens=3, ignore_eos=True)
+    assert not stale.exists()
+    assert live.exists()
+    assert json.loads((model_dir / FILENAME).read_text())["tokens"] > 0
+
+
+def test_a_read_only_model_dir_with_a_history_accumulates_in_the_cache_copy(model_dir, tmp_path):
+    shipped = {"format": 1, "family": "olmoe", "model_type": "olmoe", "layers": 3, "experts": 8, "tokens": 1000.0,
+               "counts": np.full((3, 8), 250.0).tolist()}
+    (model_dir / FILENAME).write_text(json.dumps(shipped))
+    _make_immutable(model_dir)
+    try:
+        per_run = len(PROMPT) + 3  # tokens fed through the model by one run of 4 tokens
+        for run in range(1, 4):
+            with colibri_core.load(model_dir, history=True) as model:
+                model.generate(token_ids=PROMPT, max_tokens=4, ignore_eos=True)
+            cached = json.loads(cache_path(model_dir).read_text())
+            assert cached["tokens"] == 1000 + run * per_run
+            assert np.all(np.asarray(cached["counts"]).sum(axis=1) == 1000 * 2 + run * per_run * SPEC.num_experts_per_tok)
+        assert json.loads((model_dir / FILENAME).read_text()) == shipped  # untouched
+        assert RoutingHistory.open(model_dir, "olmoe", "olmoe", 3, 8).path == cache_path(model_dir)
     finally:
         _make_mutable(model_dir)
 

@@ -154,3 +154,58 @@ def test_doctor_fails_unknown_family_and_impossible_budget(model_dir):
 def test_doctor_table_output(model_dir):
     out = run_colibri("doctor", "--model", model_dir)
     assert out.returncode == 0 and "headers and tensors" in out.stdout and "pass" in out.stdout
+
+
+# -- a RAM budget beyond the memory available ----------------------------------------------
+def test_a_ram_budget_beyond_the_memory_available_is_flagged_by_run_plan_and_doctor(model_dir):
+    from colibri_core.engine.placement import available_memory
+
+    huge = "100T"
+    assert (100 << 40) > available_memory()  # no machine running these tests has 100 TiB free
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "2", "--ram", huge,
+                      "--history", "off", "-q")
+    assert out.returncode == 0, out.stderr
+    warned = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "100.0 TiB" in warned[0] and "memory available" in warned[0], out.stderr
+    assert plan_json(model_dir, "--ram", huge)["ram_budget_warning"].startswith("--ram 100.0 TiB is more than the memory available")
+    table = run_colibri("plan", "--model", model_dir, "--disk-bw", "1G", "--ram", huge)
+    assert table.returncode == 0 and "warning:" in table.stdout and "memory available" in table.stdout
+    code, checks, _ = doctor(model_dir, "--ram", huge)
+    assert code == 0 and checks["RAM budget"]["status"] == "warn" and "memory available" in checks["RAM budget"]["detail"]
+    # a budget that fits is not flagged
+    assert plan_json(model_dir, "--ram", "64M")["ram_budget_warning"] is None
+    assert doctor(model_dir, "--ram", "64M")[1]["RAM budget"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_memory_available_is_bounded_by_the_memory_cgroup(tmp_path, monkeypatch, version):
+    from colibri_core.engine import placement
+
+    gib = 1 << 30
+    if version == 2:
+        (tmp_path / "proc").write_text("0::/jobs/run\n")
+        outer, inner = tmp_path / "cg" / "jobs", tmp_path / "cg" / "jobs" / "run"
+        inner.mkdir(parents=True)
+        (outer / "memory.max").write_text(f"{3 * gib}\n")  # the ancestor's limit binds
+        (outer / "memory.current").write_text(f"{gib}\n")
+        (outer / "memory.stat").write_text(f"anon {gib // 2}\nfile {gib // 2}\n")
+        (inner / "memory.max").write_text("max\n")
+        (inner / "memory.current").write_text(f"{gib}\n")
+        expected = 3 * gib - gib + gib // 2
+    else:
+        (tmp_path / "proc").write_text("5:cpu:/\n4:memory:/jobs/run\n0::/\n")
+        inner = tmp_path / "cg" / "memory" / "jobs" / "run"
+        inner.mkdir(parents=True)
+        (tmp_path / "cg" / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1: no limit
+        (inner / "memory.limit_in_bytes").write_text(f"{2 * gib}\n")
+        (inner / "memory.usage_in_bytes").write_text(f"{gib}\n")
+        (inner / "memory.stat").write_text(f"cache 100\ntotal_cache {gib // 4}\n")
+        expected = 2 * gib - gib + gib // 4
+    monkeypatch.setattr(placement, "PROC_CGROUP", str(tmp_path / "proc"))
+    monkeypatch.setattr(placement, "CGROUP_ROOT", str(tmp_path / "cg"))
+    monkeypatch.setattr(placement, "_meminfo_available", lambda: 24 * gib)
+    assert placement.memory_available() == (expected, "the memory cgroup's limit less its usage")
+    assert "the memory cgroup" in placement.budget_beyond_memory(expected + 1)
+    assert placement.budget_beyond_memory(expected) is None
+    monkeypatch.setattr(placement, "_meminfo_available", lambda: gib // 8)  # MemAvailable lower: it binds
+    assert placement.memory_available() == (gib // 8, "MemAvailable")

@@ -554,13 +554,25 @@ def test_index_shard_path_escaping_the_directory(tmp_path, shard):
     expect_checkpoint_error(d, str(index), repr(shard), "outside the model directory")
 
 
-def test_shard_symlink_escaping_the_directory(tmp_path):
+def test_a_shard_symlink_named_inside_is_the_shard_wherever_it_points(tmp_path):
+    # the Hugging Face hub cache: snapshots/REV/NAME -> ../../blobs/HASH (issue 19 item 11)
+    d, weight_map = _two_shards(tmp_path)
+    write_safetensors(tmp_path / "outside.safetensors", {"w": np.arange(2, dtype=np.float32)})
+    (d / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    weight_map["w"] = "link.safetensors"
+    _write_index(d, weight_map)
+    with Checkpoint(d) as checkpoint:
+        assert checkpoint.info("w").path == str(d / "link.safetensors")  # named as linked: mirrors match by name
+        np.testing.assert_array_equal(checkpoint.read("w").view(np.float32), [0, 1])
+
+
+@pytest.mark.parametrize("entry", ["../outside.safetensors", "ABSOLUTE", "./../outside.safetensors", ".."])
+def test_index_entries_naming_paths_outside_the_directory_are_refused(tmp_path, entry):
     d, weight_map = _two_shards(tmp_path)
     write_safetensors(tmp_path / "outside.safetensors", {"evil": np.zeros(1, np.float32)})
-    (d / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
-    weight_map["evil"] = "link.safetensors"
+    weight_map["evil"] = str(tmp_path / "outside.safetensors") if entry == "ABSOLUTE" else entry
     _write_index(d, weight_map)
-    expect_checkpoint_error(d, "'link.safetensors'", "outside the model directory")
+    expect_checkpoint_error(d, "outside the model directory")
 
 
 @pytest.mark.parametrize("text", ["{not json", "\udcff", "[1, 2]", '{"weight_map": []}', '{"weight_map": {"x": 3}}',

@@ -6,7 +6,9 @@ block reads as arrays) is copied byte for byte. The work goes shard by shard, te
 tensor, so memory holds one tensor, and every output shard is written atomically. A
 manifest (``colibri-convert.json``) records the source, the choices and the finished
 shards: an interrupted conversion resumes where it stopped and gives the same bytes as
-an uninterrupted one, and a directory converted with other choices is refused.
+an uninterrupted one, and a directory converted with other choices is refused. The
+finished directory gets an integrity manifest (``colibri-integrity.json``, see
+``io/integrity.py``) hashing every tensor written.
 
 ``--report`` loads both models and compares their next-token distributions on fixed
 prompts: cosine similarity of the logits, KL divergence, and how often the greedy token
@@ -29,6 +31,8 @@ import numpy as np
 
 from colibri_core.model.blueprint import inspect_model
 from colibri_core.io.checkpoint import INDEX_NAME
+from colibri_core.io import integrity
+from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.io.container import metadata as container_metadata, stamp_of
 from colibri_core.errors import ResourceError, UnsupportedModelError, UsageError
 from colibri_core.formats.base import f32_to_bf16
@@ -39,7 +43,7 @@ from colibri_core.warn import warn
 MANIFEST = "colibri-convert.json"
 MANIFEST_VERSION = 1
 TARGETS = {"int4": "int4-gs64", "int8": "int8-row", "mxfp4": "mxfp4", "bf16": "bf16", "f32": "f32", "keep": "keep"}
-SKIP_FILES = {INDEX_NAME, MANIFEST, "colibri-usage.json"}
+SKIP_FILES = {INDEX_NAME, MANIFEST, "colibri-usage.json", integrity.MANIFEST_NAME}
 MAX_COPIED_FILE = 256 << 20
 
 
@@ -289,6 +293,8 @@ def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, ma
             _write_json(out / item.name, config)
         else:
             shutil.copyfile(item, out / item.name)
+    with Checkpoint(out) as written:  # hashes what is on disk now: resumed shards included
+        integrity.write(written)
     manifest["complete"] = True
     _write_json(out / MANIFEST, manifest)
     for note in result.notes:
@@ -297,10 +303,11 @@ def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, ma
 
 # -- quality report --------------------------------------------------------------------
 def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length: int = 24, seed: int = 0,
-                   **load_options) -> dict:
+                   progress: Callable[[int, int], None] | None = None, **load_options) -> dict:
     """Next-token distributions of the converted model against the source on fixed
     prompts (random token ids from ``seed``): cosine similarity of the logits, KL(source
-    || converted) of the softmax, and greedy agreement, over every position."""
+    || converted) of the softmax, and greedy agreement, over every position.
+    ``progress(done, total)`` counts the prompts compared (0 once both models loaded)."""
     import colibri_core
 
     cos, kl, agree = [], [], []
@@ -308,13 +315,17 @@ def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length
         vocab = a.lm.vocab_size
         rng = np.random.default_rng(seed)
         length = min(length, a.lm.max_context)
-        for _ in range(prompts):
+        if progress:
+            progress(0, prompts)
+        for done in range(1, prompts + 1):
             ids = rng.integers(0, vocab, length).tolist()
             x, y = a.logits(ids).astype(np.float64), b.logits(ids).astype(np.float64)
             cos.extend(np.sum(x * y, axis=1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)))
             p, q = _log_softmax(x), _log_softmax(y)
             kl.extend(np.sum(np.exp(p) * (p - q), axis=1))
             agree.extend(x.argmax(axis=1) == y.argmax(axis=1))
+            if progress:
+                progress(done, prompts)
     return {"positions": len(cos), "cosine_mean": float(np.mean(cos)), "cosine_min": float(np.min(cos)),
             "kl_mean": float(np.mean(kl)), "kl_max": float(np.max(kl)), "greedy_agreement": float(np.mean(agree))}
 

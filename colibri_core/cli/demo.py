@@ -131,7 +131,7 @@ def ensure_demo_model(path: str | Path, spec: DemoSpec = DEFAULT_SPEC, *, rebuil
     if console is not None and not quiet:
         console.print(f"Building the demo model once ({spec.disk_bytes / 1e9:.2f} GB, random weights) in {path}")
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TimeRemainingColumn(),
                       console=console, disable=quiet or console is None, transient=False) as bar:
             task = bar.add_task("writing shards", total=spec.disk_bytes)
             build_demo_model(partial, spec, progress=lambda n: bar.advance(task, n))

@@ -1,10 +1,12 @@
 """``colibri doctor``: read-only readiness checks of a model directory.
 
 Each check has a status (pass, warn or fail), a detail and, when it does not pass, a
-hint. Nothing is written. The default checks parse every shard header (cheap, and what
-``colibri run`` needs anyway); ``--deep`` also reads every tensor's bytes once, proving
-the files are readable to the end and float weights hold no NaN, no infinity and no
-magnitude beyond MAX_WEIGHT_MAGNITUDE.
+hint. Nothing is written, except the integrity manifest when ``--write-manifest`` asks
+for it. The default checks parse every shard header (cheap, and what ``colibri run``
+needs anyway); ``--deep`` also reads every tensor's bytes once, proving the files are
+readable to the end and float weights hold no NaN, no infinity and no magnitude beyond
+MAX_WEIGHT_MAGNITUDE, and checks them against the integrity manifest
+(``io/integrity.py``) when there is one.
 """
 
 from __future__ import annotations
@@ -39,11 +41,17 @@ class Check:
         return asdict(self)
 
 
-def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = False) -> list[Check]:
-    model_dir = Path(model_dir)
+def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = False,
+               write_manifest: bool = False) -> list[Check]:
     checks: list[Check] = []
     add = checks.append
+    from colibri_core.io.hub_cache import model_directory
 
+    try:
+        model_dir = model_directory(model_dir)  # a hub cache repo root stands for its refs/main snapshot
+    except ColibriError as exc:
+        add(Check("model directory", "fail", str(exc), "point --model at the snapshot directory, or download the model again"))
+        return checks
     if not model_dir.is_dir():
         problem = "is not a directory" if model_dir.exists() else "does not exist"
         add(Check("model directory", "fail", f"{model_dir} {problem}", "point --model at a Hugging Face model directory"))
@@ -108,18 +116,28 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
                       f"{len(bp.checkpoint.files)} shard headers valid, {len(bp.weights.params)} dense tensors and "
                       f"{sum(d.count for d in bp.moe)} experts match the config"))
         except ColibriError as exc:
-            add(Check("headers and tensors", "fail", str(exc), "the named file is damaged or does not belong to this config: re-download it"))
+            add(Check("headers and tensors", "fail", str(exc), _headers_hint(exc)))
     try:
         if bp is not None:
             checks.append(_budget_check(bp, ram))
             checks.append(_history_check(bp))
             if deep:
                 checks.append(_data_check(bp))
+            checks.append(_integrity_check(bp, deep=deep, write=write_manifest))
         checks.append(_disk_space_check(model_dir))
     finally:
         if bp is not None:
             bp.close()
     return checks
+
+
+def _headers_hint(exc: ColibriError) -> str:
+    from colibri_core.io.checkpoint import INDEX_NAME, ShardOutsideModelError
+
+    if isinstance(exc, ShardOutsideModelError):
+        return (f"{INDEX_NAME} may name only files inside the model directory (symlinks there are fine, as in the "
+                "Hugging Face cache): put the shard in the directory, or link it there, and name it in weight_map")
+    return "the named file is damaged or does not belong to this config: re-download it"
 
 
 def _tokenizer_checks(model_dir: Path) -> list[Check]:
@@ -148,6 +166,11 @@ def _budget_check(bp, ram: int | None) -> Check:
         return Check("RAM budget", "fail", str(exc), "give a larger --ram, or run on a machine with more memory")
     detail = (f"{format_bytes(p.budget)} ({p.budget_source}): dense {format_bytes(p.dense_bytes)}, "
               f"{p.slots} of {p.experts_per_layer} experts per layer cached")
+    from colibri_core.engine.placement import budget_beyond_memory
+
+    beyond = budget_beyond_memory(p.budget) if ram is not None else None
+    if beyond:
+        return Check("RAM budget", "warn", f"{detail}; {beyond}", "give a --ram within the memory available")
     if p.moe_layers and p.slots < bp.top_k:
         return Check("RAM budget", "warn", detail, f"fewer cached experts than top-k ({bp.top_k}): expect most expert reads from disk")
     return Check("RAM budget", "pass", detail)
@@ -203,3 +226,33 @@ def _data_check(bp) -> Check:
                      "the weights are damaged: re-download the shards holding them")
     return Check("tensor data (--deep)", "pass", f"read all {format_bytes(total)}: every tensor readable, float weights "
                                                  f"finite and within +-{MAX_WEIGHT_MAGNITUDE:g}")
+
+
+def _integrity_check(bp, *, deep: bool, write: bool) -> Check:
+    from colibri_core.io import integrity
+    from colibri_core.warn import ColibriWarning
+
+    name = "integrity manifest"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ColibriWarning)
+        manifest = integrity.Manifest.read(bp.checkpoint)
+    problems = [str(w.message) for w in caught if issubclass(w.category, ColibriWarning)]
+    if deep and manifest is not None:
+        bad = integrity.mismatches(bp.checkpoint, manifest)
+        if bad and not write:
+            return Check(name, "fail", f"{len(bad)} tensors differ from {integrity.MANIFEST_NAME}, first {bad[0]!r}",
+                         "the shards changed since the manifest was written: re-download them, or, if the change is "
+                         "yours, rewrite it with colibri doctor --deep --write-manifest")
+    if write:
+        try:
+            path = integrity.write(bp.checkpoint)
+        except ColibriError as exc:
+            return Check(name, "fail", str(exc), "make the model directory writable to store the manifest there")
+        return Check(name, "pass", f"written: {path} ({len(bp.checkpoint.tensors)} tensors, {integrity.ALGORITHM})")
+    if problems:
+        return Check(name, "warn", problems[0], "rewrite it with colibri doctor --deep --write-manifest")
+    if manifest is None:
+        return Check(name, "pass", f"none: reads from mirrors are not verified ({integrity.MANIFEST_NAME} is written by "
+                                   "colibri convert and colibri doctor --deep --write-manifest)")
+    checked = " and every tensor matches" if deep else " (--deep checks every tensor against it)"
+    return Check(name, "pass", f"{len(manifest.digests)} tensors hashed{checked}")

@@ -16,23 +16,21 @@ def _stderr_console():
     return Console(stderr=True, highlight=False)
 
 
-def load_with_progress(model_dir, *, quiet: bool, **options):
-    """Load a model, showing a progress bar on a terminal."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
+def load_with_progress(model_dir, *, quiet: bool, show_progress: bool = False, **options):
+    """Load a model, showing a progress bar on a terminal (or anywhere with ``show_progress``)."""
+    from colibri_core.cli import progress
     from colibri_core.engine.api import LoadProgress, load
 
-    console = _stderr_console()
-    if quiet or not console.is_terminal:
+    console = progress.stderr_console(force=show_progress)
+    if not progress.wanted(console, asked=show_progress, quiet=quiet):
         return load(model_dir, **options)
-    with Progress(TextColumn("loading {task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                  console=console, transient=True) as bar:
+    with progress.bar(console, enabled=True, label="loading {task.description}") as bar:
         task = {"id": None}
 
-        def start(total, what):
+        def start(total, what, unit):
             if task["id"] is not None:
                 bar.remove_task(task["id"])
-            task["id"] = bar.add_task(what, total=total)
+            task["id"] = bar.add_task(what, total=total, unit=unit)
 
         return load(model_dir, progress=LoadProgress(start, lambda n: bar.advance(task["id"], n)), **options)
 
@@ -130,6 +128,8 @@ def placement_options(f):
         click.option("--direct-io", is_flag=True, help="Read experts with O_DIRECT (bypasses the page cache)."),
         click.option("--mirror", "mirrors", multiple=True, metavar="DIR[@BW]",
                      help="A read-only copy of the model on another drive, optionally with its bandwidth (e.g. @2G per second). Repeatable."),
+        click.option("--verify", is_flag=True,
+                     help="Check every read from the model directory against its integrity manifest too (mirror reads always are)."),
         click.option("--history", type=click.Choice(["save", "read", "off"]), default="save", show_default=True,
                      help="Routing history: read and save it, only read it, or ignore it."),
         click.option("--history-decay", type=float, default=1.0, show_default=True, help="Multiply saved routing counts by this at each save."),
@@ -151,10 +151,10 @@ def backend_options(f):
 
 
 def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_io, mirrors, history, history_decay,
-                     preload, backend, vram) -> dict:
+                     preload, backend, vram, verify=False) -> dict:
     return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
                 direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,
-                preload=preload, backend=backend, vram=vram)
+                preload=preload, backend=backend, vram=vram, verify=verify)
 
 
 def sampling_options(f):
@@ -178,8 +178,10 @@ def sampling_options(f):
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or statistics.")
+@click.option("--progress", "show_progress", is_flag=True,
+              help="Show progress bars (loading, the prompt's prefill) on stderr even when it is not a terminal.")
 def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ignore_eos, as_json,
-        quiet, **placement):
+        quiet, show_progress, **placement):
     """Generate from PROMPT (or --token-ids) with the model in --model."""
     from colibri_core.engine.api import check_load_options
     from colibri_core.engine.sampling import SamplingParams, check_max_tokens
@@ -203,10 +205,14 @@ def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top
     options = placement_kwargs(**placement)
     check_load_options(**{k: options[k] for k in ("cap", "pin", "pin_share", "prefetch_slots", "history", "history_decay")})
 
-    model = load_with_progress(model_dir, quiet=quiet or as_json, **options)
+    model = load_with_progress(model_dir, quiet=quiet or as_json, show_progress=show_progress, **options)
+    from colibri_core.cli import progress
+
+    console = progress.stderr_console(force=show_progress)
+    prefill = progress.PrefillBar(console, progress.wanted(console, asked=show_progress, quiet=quiet or as_json))
     with model:
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                      ignore_eos=ignore_eos)
+                      ignore_eos=ignore_eos, prefill_progress=prefill)
         if ids is not None:
             generation = model.stream(token_ids=ids, **kwargs)
         elif chat:
@@ -221,6 +227,7 @@ def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top
                 stream_to_terminal(generation, model, show_ids=model.tokenizer is None)
         except KeyboardInterrupt:
             # the statistics of the tokens made so far, then exit 130 (main says "interrupted")
+            prefill.close()
             if as_json:
                 click.echo(json.dumps(generation.result().as_dict()))
             else:
@@ -228,6 +235,8 @@ def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top
                 if not quiet:
                     _stderr_console().print(stats_table(generation.result().stats, model))
             raise
+        finally:
+            prefill.close()
         if as_json:
             click.echo(json.dumps(generation.result().as_dict()))
         elif not quiet:

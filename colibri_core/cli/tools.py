@@ -41,6 +41,9 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_jso
     finally:
         bp.close()
     d = report.data
+    from colibri_core.engine.placement import budget_beyond_memory
+
+    d["ram_budget_warning"] = budget_beyond_memory(d["ram_budget"]) if ram_budget is not None else None
     if as_json:
         click.echo(json.dumps(d, indent=2))
         return
@@ -90,6 +93,8 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_jso
         table.add_row(*row)
     console = Console(highlight=False)
     console.print(table)
+    if d["ram_budget_warning"]:
+        console.print(f"  [yellow]warning:[/] {d['ram_budget_warning']}")
     for tip in d["recommended"]:
         console.print(f"  - {tip}")
 
@@ -98,12 +103,18 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, disk_bw, as_jso
 @click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
 @click.option("--ram", default=None, help="RAM budget to check (default: 80% of available memory).")
 @click.option("--deep", is_flag=True, help="Also read every tensor once: readable to the end, no NaN or infinity.")
+@click.option("--write-manifest", is_flag=True,
+              help="With --deep: write the integrity manifest (colibri-integrity.json) that mirror reads and --verify check.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of checks.")
-def doctor(model_dir, ram, deep, as_json):
-    """Read-only readiness checks of a model directory; exits 1 if any check fails."""
+def doctor(model_dir, ram, deep, write_manifest, as_json):
+    """Readiness checks of a model directory; exits 1 if any check fails. Nothing is
+    written unless --write-manifest asks for the integrity manifest."""
     from colibri_core.cli.doctor import run_checks
+    from colibri_core.errors import UsageError
 
-    checks = run_checks(model_dir, ram=parse_size(ram) if ram else None, deep=deep)
+    if write_manifest and not deep:
+        raise UsageError("--write-manifest reads every tensor: give it with --deep")
+    checks = run_checks(model_dir, ram=parse_size(ram) if ram else None, deep=deep, write_manifest=write_manifest)
     failed = any(c.status == "fail" for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": not failed, "checks": [c.as_dict() for c in checks]}, indent=2))
@@ -131,17 +142,18 @@ def doctor(model_dir, ram, deep, as_json):
               help="Format of the dense linear weights (attention, shared experts, dense MLPs, LM head).")
 @click.option("--report", is_flag=True, help="Compare next-token distributions with the source on fixed prompts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def convert(model_dir, out_dir, experts, dense, report, as_json):
+@click.option("--progress", "show_progress", is_flag=True, help="Show progress bars on stderr even when it is not a terminal.")
+def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
     """Quantise a model into a colibri container, shard by shard (resumable)."""
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from colibri_core.cli import progress
     from colibri_core.cli.convert import convert as run_convert, quality_report
 
-    console = Console(stderr=True, highlight=False)
-    with Progress(TextColumn("converting"), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=console,
-                  disable=as_json or not console.is_terminal, transient=True) as bar:
-        task = bar.add_task("convert", total=None)
+    console = progress.stderr_console(force=show_progress)
+    enabled = progress.wanted(console, asked=show_progress, quiet=as_json)
+    with progress.bar(console, enabled=enabled) as bar:
+        task = bar.add_task("converting", total=None)
         try:
             result = run_convert(model_dir, out_dir, experts=experts, dense=dense,
                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
@@ -152,7 +164,10 @@ def convert(model_dir, out_dir, experts, dense, report, as_json):
             "tensors_converted": result.tensors_converted, "bytes_in": result.bytes_in, "bytes_out": result.bytes_out,
             "experts": experts, "dense": dense}
     if report:
-        data["report"] = quality_report(model_dir, out_dir)
+        with progress.bar(console, enabled=enabled) as bar:
+            task = bar.add_task("comparing with the source", total=None, unit="prompts")
+            data["report"] = quality_report(model_dir, out_dir,
+                                            progress=lambda done, total: bar.update(task, completed=done, total=total))
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return

@@ -23,14 +23,15 @@ import numpy as np
 from colibri_core.model.blueprint import Blueprint, inspect_model
 from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.model.config import eos_token_ids
-from colibri_core.errors import ColibriError, UsageError, option
+from colibri_core.errors import UsageError, option
 from colibri_core.io.drives import Drive, MirrorSpec, measure_bandwidth, validate_mirror
+from colibri_core.io.integrity import MANIFEST_NAME, Manifest
 from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.prefetch import Prefetcher
 from colibri_core.experts.store import ExpertStore, PinPolicy
 from colibri_core.engine.generation import Generation, GenerationResult, TokenEvent
 from colibri_core.nn.layers import CausalLM
-from colibri_core.engine.placement import Placement
+from colibri_core.engine.placement import Placement, budget_beyond_memory
 from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.plugins.registry import Entry, import_object
@@ -42,7 +43,8 @@ from colibri_core.warn import warn
 
 @dataclass
 class LoadProgress:
-    """Callbacks for long loads: ``start(total_bytes, what)`` then ``advance(n)``."""
+    """Callbacks for long loads: ``start(total, what, unit)`` (unit: "bytes" or "experts")
+    then ``advance(n)`` in that unit."""
 
     start: Callable[[int, str], None]
     advance: Callable[[int], None]
@@ -124,14 +126,15 @@ class Model:
     def stream(self, prompt: str | None = None, *, token_ids: list[int] | None = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
-               return_logits: bool = False) -> Generation:
+               return_logits: bool = False, prefill_progress: Callable[[int, int], None] | None = None) -> Generation:
         """Start generating; iterate the returned Generation for TokenEvents, then call
-        its ``result()`` for the token ids, text and statistics."""
+        its ``result()`` for the token ids, text and statistics. ``prefill_progress(done,
+        total)`` is told how many prompt tokens are through the model, layer by layer."""
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         check_max_tokens(max_tokens)
         ids = self._prompt_ids(prompt, token_ids, messages)
         stop = frozenset() if ignore_eos else frozenset(self.eos_ids)
-        return Generation(self, ids, max_tokens, sampling, stop, return_logits)
+        return Generation(self, ids, max_tokens, sampling, stop, return_logits, prefill_progress)
 
     def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:
         """Generate to completion. Same arguments as ``stream``."""
@@ -208,7 +211,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          vram: int | str | None = None, preload: bool = False, progress: LoadProgress | None = None,
          direct_io: bool = False, mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5,
          prefetch: bool = False, prefetch_slots: int | None = None, history: bool | str = True,
-         history_decay: float = 1.0) -> Model:
+         history_decay: float = 1.0, verify: bool = False) -> Model:
     """Load a Hugging Face model directory.
 
     ram: RAM budget for weights (bytes or "4G"); dense weights (on a backend computing
@@ -229,6 +232,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          prefetch_slots experts per layer (default: the router's top-k).
     history: True reads and saves the routing history (colibri-usage.json), "read" only
          reads it, False ignores it; history_decay multiplies the saved counts at each save.
+    verify: check every read from the model directory against the integrity manifest
+         (colibri-integrity.json; reads from mirrors are checked whenever it exists).
     """
     check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots, history=history,
                        history_decay=history_decay)
@@ -241,6 +246,12 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     bp = inspect_model(model_dir, backend_obj)
     store = None
     try:
+        manifest = Manifest.read(bp.checkpoint) if verify or mirror_specs else None
+        if verify:
+            if manifest is None:
+                raise UsageError(f"--verify: {bp.model_dir} has no integrity manifest ({MANIFEST_NAME}); "
+                                 "write one with colibri doctor --deep --write-manifest")
+            bp.checkpoint.integrity = manifest
         moe = bp.moe
         routing = (RoutingHistory.open(bp.model_dir, bp.family.spec.name, bp.config.get("model_type"), len(moe),
                                        bp.experts_per_layer) if history and moe else None)
@@ -249,13 +260,16 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
         slots_ahead = (prefetch_slots if prefetch_slots is not None else bp.top_k) if prefetch and moe else 0
         placement = bp.placement(ram=budget, cap=cap, pin_share=pin_share if pinning else 0.0,
                                  prefetch_slots=slots_ahead, vram=vram_budget)
+        beyond = budget_beyond_memory(budget) if budget is not None else None
+        if beyond:
+            warn(beyond)
 
         if progress:
-            progress.start(bp.dense_disk_bytes, "dense weights")
+            progress.start(bp.dense_disk_bytes, "dense weights", "bytes")
         dense_read = bp.weights.load_dense(bp.resolver, backend_obj, progress.advance if progress else None)
 
         if moe:
-            drives = _drives(bp, mirror_specs, direct_io)
+            drives = _drives(bp, mirror_specs, direct_io, manifest, verify)
             disk_tier, ram_tier = (registry.tier(role).spec.load() for role in ("disk", "ram"))
             device = None
             if placement.device is not None:
@@ -269,13 +283,13 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
                 experts.store = store
             if store.pinned_capacity:
                 if progress:
-                    progress.start(store.pinned_capacity, "pinned experts")
+                    progress.start(store.pinned_capacity, "pinned experts", "experts")
                 store.apply_pins(progress=(lambda: progress.advance(1)) if progress else None)
             if slots_ahead:
                 bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead)
             if preload:
                 if progress:
-                    progress.start(store.warm_slots * len(moe), "experts")
+                    progress.start(store.warm_slots * len(moe), "experts", "experts")
                 store.warm(progress=(lambda: progress.advance(1)) if progress else None)
         expert_kinds = {bp.resolver.format_for(i).kernel for d in moe for i in d.matrices[0].values()}
         backend_obj.placed(any(isinstance(p.value, QuantTensor) for p in bp.weights.params.values())
@@ -300,9 +314,11 @@ def _device_tier(registry, backend):
     return import_object(own) if isinstance(own, str) else own
 
 
-def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool) -> list[Drive]:
+def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool, manifest, verify: bool) -> list[Drive]:
+    """The primary (its reads checked against ``manifest`` with ``verify``) and the usable
+    mirrors (their reads always checked against it, when there is one)."""
     files = {sf.path: sf for sf in bp.checkpoint.files.values()}
-    drives = [Drive("primary", {path: path for path in files}, direct=direct_io)]
+    drives = [Drive("primary", {path: path for path in files}, direct=direct_io, integrity=manifest if verify else None)]
     for spec in mirrors:
         usable, skipped = validate_mirror(files, spec)
         for reason in skipped:
@@ -310,7 +326,7 @@ def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool) -> list[D
         if not usable:
             warn(f"mirror {spec.path} holds no usable shard of this model; not used")
             continue
-        drives.append(Drive(str(spec.path), usable, direct=direct_io, bandwidth=spec.bandwidth))
+        drives.append(Drive(str(spec.path), usable, direct=direct_io, bandwidth=spec.bandwidth, integrity=manifest))
     if len(drives) > 1:
         for drive in drives:
             if drive.bandwidth is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -89,6 +90,8 @@ class Generation:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_ids: frozenset[int] = frozenset()
     return_logits: bool = False
+    # told (prompt tokens through the model, prompt tokens) as the prefill advances, layer by layer
+    prefill_progress: Callable[[int, int], None] | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -112,10 +115,17 @@ class Generation:
         cache = lm.new_cache(ops)
         store = model.store
         self.finish_reason = "interrupted"  # until the loop below says otherwise
+        report = self.prefill_progress
+        layers = max(1, len(lm.layers))
         try:
             logits = None
             for i in range(0, len(prompt), PREFILL_CHUNK):
-                logits = lm.forward(np.asarray(prompt[i : i + PREFILL_CHUNK]), cache, ops)
+                chunk = prompt[i : i + PREFILL_CHUNK]
+                after_layer = None
+                if report is not None:
+                    def after_layer(done, i=i, n=len(chunk)):
+                        report(i + n * done // layers, len(prompt))
+                logits = lm.forward(np.asarray(chunk), cache, ops, after_layer=after_layer)
             if store is not None:
                 store.after_tokens(len(prompt))
             clock.prefilled = time.perf_counter()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from colibri_core.errors import BudgetError, UsageError, option
 from colibri_core.units import format_bytes
@@ -31,19 +32,99 @@ DEFAULT_SHARE_OF_AVAILABLE = 0.8
 DEFAULT_SHARE_OF_DEVICE = 0.8
 
 
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+_UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
 def available_memory() -> int:
-    """Bytes the OS says are available (MemAvailable on Linux)."""
+    """Bytes this process may still use: the lower of what the OS says is available
+    (MemAvailable on Linux) and what the memory cgroups it runs in leave."""
+    return memory_available()[0]
+
+
+def memory_available() -> tuple[int, str]:
+    """(bytes available, where the number comes from)."""
+    found = _meminfo_available(), "MemAvailable"
+    cgroup = _cgroup_available()
+    if cgroup is not None and cgroup < found[0]:
+        found = cgroup, "the memory cgroup's limit less its usage"
+    return found
+
+
+def budget_beyond_memory(budget: int) -> str | None:
+    """A one-line warning when a RAM budget is more than the memory available, else None."""
+    available, source = memory_available()
+    if budget <= available:
+        return None
+    return (f"--ram {format_bytes(budget)} is more than the memory available ({format_bytes(available)}, {source}): "
+            "what it lets the caches hold would not fit: expect swapping or the out-of-memory killer as they fill")
+
+
+def _meminfo_available() -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return 8 << 30
+
+
+def _cgroup_available() -> int | None:
+    """The least any memory cgroup of this process (v2 or v1) and its ancestors leave:
+    limit - usage + page cache (reclaimable). None without a limited cgroup."""
+    try:
+        with open(PROC_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            root, limit_name, usage_name, cache_key = Path(CGROUP_ROOT), "memory.max", "memory.current", "file"
+        elif "memory" in controllers.split(","):
+            root = Path(CGROUP_ROOT) / "memory"
+            limit_name, usage_name, cache_key = "memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache"
+        else:
+            continue
+        d = root / path.lstrip("/")
+        while True:
+            limit = _read_int(d / limit_name)
+            if limit is not None and limit < _UNLIMITED:
+                usage = _read_int(d / usage_name) or 0
+                left = max(0, limit - usage + _memory_stat(d, cache_key))
+                best = left if best is None else min(best, left)
+            if d == root or root not in d.parents:
+                break
+            d = d.parent
+    return best
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None  # absent, or "max" (v2: no limit)
+
+
+def _memory_stat(d: Path, key: str) -> int:
+    try:
+        for line in (d / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 @dataclass(frozen=True)

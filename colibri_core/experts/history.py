@@ -2,16 +2,23 @@
 
 It is what the pinned hot set and ``colibri plan`` learn from. It is saved as
 ``colibri-usage.json`` next to the model, or, when the model directory is read-only, in
-the user cache dir; always atomically (temporary file, fsync, rename). A history whose
-family or shape does not match the model is refused with a warning, and a corrupt one is
-ignored with a warning: neither ever stops a run.
+the user cache dir; once the cache copy exists it is the one read and written (a stale
+copy in a read-only model directory never shadows what later runs learned). Saving is
+atomic (temporary file, fsync, rename) and holds an ``fcntl`` lock on a ``.lock`` file
+beside the history while it reads the saved counts, adds this session's and writes:
+concurrent runs add up instead of the last writer winning. A temporary file left by a
+writer that was killed mid-save is removed by the next save once its PID is gone. A
+history whose family or shape does not match the model is refused with a warning, and a
+corrupt one is ignored with a warning: neither ever stops a run.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +51,26 @@ class RoutingHistory:
     @classmethod
     def open(cls, model_dir: Path, family: str, model_type: str | None, layers: int, experts: int) -> "RoutingHistory":
         history = cls(model_dir, family, model_type, layers, experts)
-        for candidate in (Path(model_dir) / FILENAME, cache_path(Path(model_dir))):
-            if candidate.exists():
-                history._read(candidate)
-                break
+        source = history._source()
+        if source is not None:
+            try:
+                history.counts, history.tokens = history._parse(source)
+                history.path = source
+            except ValueError as exc:
+                warn(str(exc))
         return history
 
-    def _read(self, path: Path) -> None:
+    def _source(self) -> Path | None:
+        """The saved history to read: the cache copy once it exists, else the one next
+        to the model, else none."""
+        for candidate in (cache_path(self.model_dir), self.model_dir / FILENAME):
+            if candidate.exists():
+                return candidate
+        return None
+
+    def _parse(self, path: Path) -> tuple[np.ndarray, float]:
+        """(counts, tokens) saved at ``path``; ValueError with a one-line reason if the
+        file is unreadable, corrupt or for another model."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
@@ -58,16 +78,13 @@ class RoutingHistory:
             counts = np.asarray(data["counts"], dtype=np.float64)
             tokens = float(data["tokens"])
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            warn(f"{path}: routing history is unreadable and is ignored ({exc})")
-            return
+            raise ValueError(f"{path}: routing history is unreadable and is ignored ({exc})") from None
         if data.get("family") != self.family or counts.shape != self.shape:
-            warn(f"{path}: routing history is for family {data.get('family')!r} with shape "
-                 f"{list(counts.shape)}, not {self.family!r} {list(self.shape)}; refused")
-            return
+            raise ValueError(f"{path}: routing history is for family {data.get('family')!r} with shape "
+                             f"{list(counts.shape)}, not {self.family!r} {list(self.shape)}; refused")
         if not np.all(np.isfinite(counts)) or (counts < 0).any() or not np.isfinite(tokens) or tokens < 0:
-            warn(f"{path}: routing history holds negative or non-finite counts and is ignored")
-            return
-        self.counts, self.tokens, self.path = counts, tokens, path
+            raise ValueError(f"{path}: routing history holds negative or non-finite counts and is ignored")
+        return counts, tokens
 
     # -- counting ----------------------------------------------------------------------
     def record(self, layer: int, indices: np.ndarray) -> None:
@@ -85,20 +102,17 @@ class RoutingHistory:
 
     # -- saving ------------------------------------------------------------------------
     def save(self, decay: float = 1.0) -> Path | None:
-        """Fold this session into the saved counts (old counts x decay + new) and write
-        atomically. Returns the path written, or None if nothing could be written."""
+        """Fold this session into the saved counts (saved counts x decay + new) and write
+        atomically. The saved counts are read again under the lock, so what concurrent
+        runs saved since this one loaded is kept. Returns the path written, or None if
+        nothing could be written."""
         if not self.session_tokens:
             return self.path
-        counts = self.counts * decay + self.session
-        tokens = self.tokens * decay + self.session_tokens
-        payload = json.dumps({
-            "format": FORMAT_VERSION, "family": self.family, "model_type": self.model_type,
-            "layers": self.shape[0], "experts": self.shape[1], "tokens": tokens,
-            "counts": [[round(float(c), 4) for c in row] for row in counts],
-        })
-        for target in (self.model_dir / FILENAME, cache_path(self.model_dir)):
+        cache = cache_path(self.model_dir)
+        targets = [cache] if cache.exists() else [self.model_dir / FILENAME, cache]
+        for target in targets:
             try:
-                _atomic_write(target, payload)
+                counts, tokens = self._merge_into(target, decay)
             except OSError:
                 continue
             self.counts, self.tokens, self.path = counts, tokens, target
@@ -107,6 +121,60 @@ class RoutingHistory:
             return target
         warn(f"could not save the routing history next to {self.model_dir} nor in the cache dir")
         return None
+
+    def _merge_into(self, target: Path, decay: float) -> tuple[np.ndarray, float]:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(target):
+            _remove_stale_temps(target)
+            counts, tokens = self.counts, self.tokens  # what this run read, if nothing valid is saved now
+            source = self._source()
+            if source is not None:
+                try:
+                    counts, tokens = self._parse(source)
+                except ValueError:
+                    pass  # reported when it was opened; this save replaces it
+            counts = counts * decay + self.session
+            tokens = tokens * decay + self.session_tokens
+            _atomic_write(target, json.dumps({
+                "format": FORMAT_VERSION, "family": self.family, "model_type": self.model_type,
+                "layers": self.shape[0], "experts": self.shape[1], "tokens": tokens,
+                "counts": [[round(float(c), 4) for c in row] for row in counts],
+            }))
+        return counts, tokens
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive ``fcntl`` lock on ``.NAME.lock`` beside ``path``, held for the block
+    (released by the kernel if the process dies)."""
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Remove ``.NAME.tmp-PID`` files of writers that died mid-save (their PID is gone)."""
+    prefix = f".{path.name}.tmp-"
+    for tmp in path.parent.glob(f"{prefix}*"):
+        pid = tmp.name[len(prefix):]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
 
 
 def _atomic_write(path: Path, text: str) -> None:

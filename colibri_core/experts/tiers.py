@@ -22,6 +22,7 @@ from colibri_core.io.safetensors import TensorInfo, as_array
 from colibri_core.warn import warn
 from colibri_core.io.checkpoint import merge_ranges
 from colibri_core.io.drives import Drive, choose_drive
+from colibri_core.io.integrity import IntegrityError
 
 
 @dataclass
@@ -49,8 +50,11 @@ class DiskTier:
     """Reads an expert's matrices (and their formats' companion tensors) with as few
     positioned reads as possible from the drive the expert is assigned to, and returns
     them in their host form (``FormatResolver.host_form``: packed when the backend keeps
-    the kind, else float32), never prepared for the backend. A failing mirror is
-    disabled with one warning; the primary serves."""
+    the kind, else float32), never prepared for the backend. A failing mirror (a read
+    error, or bytes that differ from the integrity manifest) is disabled with one
+    warning; the primary serves. Bytes on the primary that differ from the manifest
+    (checked with ``--verify``) are served by a mirror holding the shard, with one
+    warning; without one they are an IntegrityError."""
 
     name = "disk"
 
@@ -62,6 +66,7 @@ class DiskTier:
         self.seconds = 0.0
         self.loads = 0  # experts read
         self._lock = threading.Lock()
+        self._warned_primary = False
 
     @property
     def bytes_read(self) -> int:
@@ -81,14 +86,7 @@ class DiskTier:
         started = time.perf_counter()
         infos = list(matrices.values())
         wanted = self.resolver.with_companions(infos)
-        drive = self.drive_for(layer, expert, wanted)
-        try:
-            raw = self._read(drive, wanted)
-        except (OSError, ColibriError) as exc:
-            if drive is self.primary:
-                raise
-            self._disable(drive, exc)
-            raw = self._read(self.primary, wanted)
+        raw = self._read_somewhere(self.drive_for(layer, expert, wanted), wanted)
         typed = {t.name: as_array(t, raw[t.name]) for t in wanted}
         arrays = {}
         for role, info in matrices.items():
@@ -98,6 +96,34 @@ class DiskTier:
             self.seconds += time.perf_counter() - started
             self.loads += 1
         return ExpertWeights(arrays, sum(int(a.nbytes) for a in arrays.values()))
+
+    def _read_somewhere(self, drive: Drive, wanted: list[TensorInfo]):
+        """Read from ``drive``; on a failure, from the primary, then from any other drive
+        holding every shard wanted."""
+        tried = []
+        while True:
+            try:
+                return self._read(drive, wanted)
+            except (OSError, ColibriError) as exc:
+                tried.append(drive)
+                if drive is not self.primary:
+                    self._disable(drive, exc)
+                elif not isinstance(exc, IntegrityError):
+                    raise
+                others = [d for d in self.drives if d not in tried and all(d.has(t.path) for t in wanted)]
+                if self.primary not in tried:
+                    drive = self.primary
+                elif others:
+                    self._primary_mismatch(exc, others[0])
+                    drive = others[0]
+                else:
+                    raise
+
+    def _primary_mismatch(self, exc: Exception, other: Drive) -> None:
+        with self._lock:
+            if not self._warned_primary:
+                self._warned_primary = True
+                warn(f"{exc}; served by mirror {other.name} (and so on for other such reads)")
 
     @staticmethod
     def _read(drive: Drive, infos: list[TensorInfo]):

@@ -3,12 +3,17 @@
 With ``model.safetensors.index.json`` the index names each tensor's shard; without it,
 every ``*.safetensors`` file in the directory is read. Every shard's header is validated
 on open, and a tensor name found in two shards is refused rather than silently resolved.
+
+A shard is named by a relative path inside the model directory: an index entry that is
+absolute or climbs out (``../x``) is refused. The file it names may be a symlink to
+anywhere (the Hugging Face hub cache links ``snapshots/REV/NAME`` to ``../../blobs/HASH``):
+containment is a property of the name, not of where the bytes live.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -23,6 +28,10 @@ MAX_INDEX_BYTES = 64 << 20
 MERGE_GAP_BYTES = 256 << 10
 
 
+class ShardOutsideModelError(ModelFormatError):
+    """An index names a shard by a path outside the model directory."""
+
+
 class Checkpoint:
     """Validated tensor directory of a model, with range reads."""
 
@@ -34,6 +43,7 @@ class Checkpoint:
         self.bytes_read = 0
         self.reads = 0
         self.drop_cache = True  # weights we read are decoded into our memory: the page cache copy is waste
+        self.integrity = None  # a Manifest every read is checked against (``--verify``), or None
         try:
             self._open()
         except BaseException:
@@ -75,10 +85,11 @@ class Checkpoint:
         return read_index(index_path)
 
     def _shard_path(self, shard: str, where: Path) -> Path:
-        path = (self.model_dir / shard).resolve()
-        root = self.model_dir.resolve()
-        if root not in path.parents:
-            raise ModelFormatError(f"{where}: shard {shard!r} lies outside the model directory")
+        name = PurePosixPath(shard)
+        if not shard or name.is_absolute() or "\\" in shard or ".." in name.parts or name.parts in ((), (".",)):
+            raise ShardOutsideModelError(f"{where}: shard {shard!r} lies outside the model directory")
+        # not resolved: a symlink named inside the directory is the shard (mirrors match by this name)
+        path = Path(os.path.abspath(self.model_dir / name))
         if not path.is_file():
             problem = "is not a regular file in" if path.exists() else "is missing from"
             raise ModelFormatError(f"{where}: shard {shard!r} {problem} {self.model_dir}")
@@ -124,6 +135,8 @@ class Checkpoint:
             self.bytes_read += end - start
             self.reads += 1
             for t in group:
+                if self.integrity is not None:
+                    self.integrity.check(t, buf[t.offset - start : t.offset - start + t.nbytes], path)
                 out[t.name] = as_array(t, buf[t.offset - start : t.offset - start + t.nbytes])
         return out
 

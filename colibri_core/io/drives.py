@@ -6,6 +6,9 @@ header bytes equal the primary's. Each expert is assigned to one drive by a
 deterministic hash weighted by the drives' bandwidth, so the same expert always comes
 from the same drive and the load spreads in proportion to speed. A read error on a
 mirror disables that mirror with one warning and the read is served by the primary.
+With an integrity manifest (``io/integrity.py``), every tensor read from a mirror (and,
+with ``--verify``, from the primary) is hashed and compared: different bytes are a read
+error like any other.
 
 Reads are positioned (``preadv``), merged when tensors lie close together, optionally
 with O_DIRECT (aligned supersets of the wanted bytes), and followed by
@@ -56,6 +59,7 @@ class Drive:
     bytes_read: int = 0
     reads: int = 0
     failed: str | None = None  # why this drive is no longer used
+    integrity: object | None = None  # a Manifest the bytes read are checked against (None: not checked)
     _fds: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -100,7 +104,11 @@ class Drive:
         with self._lock:
             self.bytes_read += nread
             self.reads += 1
-        return {t.name: data[t.offset - start : t.offset - start + t.nbytes] for t in group}
+        out = {t.name: data[t.offset - start : t.offset - start + t.nbytes] for t in group}
+        if self.integrity is not None:
+            for t in group:
+                self.integrity.check(t, out[t.name], self.files[t.path])
+        return out
 
     def close(self) -> None:
         with self._lock:

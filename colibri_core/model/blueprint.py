@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from colibri_core.io.checkpoint import Checkpoint
+from colibri_core.io.hub_cache import model_directory
 from colibri_core.model.config import check_family_keys, read_json
 from colibri_core.errors import ModelFormatError
 from colibri_core.nn.layers import CausalLM
@@ -111,7 +112,7 @@ def inspect_model(model_dir: str | Path, backend=None) -> Blueprint:
     registry = get_registry()
     if backend is None or isinstance(backend, str):
         backend = create_backend(registry, backend or DEFAULT_BACKEND)
-    model_dir = Path(model_dir)
+    model_dir = model_directory(model_dir)  # a hub cache repo root stands for its refs/main snapshot
     if not model_dir.is_dir():
         raise ModelFormatError(f"{model_dir}: " + ("not a directory" if model_dir.exists() else "does not exist"))
     config = read_json(model_dir / "config.json", "model config")

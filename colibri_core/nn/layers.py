@@ -258,10 +258,11 @@ class CausalLM:
         return [layer.mlp.experts for layer in self.layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]
 
     def forward(self, ids: np.ndarray, cache: Cache, ops, *, all_logits: bool = False, routing: list | None = None,
-                watch=None):
+                watch=None, after_layer=None):
         """Run new tokens ``ids`` through the model, extending ``cache``. Returns float32
         logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last.
-        ``watch(stage, x)``, when given, sees the activations after every stage."""
+        ``watch(stage, x)``, when given, sees the activations after every stage;
+        ``after_layer(n)``, when given, is told after each layer how many are done."""
         ids = np.asarray(ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
         step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher)
@@ -272,6 +273,8 @@ class CausalLM:
             x = layer(x, step)
             if watch is not None:
                 watch(f"layer {n} (of {len(self.layers)}, counting from 0 as the weight names do)", x)
+            if after_layer is not None:
+                after_layer(n + 1)
         cache.length += len(ids)
         x = x if all_logits else x[-1:]
         x = self.norm(x, step)
