@@ -1,0 +1,67 @@
+"""The plugin: probed without importing CuPy; the probe's reasons for each thing that can
+be missing (CuPy, the driver, a device); registered as backend "cuda" computing on the
+GPU, and, where it cannot run, listed with its reason and refused in one line."""
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+
+from colibri_core.plugins.discovery import create_backend, get_registry, reset_manager
+from colibri_core.testing import registered_plugin
+from colibri_cuda import plugin
+
+
+@pytest.fixture(autouse=True)
+def fresh_plugins():
+    reset_manager()
+    yield
+    reset_manager()
+
+
+class FakeDriver:
+    def __init__(self, init=0, count=1, count_status=0):
+        self.init, self.count, self.count_status = init, count, count_status
+
+    def cuInit(self, flags):
+        return self.init
+
+    def cuDeviceGetCount(self, pointer):
+        ctypes.cast(pointer, ctypes.POINTER(ctypes.c_int))[0] = self.count
+        return self.count_status
+
+
+def test_probe_reasons(monkeypatch):
+    real_find_spec = plugin.importlib.util.find_spec
+    monkeypatch.setattr(plugin.importlib.util, "find_spec", lambda name: None if name == "cupy" else real_find_spec(name))
+    assert plugin.unavailable_reason() == "cupy is not installed: " + plugin.INSTALL_HINT
+    monkeypatch.setattr(plugin.importlib.util, "find_spec", lambda name: object())  # as if cupy were there
+    monkeypatch.setattr(plugin, "_driver", lambda: None)
+    assert plugin.unavailable_reason().startswith("no CUDA driver (libcuda.so.1 not found)")
+    for driver, reason in ((FakeDriver(init=100), "no CUDA device"), (FakeDriver(count=0), "no CUDA device"),
+                           (FakeDriver(init=3), "the CUDA driver does not start (cuInit error 3)"),
+                           (FakeDriver(count_status=2), "no CUDA device"), (FakeDriver(), None)):
+        monkeypatch.setattr(plugin, "_driver", lambda d=driver: d)
+        assert plugin.unavailable_reason() == reason
+
+
+def test_probe_imports_no_cupy():
+    code = ("import sys, colibri_cuda.plugin as p; p.unavailable_reason(); "
+            "assert 'cupy' not in sys.modules and 'colibri_cuda.backend' not in sys.modules")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+def test_registered_as_cuda_on_the_gpu():
+    with registered_plugin(plugin, "colibri-cuda"):
+        entry = get_registry().get("backend", "cuda")
+        assert entry.spec.device_kind() == "gpu"
+        assert entry.spec.unavailable_reason() == plugin.unavailable_reason()
+        if plugin.unavailable_reason() is None:
+            from colibri_cuda.backend import CudaBackend
+
+            assert isinstance(create_backend(get_registry(), "cuda"), CudaBackend)
+        else:
+            with pytest.raises(Exception, match="backend 'cuda' is not available"):
+                create_backend(get_registry(), "cuda")
