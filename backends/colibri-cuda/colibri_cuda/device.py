@@ -91,7 +91,7 @@ class StagingUploader:
         slot = self._next
         self._next = (slot + 1) % STAGING_SLOTS
         held = self._buffers[slot]
-        if held is not None:
+        if held is not None and held[2] is not None:
             held[2].synchronize()  # this buffer's previous copy must have left it
         if held is None or held[1] < size:
             held = [cupy.cuda.alloc_pinned_memory(size), size, None]

@@ -31,6 +31,7 @@ def module(name: str) -> "cupy.RawModule":
     return cupy.RawModule(code=source(name), options=("--std=c++17",))
 
 
+@functools.lru_cache(maxsize=None)
 def kernel(file: str, name: str):
     return module(file).get_function(name)
 

@@ -31,14 +31,14 @@ extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)
     const int end = min(S, first + chunk);
     const int visible_end = min(end, start + t + 1);  // keys first .. visible_end - 1 are seen
 
-    for (int d = threadIdx.x; d < D; d += blockDim.x) query[d] = q[((size_t)t * Hq + h) * D + d];
+    for (int d = threadIdx.x; d < D; d += blockDim.x) query[d] = q[((u64)t * Hq + h) * D + d];
     __syncthreads();
 
-    const float* keys = k + (size_t)kv_head * S * D;
+    const float* keys = k + (u64)kv_head * S * D;
     for (int s = first + warp; s < end; s += warps) {
         float dot = 0.0f;
         if (s < visible_end)
-            for (int d = lane; d < D; d += WARP) dot += query[d] * keys[(size_t)s * D + d];
+            for (int d = lane; d < D; d += WARP) dot += query[d] * keys[(u64)s * D + d];
         dot = warp_sum(dot);
         if (lane == 0) weight[s - first] = s < visible_end ? dot * scale : negative_infinity();
     }
@@ -55,15 +55,15 @@ extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)
     }
     const float l = block_sum(local_sum, scratch);  // its __syncthreads also publishes `weight`
 
-    const float* values = v + (size_t)kv_head * S * Dv;
-    float* o = partial_o + (((size_t)t * Hq + h) * splits + split) * Dv;
+    const float* values = v + (u64)kv_head * S * Dv;
+    float* o = partial_o + (((u64)t * Hq + h) * splits + split) * Dv;
     for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
         float acc = 0.0f;
-        for (int s = first; s < visible_end; ++s) acc += weight[s - first] * values[(size_t)s * Dv + d];
+        for (int s = first; s < visible_end; ++s) acc += weight[s - first] * values[(u64)s * Dv + d];
         o[d] = acc;
     }
     if (threadIdx.x == 0) {
-        float* ml = partial_ml + (((size_t)t * Hq + h) * splits + split) * 2;
+        float* ml = partial_ml + (((u64)t * Hq + h) * splits + split) * 2;
         ml[0] = m;
         ml[1] = l;
     }
@@ -72,8 +72,8 @@ extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)
 extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)
     attention_combine(const float* partial_o, const float* partial_ml, float* out, int Hq, int Dv, int splits) {
     const int h = blockIdx.x, t = blockIdx.y;
-    const float* ml = partial_ml + ((size_t)t * Hq + h) * splits * 2;
-    const float* o = partial_o + ((size_t)t * Hq + h) * splits * Dv;
+    const float* ml = partial_ml + ((u64)t * Hq + h) * splits * 2;
+    const float* o = partial_o + ((u64)t * Hq + h) * splits * Dv;
     float m = negative_infinity();
     for (int c = 0; c < splits; ++c) m = fmaxf(m, ml[2 * c]);
     float l = 0.0f;
@@ -82,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)
     for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
         float acc = 0.0f;
         for (int c = 0; c < splits; ++c)
-            if (ml[2 * c + 1] > 0.0f) acc += expf(ml[2 * c] - m) * o[(size_t)c * Dv + d];
-        out[((size_t)t * Hq + h) * Dv + d] = acc / l;
+            if (ml[2 * c + 1] > 0.0f) acc += expf(ml[2 * c] - m) * o[(u64)c * Dv + d];
+        out[((u64)t * Hq + h) * Dv + d] = acc / l;
     }
 }

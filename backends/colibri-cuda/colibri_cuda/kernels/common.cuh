@@ -6,7 +6,7 @@
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
-typedef unsigned long long u64;
+typedef unsigned long long u64;  // also for sizes and offsets: NVRTC may lack size_t
 
 #define WARP 32
 #define FULL_MASK 0xffffffffu

@@ -26,7 +26,7 @@ __device__ void experts_gate_up(const u64* table, const float* x, float* h, int 
     Format::template row<1>(up, up_scales, i, K, p0, p1, x, 1, lane, u);
     const float gate_total = warp_sum(g[0]), up_total = warp_sum(u[0]);
     // silu(g) * u written as the reference writes it: g / (1 + exp(-g)) * u
-    if (lane == 0) h[(size_t)e * I + i] = gate_total / (1.0f + expf(-gate_total)) * up_total;
+    if (lane == 0) h[(u64)e * I + i] = gate_total / (1.0f + expf(-gate_total)) * up_total;
 }
 
 template <class Format>
@@ -38,7 +38,7 @@ __device__ void experts_down(const u64* table, const float* h, const float* weig
     float total = out[j];
     for (int e = 0; e < E; ++e) {
         float d[1] = {0.0f};
-        Format::template row<1>((const u8*)table[e], (const float*)table[E + e], j, I, p0, p1, h + (size_t)e * I, 1, lane,
+        Format::template row<1>((const u8*)table[e], (const float*)table[E + e], j, I, p0, p1, h + (u64)e * I, 1, lane,
                                 d);
         total = __fadd_rn(total, __fmul_rn(warp_sum(d[0]), weights[e]));
     }

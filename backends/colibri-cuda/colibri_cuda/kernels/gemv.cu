@@ -18,15 +18,15 @@ __device__ void gemv(const u8* data, const float* scales, const float* x, float*
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_TOKENS; ++t) {
         const float total = warp_sum(acc[t]);
-        if (t < T && lane == 0) y[(size_t)t * N + n] = total;
+        if (t < T && lane == 0) y[(u64)t * N + n] = total;
     }
 }
 
 // W[n, k] for every (n, k): a product with a one-hot x, one thread per element
 template <class Format>
 __device__ void dequantize(const u8* data, const float* scales, float* out, int N, int K, int p0, int p1) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * K) return;
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)N * K) return;
     const int n = (int)(i / K), k = (int)(i % K);
     out[i] = Format::decode(data, scales, n, k, K, p0, p1);
 }

@@ -8,8 +8,8 @@
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm(const float* x, const float* weight, float* out, int C, float eps) {
     __shared__ float scratch[32];
-    const float* row = x + (size_t)blockIdx.x * C;
-    float* dst = out + (size_t)blockIdx.x * C;
+    const float* row = x + (u64)blockIdx.x * C;
+    float* dst = out + (u64)blockIdx.x * C;
     float squares = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) squares += row[c] * row[c];
     const float inverse = 1.0f / sqrtf(block_sum(squares, scratch) / (float)C + eps);
@@ -23,8 +23,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     layer_norm(const float* x, const float* weight, const float* bias, float* out, int C, float eps) {
     __shared__ float scratch[32];
-    const float* row = x + (size_t)blockIdx.x * C;
-    float* dst = out + (size_t)blockIdx.x * C;
+    const float* row = x + (u64)blockIdx.x * C;
+    float* dst = out + (u64)blockIdx.x * C;
     float total = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) total += row[c];
     const float mean = block_sum(total, scratch) / (float)C;

@@ -7,12 +7,12 @@
 //              out[half + i] = x[half + i] cos[half + i] + x[i] sin[half + i]
 extern "C" __global__ void rope_half(const float* x, const float* cos, const float* sin, float* out, int T, int H,
                                      int Dh, int R) {
-    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (index >= (size_t)T * H * Dh) return;
-    const int i = (int)(index % Dh), t = (int)(index / ((size_t)H * Dh)), half = R / 2;
+    const u64 index = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (u64)T * H * Dh) return;
+    const int i = (int)(index % Dh), t = (int)(index / ((u64)H * Dh)), half = R / 2;
     const float* row = x + (index - i);
-    const float* c = cos + (size_t)t * R;
-    const float* s = sin + (size_t)t * R;
+    const float* c = cos + (u64)t * R;
+    const float* s = sin + (u64)t * R;
     float value = row[i];
     if (i < half) value = row[i] * c[i] - row[i + half] * s[i];
     else if (i < R) value = row[i] * c[i] + row[i - half] * s[i];
@@ -24,12 +24,12 @@ extern "C" __global__ void rope_half(const float* x, const float* cos, const flo
 //                        out[half + j] = x[2j+1] cos[j] + x[2j] sin[j]
 extern "C" __global__ void rope_interleaved(const float* x, const float* cos, const float* sin, float* out, int T,
                                             int H, int Dh, int R) {
-    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (index >= (size_t)T * H * Dh) return;
-    const int i = (int)(index % Dh), t = (int)(index / ((size_t)H * Dh)), half = R / 2;
+    const u64 index = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (u64)T * H * Dh) return;
+    const int i = (int)(index % Dh), t = (int)(index / ((u64)H * Dh)), half = R / 2;
     const float* row = x + (index - i);
-    const float* c = cos + (size_t)t * R;
-    const float* s = sin + (size_t)t * R;
+    const float* c = cos + (u64)t * R;
+    const float* s = sin + (u64)t * R;
     float value = row[i];
     if (i < half) value = row[2 * i] * c[i] - row[2 * i + 1] * s[i];
     else if (i < R) value = row[2 * (i - half) + 1] * c[i - half] + row[2 * (i - half)] * s[i - half];

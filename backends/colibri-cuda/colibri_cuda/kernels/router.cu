@@ -14,8 +14,8 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
     __shared__ float scratch[32];
     __shared__ float best_value[32];
     __shared__ int best_index[32];
-    const float* row = logits + (size_t)blockIdx.x * E;
-    float* chosen = out + (size_t)blockIdx.x * 2 * k;
+    const float* row = logits + (u64)blockIdx.x * E;
+    float* chosen = out + (u64)blockIdx.x * 2 * k;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
 
     float local_max = negative_infinity();
