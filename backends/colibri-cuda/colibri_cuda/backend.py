@@ -11,11 +11,12 @@ Where the work goes:
   (``kernels/experts.cu``); several tokens: batch-union, expert by expert, through the
   products above;
 - attention: split over the sequence and combined (``kernels/attention.cu``); RoPE,
-  RMS/LayerNorm and the softmax router's top-k: kernels of their own;
-- everything else (MLA, the DSA indexer's scores, sparse attention, the recurrent
-  layers, elementwise and row operations): CuPy array operations written as the numpy
-  reference writes them. The DSA top-k and DeepSeek's grouped router use the contract's
-  host implementations (one synchronisation each).
+  RMS/LayerNorm, the softmax router's top-k and the gated delta step (decode of the
+  linear-attention layers): kernels of their own;
+- everything else (MLA, the DSA indexer's scores, sparse attention, the causal
+  convolution, the chunked gated delta rule, elementwise and row operations): CuPy array
+  operations written as the numpy reference writes them. The DSA top-k and DeepSeek's
+  grouped router use the contract's host implementations (one synchronisation each).
 
 The backend's Python code is written against ``self.xp`` (CuPy) and ``self.kernels``
 (``colibri_cuda.kernels.CudaKernels``), so the tests run all of it on numpy with numpy
@@ -365,15 +366,5 @@ class CudaBackend(Backend):
 
     def gated_delta_step(self, q, k, v, g, beta, state):
         xp = self.xp
-        t = q.shape[0]
-        q, k, v, g, beta = self._delta_heads(q, k, v, g, beta)
-        s = xp.array(state, dtype=xp.float32, copy=True)
-        out = xp.empty((v.shape[0], t, v.shape[2]), dtype=xp.float32)
-        decay = xp.exp(g)
-        for i in range(t):
-            s = s * decay[:, i, None, None]
-            kv_mem = (s * k[:, i, :, None]).sum(axis=-2)
-            delta = (v[:, i] - kv_mem) * beta[:, i, None]
-            s = s + k[:, i, :, None] * delta[:, None, :]
-            out[:, i] = (s * q[:, i, :, None]).sum(axis=-2)
-        return xp.ascontiguousarray(out.transpose(1, 0, 2)), s
+        arrays = (xp.ascontiguousarray(a, dtype=xp.float32) for a in (q, k, v, g, beta, state))
+        return self.kernels.gated_delta_step(*arrays)

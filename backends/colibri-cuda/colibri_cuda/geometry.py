@@ -19,6 +19,7 @@ NORM_THREADS = 256
 ROUTER_THREADS = 128
 ROUTER_MAX_EXPERTS = 4096
 ELEMENTWISE_THREADS = 256
+DELTA_THREADS = 128  # delta.cu: value columns per block
 EXPERT_WINDOW_LIMIT = 64  # experts of one fused launch at most (the pointer table is uploaded per launch)
 
 
@@ -62,6 +63,11 @@ def attention_split(seq: int, heads: int, tokens: int, multiprocessors: int) -> 
     chunk = max(ATTENTION_MIN_CHUNK, ceil_div(seq, wanted))
     chunk = min(chunk, ATTENTION_MAX_CHUNK, seq)
     return AttentionSplit(ceil_div(seq, chunk), chunk)
+
+
+def delta_grid(value_heads: int, value_dim: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) of gated_delta_step: a thread per (value head, value column)."""
+    return (ceil_div(value_dim, DELTA_THREADS), value_heads, 1), (DELTA_THREADS, 1, 1)
 
 
 def attention_fits(head_dim: int) -> bool:

@@ -131,6 +131,18 @@ class CudaKernels:
         kernel("rope.cu", name)(grid, block, (x, cos, sin, out, i32(t), i32(h), i32(dh), i32(rotary_dim)))
         return out
 
+    # -- recurrent layers -------------------------------------------------------------------
+    def gated_delta_step(self, q, k, v, g, beta, state):
+        """(out (T, Hv, Dv), the new state); ``state`` itself is left as it was."""
+        t, hk, dk = q.shape
+        hv, dv = v.shape[1], v.shape[2]
+        new_state = state.copy()
+        out = cupy.empty((t, hv, dv), dtype=cupy.float32)
+        grid, block = geometry.delta_grid(hv, dv)
+        kernel("delta.cu", "gated_delta_step")(grid, block, (q, k, v, g, beta, new_state, out, i32(t), i32(hk), i32(hv),
+                                                             i32(dk), i32(dv)))
+        return out, new_state
+
     # -- norms and the router --------------------------------------------------------------
     def rms_norm(self, x, weight, eps: float):
         rows, c = x.shape

@@ -141,6 +141,22 @@ class MirrorKernels:
             out[..., half:rotary_dim] = x[..., half:rotary_dim] * c[..., half:rotary_dim] + x[..., :half] * s[..., half:rotary_dim]
         return out
 
+    def gated_delta_step(self, q, k, v, g, beta, state):
+        self._count("gated_delta_step")
+        t, hk, dk = q.shape
+        hv = v.shape[1]
+        s = state.copy()  # (Hv, Dk, Dv): the kernel's thread (h, j) owns s[h, :, j]
+        out = np.empty((t, hv, v.shape[2]), dtype=np.float32)
+        for ti in range(t):
+            for h in range(hv):
+                kh = h // (hv // hk)
+                s[h] *= np.exp(g[ti, h])
+                memory = k[ti, kh] @ s[h]
+                delta = (v[ti, h] - memory) * beta[ti, h]
+                s[h] += k[ti, kh][:, None] * delta[None, :]
+                out[ti, h] = q[ti, kh] @ s[h]
+        return out, s
+
     def rms_norm(self, x, weight, eps):
         self._count("rms_norm")
         y = x * (np.float32(1.0) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)))

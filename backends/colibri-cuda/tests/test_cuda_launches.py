@@ -51,7 +51,8 @@ SIGNATURES = signatures()
 
 def test_the_signatures_are_read():
     assert {"gemv_q4", "dequantize_fp8", "experts_gate_up_mxfp4", "experts_down_bf16", "attention_split",
-            "attention_combine", "rope_half", "rope_interleaved", "rms_norm", "layer_norm", "softmax_top_k"} <= set(SIGNATURES)
+            "attention_combine", "rope_half", "rope_interleaved", "rms_norm", "layer_norm", "softmax_top_k",
+            "gated_delta_step"} <= set(SIGNATURES)
     assert SIGNATURES["gemv_q4"][0][0] == ("u8 *", "data") and SIGNATURES["gemv_q4"][1] == 128
     assert SIGNATURES["rms_norm"][0][-1] == ("float", "eps") and SIGNATURES["rms_norm"][1] == geometry.NORM_THREADS
 
@@ -198,9 +199,12 @@ def test_attention_rope_norm_and_router_launches(fake):
     assert kernels.rms_norm(f(5, 100), None, 1e-6).shape == (5, 100)
     assert kernels.layer_norm(f(5, 100), None, f(100), 1e-5).shape == (5, 100)
     assert kernels.softmax_top_k(f(4, 64), 8, True).shape == (4, 2, 8)
+    state = f(8, 32, 48)
+    out, new_state = kernels.gated_delta_step(f(3, 2, 32), f(3, 2, 32), f(3, 8, 48), f(3, 8), f(3, 8), state)
+    assert out.shape == (3, 8, 48) and new_state.shape == state.shape and new_state is not state
     names = [launch.name for launch in cupy.launches]
     assert names == ["attention_split", "attention_combine", "rope_half", "rope_interleaved", "rms_norm", "rms_norm",
-                     "layer_norm", "softmax_top_k"]
+                     "layer_norm", "softmax_top_k", "gated_delta_step"]
     split = cupy.launches[0]
     assert split.grid[1:] == (8, 2) and split.grid[0] * split.args[-2] >= 3000  # splits x chunk cover the keys
     for launch in cupy.launches:

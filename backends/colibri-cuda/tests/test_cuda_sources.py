@@ -22,7 +22,7 @@ STRICT = ["-Werror", "all-warnings", "-Xptxas", "-Werror", "--std=c++17"]
 
 def test_there_are_sources():
     names = {p.name for p in kernel_files()}
-    assert {"gemv.cu", "experts.cu", "attention.cu", "rope.cu", "norms.cu", "router.cu"} <= names
+    assert {"gemv.cu", "experts.cu", "attention.cu", "rope.cu", "norms.cu", "router.cu", "delta.cu"} <= names
 
 
 def compile_cubin(path, arch, tmp_path, include=True):
@@ -88,7 +88,7 @@ def defines() -> dict[str, int]:
 def test_geometry_matches_the_sources():
     d = defines()
     for name in ("WARP", "GEMV_MAX_TOKENS", "ROWS_PER_BLOCK", "ATTENTION_THREADS", "ATTENTION_MAX_CHUNK",
-                 "ATTENTION_MAX_DIM", "NORM_THREADS", "ROUTER_THREADS", "ROUTER_MAX_EXPERTS"):
+                 "ATTENTION_MAX_DIM", "NORM_THREADS", "ROUTER_THREADS", "ROUTER_MAX_EXPERTS", "DELTA_THREADS"):
         assert d[name] == getattr(geometry, name), name
 
 
@@ -100,7 +100,7 @@ def test_every_kernel_the_host_launches_exists():
                  for k in ("f32", "bf16", "q8", "q4", "mxfp4", "fp8")}
     launched |= {("attention.cu", "attention_split"), ("attention.cu", "attention_combine"),
                  ("rope.cu", "rope_half"), ("rope.cu", "rope_interleaved"), ("norms.cu", "rms_norm"),
-                 ("norms.cu", "layer_norm"), ("router.cu", "softmax_top_k")}
+                 ("norms.cu", "layer_norm"), ("router.cu", "softmax_top_k"), ("delta.cu", "gated_delta_step")}
     for file, name in launched:
         text = source(file)
         macro_made = re.search(r"(\w+)##name", text) and any(
