@@ -161,8 +161,16 @@ class CudaBackend(Backend):
     def attention(self, q, k, v, start, scale):
         xp = self.xp
         if geometry.attention_fits(q.shape[-1]):
-            return self.kernels.attention(*(xp.ascontiguousarray(a, dtype=xp.float32) for a in (q, k, v)), start, scale)
+            return self.kernels.attention(xp.ascontiguousarray(q, dtype=xp.float32), self._kv_rows(k), self._kv_rows(v),
+                                          start, scale)
         return self._attention(q, k, v, self._visible(q.shape[0], k.shape[1], start), scale)
+
+    def _kv_rows(self, a):
+        """A (heads, S, D) array whose rows are contiguous float32 (the KV cache's view
+        of its first S positions is): as it is; anything else copied into that form."""
+        if a.dtype == np.float32 and geometry.rows_contiguous(a.shape, a.strides, 4):
+            return a
+        return self.xp.ascontiguousarray(a, dtype=self.xp.float32)
 
     def sparse_attention(self, q, k, v, start, scale, selected):
         return self._attention(q, k, v, self._visible(q.shape[0], k.shape[1], start, selected), scale)

@@ -70,6 +70,14 @@ def delta_grid(value_heads: int, value_dim: int) -> tuple[tuple[int, int, int], 
     return (ceil_div(value_dim, DELTA_THREADS), value_heads, 1), (DELTA_THREADS, 1, 1)
 
 
+def rows_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """Whether a (heads, S, D) array has contiguous rows of D and S rows after one
+    another in each head, heads any (non-negative) distance apart: what attention_split reads."""
+    heads, seq, dim = shape
+    return (strides[2] == itemsize or dim <= 1) and (strides[1] == dim * itemsize or seq <= 1) and strides[0] >= 0 \
+        and strides[0] % itemsize == 0
+
+
 def attention_fits(head_dim: int) -> bool:
     return head_dim <= ATTENTION_MAX_DIM
 

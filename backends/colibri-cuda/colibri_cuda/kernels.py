@@ -108,6 +108,8 @@ class CudaKernels:
 
     # -- attention and position ----------------------------------------------------------
     def attention(self, q, k, v, start: int, scale: float):
+        """q contiguous; k, v (Hkv, S, D) with contiguous rows (``rows_contiguous``), as
+        the KV cache's views are: passed with their head strides, not copied."""
         t, hq, d = q.shape
         hkv, s, dv = v.shape
         split = geometry.attention_split(s, hq, t, self.device.multiprocessors)
@@ -116,7 +118,7 @@ class CudaKernels:
         kernel("attention.cu", "attention_split")(
             (split.splits, hq, t), (geometry.ATTENTION_THREADS, 1, 1),
             (q, k, v, partial_o, partial_ml, i32(t), i32(hq), i32(hkv), i32(s), i32(d), i32(dv), i32(start),
-             i32(split.chunk), f32(scale)))
+             i32(split.chunk), f32(scale), np.int64(k.strides[0] // 4), np.int64(v.strides[0] // 4)))
         out = cupy.empty((t, hq, dv), dtype=cupy.float32)
         kernel("attention.cu", "attention_combine")(
             (hq, t, 1), (geometry.ATTENTION_THREADS, 1, 1), (partial_o, partial_ml, out, i32(hq), i32(dv),

@@ -128,9 +128,14 @@ def check(launch: Launch):
             wanted = POINTER_DTYPES[ctype[:-1].strip()]
             if wanted is not None and pname != "scales":  # scales may be exponent bytes (mxfp4)
                 assert arg.dtype.type in wanted, f"{where}: {arg.dtype} array for {ctype}"
-            assert arg.flags.c_contiguous, f"{where}: not contiguous"
+            if pname in ("k", "v"):  # the KV cache's views: rows contiguous, heads apart
+                assert geometry.rows_contiguous(arg.shape, arg.strides, arg.itemsize), f"{where}: rows not contiguous"
+            else:
+                assert arg.flags.c_contiguous, f"{where}: not contiguous"
         elif ctype == "int":
             assert isinstance(arg, np.int32), f"{where}: {type(arg).__name__}, not int32"
+        elif ctype == "long long":
+            assert isinstance(arg, np.int64), f"{where}: {type(arg).__name__}, not int64"
         elif ctype == "float":
             assert isinstance(arg, np.float32), f"{where}: {type(arg).__name__}, not float32"
         else:
@@ -192,7 +197,8 @@ def test_attention_rope_norm_and_router_launches(fake):
     kernels = module.CudaKernels(Device())
     rng = np.random.default_rng(1)
     f = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
-    assert kernels.attention(f(2, 8, 64), f(2, 3000, 64), f(2, 3000, 32), 2998, 0.125).shape == (2, 8, 32)
+    cache_k, cache_v = f(2, 4096, 64), f(2, 4096, 32)  # a KV cache of capacity 4096 holding 3000 positions
+    assert kernels.attention(f(2, 8, 64), cache_k[:, :3000], cache_v[:, :3000], 2998, 0.125).shape == (2, 8, 32)
     for interleaved in (False, True):
         assert kernels.rope(f(3, 4, 64), f(3, 32), f(3, 32), 32, interleaved).shape == (3, 4, 64)
     assert kernels.rms_norm(f(5, 100), f(100), 1e-6).shape == (5, 100)
@@ -206,7 +212,8 @@ def test_attention_rope_norm_and_router_launches(fake):
     assert names == ["attention_split", "attention_combine", "rope_half", "rope_interleaved", "rms_norm", "rms_norm",
                      "layer_norm", "softmax_top_k", "gated_delta_step"]
     split = cupy.launches[0]
-    assert split.grid[1:] == (8, 2) and split.grid[0] * split.args[-2] >= 3000  # splits x chunk cover the keys
+    assert split.grid[1:] == (8, 2) and split.grid[0] * split.args[-4] >= 3000  # splits x chunk cover the keys
+    assert split.args[-2:] == (4096 * 64, 4096 * 32)  # head strides of the cache, in floats
     for launch in cupy.launches:
         check(launch)
 

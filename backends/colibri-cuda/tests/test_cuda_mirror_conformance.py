@@ -98,3 +98,17 @@ def test_split_attention_over_long_sequences(backend, s, t, start):
     want = ReferenceBackend().attention(q, k, v, start, 0.2)
     got = backend.attention(q, k, v, start, 0.2)
     np.testing.assert_allclose(got, want, atol=2e-6 * np.abs(want).max())
+
+
+def test_attention_reads_the_kv_cache_views_without_copying(backend):
+    """A KV cache's first S positions (a view into a larger capacity) reach the kernel as
+    they are; other layouts are made contiguous first."""
+    rng = np.random.default_rng(5)
+    cache_k, cache_v = (rng.standard_normal((2, 256, d)).astype(np.float32) for d in (16, 8))
+    q = rng.standard_normal((1, 4, 16)).astype(np.float32)
+    k, v = cache_k[:, :100], cache_v[:, :100]
+    assert backend._kv_rows(k) is k and backend._kv_rows(v) is v
+    transposed = np.ascontiguousarray(k.transpose(1, 0, 2)).transpose(1, 0, 2)
+    assert backend._kv_rows(transposed) is not transposed and backend._kv_rows(transposed).flags.c_contiguous
+    want = ReferenceBackend().attention(q, np.ascontiguousarray(k), np.ascontiguousarray(v), 99, 0.25)
+    np.testing.assert_allclose(backend.attention(q, k, v, 99, 0.25), want, atol=2e-6 * np.abs(want).max())

@@ -1,6 +1,8 @@
 // Causal attention split over the sequence (flash-decoding), float32.
 //
-// q (T, Hq, D), k (Hkv, S, D), v (Hkv, S, Dv), all contiguous; query t sits at position
+// q (T, Hq, D) contiguous; k (Hkv, S, D) and v (Hkv, S, Dv) with contiguous rows, head h
+// starting k_heads * h (v_heads * h) floats in: the KV cache's view, uncopied (its
+// capacity is larger than S). Query t sits at position
 // start + t and sees keys 0 .. start + t; query head h reads KV head h / (Hq / Hkv).
 //
 //   attention_split:   grid (splits, Hq, T), ATTENTION_THREADS threads. Block (c, h, t)
@@ -20,7 +22,8 @@
 
 extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)
     attention_split(const float* q, const float* k, const float* v, float* partial_o, float* partial_ml, int T, int Hq,
-                    int Hkv, int S, int D, int Dv, int start, int chunk, float scale) {
+                    int Hkv, int S, int D, int Dv, int start, int chunk, float scale, long long k_heads,
+                    long long v_heads) {
     __shared__ float query[ATTENTION_MAX_DIM];
     __shared__ float weight[ATTENTION_MAX_CHUNK];
     __shared__ float scratch[32];
@@ -34,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)
     for (int d = threadIdx.x; d < D; d += blockDim.x) query[d] = q[((u64)t * Hq + h) * D + d];
     __syncthreads();
 
-    const float* keys = k + (u64)kv_head * S * D;
+    const float* keys = k + (u64)kv_head * (u64)k_heads;
     for (int s = first + warp; s < end; s += warps) {
         float dot = 0.0f;
         if (s < visible_end)
@@ -55,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)
     }
     const float l = block_sum(local_sum, scratch);  // its __syncthreads also publishes `weight`
 
-    const float* values = v + (u64)kv_head * S * Dv;
+    const float* values = v + (u64)kv_head * (u64)v_heads;
     float* o = partial_o + (((u64)t * Hq + h) * splits + split) * Dv;
     for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
         float acc = 0.0f;
