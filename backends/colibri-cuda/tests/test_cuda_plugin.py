@@ -2,6 +2,7 @@
 be missing (CuPy, the driver, a device); registered as backend "cuda" computing on the
 GPU, and, where it cannot run, listed with its reason and refused in one line."""
 
+import contextlib
 import ctypes
 import subprocess
 import sys
@@ -11,6 +12,15 @@ import pytest
 from colibri_core.plugins.discovery import create_backend, get_registry, reset_manager
 from colibri_core.testing import registered_plugin
 from colibri_cuda import plugin
+
+
+def cuda_registered():
+    """The plugin as installed (its entry point), else registered here for the test."""
+    from colibri_core.plugins.discovery import get_manager
+
+    if "colibri-cuda" in get_manager().plugins:
+        return contextlib.nullcontext()
+    return registered_plugin(plugin, "colibri-cuda")
 
 
 @pytest.fixture(autouse=True)
@@ -48,13 +58,13 @@ def test_probe_reasons(monkeypatch):
 
 def test_probe_imports_no_cupy():
     code = ("import sys, colibri_cuda.plugin as p; p.unavailable_reason(); "
-            "assert 'cupy' not in sys.modules and 'colibri_cuda.backend' not in sys.modules")
+            "assert not {'cupy', 'numpy', 'colibri_cuda.backend'} & set(sys.modules), sys.modules.keys()")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
 
 
 def test_registered_as_cuda_on_the_gpu():
-    with registered_plugin(plugin, "colibri-cuda"):
+    with cuda_registered():
         entry = get_registry().get("backend", "cuda")
         assert entry.spec.device_kind() == "gpu"
         assert entry.spec.unavailable_reason() == plugin.unavailable_reason()
@@ -65,3 +75,18 @@ def test_registered_as_cuda_on_the_gpu():
         else:
             with pytest.raises(Exception, match="backend 'cuda' is not available"):
                 create_backend(get_registry(), "cuda")
+
+
+def test_the_table_shows_the_reason_as_written(monkeypatch):
+    """The install hint's extras ([cuda13], [cuda12]) are text, not markup."""
+    from click.testing import CliRunner
+
+    from colibri_core.cli.main import build_cli
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(plugin, "unavailable_reason", lambda: "cupy is not installed: " + plugin.INSTALL_HINT)
+    with cuda_registered():
+        result = CliRunner().invoke(build_cli(), ["list-backends"])
+    assert result.exit_code == 0, result.output
+    assert "unavailable: cupy is not installed: pip install colibri-cuda[cuda13] (or [cuda12] for a CUDA 12 driver)" \
+        in result.output
