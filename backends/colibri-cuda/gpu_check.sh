@@ -16,8 +16,9 @@
 #   3. colibri-cuda's own tests (layouts, mirrors, nvcc for sm_80/sm_90)
 #   4. the conformance kit on cuda (every kernel against the numpy reference)
 #   5. a small decode benchmark on a synthetic OLMoE-shaped checkpoint with int4 experts
-#      (full-size widths, 2 layers): cuda with every expert in VRAM, cuda with a quarter
-#      of them, and cpu, in one run; cuda's tokens compared between the placements
+#      (full-size widths, 2 layers): cuda with every expert in VRAM, with a quarter of
+#      them, with none (each uploaded when used), and cpu, in one run; cuda's tokens
+#      compared between the placements
 #   6. every family's oracle cases on cuda (tokens identical to transformers)
 # Bounded at about 10 minutes in all (each step's timeout); give the run 600 s.
 # Without a usable GPU it installs nothing and exits 2 with one line saying why.
@@ -63,7 +64,6 @@ note "gpu: $reason"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$SUMMARY" 2>&1
 
 export PYTHONUNBUFFERED=1 CUPY_TF32=0
-pip_install() { "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation "$@"; }
 step install 90 install.log bash -c "
     set -e
     if ls $WHEELS/*.whl > /dev/null 2>&1; then $PYTHON -m pip install -q --no-index --no-deps $WHEELS/*.whl; fi
@@ -85,7 +85,7 @@ step conformance 90 conformance.log "$PYTHON" -m pytest -q -n 4 -p no:cacheprovi
 
 # -- the benchmark --------------------------------------------------------------------------
 BENCH=$(mktemp -d)
-step bench-model 120 bench.log bash -c "
+step bench-model 100 bench.log bash -c "
     set -e
     $PYTHON benchmarks/synthetic_olmoe.py --out $BENCH/bf16 --hidden 2048 --intermediate 1024 --experts 64 \
         --top-k 8 --heads 16 --vocab 50304 --layers 2 --skew 1.0
@@ -97,7 +97,7 @@ print(2 * 16 * 3 * packed_nbytes('q4', (1024, 2048)))")  # 2 layers x 16 of 64 e
 bench() {
     local label=$1
     shift
-    step "bench $label" 35 bench.log bash -c "$COLIBRI bench --model $BENCH/int4 --tokens 64 --prompt-tokens 16 \
+    step "bench $label" 30 bench.log bash -c "$COLIBRI bench --model $BENCH/int4 --tokens 64 --prompt-tokens 16 \
         --repeats 1 --preload --json $* | $PYTHON -c '
 import json, sys
 run = json.load(sys.stdin)
@@ -105,6 +105,7 @@ print(json.dumps({\"label\": \"$label\", \"run\": run}))' >> $OUT/bench.jsonl"
 }
 bench cuda-all-in-vram --backend cuda
 bench cuda-quarter-in-vram --backend cuda --vram "$quarter"
+bench cuda-none-in-vram --backend cuda --vram 0
 bench cpu --backend cpu
 "$PYTHON" - "$OUT/bench.jsonl" >> "$SUMMARY" 2>&1 <<'PY'
 import json, sys

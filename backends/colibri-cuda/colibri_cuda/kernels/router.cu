@@ -59,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS)
             chosen[slot] = (float)index;
             chosen[k + slot] = value;
             kept += value;
-            probs[index] = -1.0f;
+            if (index < E) probs[index] = -1.0f;  // index E: nothing left to choose (NaN logits)
         }
         __syncthreads();
     }
