@@ -189,3 +189,24 @@ class MirrorKernels:
             if renormalise:
                 out[r, 1] /= kept
         return out
+
+
+def mirrored_backend():
+    """The CUDA backend's Python code on numpy, with mirrors of its kernels."""
+    from colibri_cuda.backend import CudaBackend
+
+    device = NumpyDevice()
+    return CudaBackend(device=device, kernels=MirrorKernels(device))
+
+
+class MirrorPlugin:
+    """Registers ``mirrored_backend`` as backend "cuda-mirror" (in-process, for tests)."""
+
+    from colibri_core import hookimpl
+
+    @hookimpl
+    def colibri_register_backends(self, register):
+        from colibri_core.plugins.registry import BackendSpec
+
+        register(BackendSpec("cuda-mirror", "cuda_stand_ins:mirrored_backend", device="cpu",
+                             description="colibri-cuda's Python code on numpy with mirrors of its kernels (tests)"))
