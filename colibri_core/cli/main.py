@@ -110,7 +110,9 @@ def list_backends(as_json):
 
 def _backend_status(row: dict) -> str:
     if not row["available"]:
-        return f"unavailable: {row['reason']}"
+        from rich.markup import escape  # a reason may hold brackets (pip extras) that are not markup
+
+        return escape(f"unavailable: {row['reason']}")
     return f"available ({row['device']})" if row["device"] else "available"
 
 
