@@ -17,7 +17,7 @@ from colibri_core.formats.base import QuantTensor, bf16_to_f32
 from colibri_core.formats.fp8 import E4M3_TO_F32
 from colibri_core.formats.integer import E2M1_VALUES
 from colibri_vulkan.array import ITEMSIZE, VulkanArray, contiguous_strides
-from colibri_vulkan.device import VulkanContext, pack
+from colibri_vulkan.device import pack, shared_context
 
 MAX_DIMS = 6
 MAX_HEAD_DIM = 1024  # attention.comp's MAXD
@@ -72,15 +72,12 @@ class VulkanBackend(Backend):
 
     def __init__(self, device_index: int | None = None):
         super().__init__()
-        self.ctx = VulkanContext(device_index)
+        self.ctx = shared_context(device_index)
         self.device = self.ctx.info
         # a CPU implementation or an integrated GPU computes in host memory
         self.unified_memory = self.device.type in ("cpu", "integrated")
         self._dummy = self.ctx.allocate(4)
         self._luts = {}
-
-    def close(self) -> None:
-        self.ctx.close()
 
     def device_memory(self) -> int | None:
         return self.device.device_local_bytes

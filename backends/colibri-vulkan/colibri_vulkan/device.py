@@ -10,12 +10,18 @@ pipelines and command recording, through the ``vulkan`` binding (cffi).
   or the descriptor pool or staging space runs out: one submit and one host wait per
   ``to_host``. A dispatch holds references to the ranges it uses until its submit finished.
 - **Pipelines** are made once per program on first use, from the committed SPIR-V.
+- **One context per device and process** (``shared_context``): backends made one after
+  another reuse the device, its memory blocks and its compiled pipelines (drivers compile
+  SPIR-V on first use, which costs more than a small model's whole run on lavapipe). A lock
+  serialises recording: the expert store may prepare weights from its reader threads.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +48,17 @@ class VulkanError(RuntimeError):
     pass
 
 
+def locked(method):
+    """Run a context method under the context's lock (recording is not thread-safe)."""
+
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    run.__name__, run.__doc__ = method.__name__, method.__doc__
+    return run
+
+
 def check(result: int, what: str) -> None:
     if result != 0:
         raise VulkanError(f"{what} failed: VkResult {result}")
@@ -57,8 +74,10 @@ class Allocation:
         self.block, self.offset, self.size = block, offset, size
 
     def __del__(self):
+        # only queued here: __del__ may run in the middle of an allocation (garbage collection)
+        # or on another thread; the next allocation returns the range to its block
         try:
-            self.block.release(self.offset, self.size)
+            self.block.ctx.released.append((self.block, self.offset, self.size))
         except Exception:  # interpreter shutdown: the memory goes with the device
             pass
 
@@ -181,6 +200,8 @@ class VulkanContext:
         sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=DESCRIPTOR_SETS * 7)]
         self.descriptor_pool = vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
             maxSets=DESCRIPTOR_SETS, poolSizeCount=1, pPoolSizes=sizes), None)
+        self.lock = threading.RLock()
+        self.released: collections.deque = collections.deque()  # ranges whose arrays are gone
         self.blocks: list[Block] = []
         self.pipelines: dict[str, Pipeline] = {}
         self.recording = False
@@ -204,7 +225,9 @@ class VulkanContext:
         return Block(self, size, usage, vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
                      host=True)
 
+    @locked
     def allocate(self, nbytes: int) -> Allocation:
+        self._return_released()
         size = max(self.align, -(-nbytes // self.align) * self.align)
         for block in self.blocks:
             offset = block.take(size)
@@ -216,7 +239,14 @@ class VulkanContext:
         self.blocks.append(block)
         return Allocation(block, block.take(size), size)
 
+    def _return_released(self) -> None:
+        while self.released:
+            block, offset, size = self.released.popleft()
+            block.release(offset, size)
+
+    @locked
     def allocated_bytes(self) -> int:
+        self._return_released()
         return sum(b.size - sum(s for _, s in b.free) for b in self.blocks)
 
     # -- recording ---------------------------------------------------------------------
@@ -230,6 +260,7 @@ class VulkanContext:
     def _barrier(self) -> None:
         lib.vkCmdPipelineBarrier(self.cmd, STAGES, STAGES, 0, 1, self.barrier, 0, ffi.NULL, 0, ffi.NULL)
 
+    @locked
     def dispatch(self, name: str, buffers: list[Allocation], push: bytes, groups: tuple[int, int, int]) -> None:
         pipe = self.pipelines.get(name)
         if pipe is None:
@@ -260,12 +291,14 @@ class VulkanContext:
         self._barrier()
         self.held.extend(buffers)
 
+    @locked
     def fill_zero(self, alloc: Allocation) -> None:
         self._begin()
         lib.vkCmdFillBuffer(self.cmd, alloc.block.buffer, alloc.offset, alloc.size, 0)
         self._barrier()
         self.held.append(alloc)
 
+    @locked
     def upload(self, alloc: Allocation, host: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(host)).cast("B")
         n = len(data)
@@ -285,6 +318,7 @@ class VulkanContext:
         self.held.append(alloc)
         self.staged += room
 
+    @locked
     def download(self, alloc: Allocation, offset: int, nbytes: int) -> bytes:
         if nbytes > self.readback.size:
             self.flush()
@@ -302,6 +336,7 @@ class VulkanContext:
         self.flush()
         return bytes(ffi.buffer(self.readback.mapped, nbytes))
 
+    @locked
     def flush(self) -> None:
         """Submit what is recorded and wait for it."""
         if not self.recording:
@@ -339,3 +374,19 @@ class VulkanContext:
 def pack(fmt: str, *values) -> bytes:
     """Push constants: ``fmt`` in struct's letters (i int32, f float32), little-endian."""
     return struct.pack("<" + fmt, *values)
+
+
+_contexts: dict[int | None, VulkanContext] = {}
+_contexts_lock = threading.Lock()
+
+
+def shared_context(device_index: int | None = None) -> VulkanContext:
+    """The process's context for the requested device (the argument, else
+    COLIBRI_VULKAN_DEVICE, else the default choice): made on first use, kept for the process."""
+    from colibri_vulkan.probe import requested_index
+
+    key = requested_index(device_index)
+    with _contexts_lock:
+        if key not in _contexts:
+            _contexts[key] = VulkanContext(key)
+        return _contexts[key]
