@@ -20,7 +20,6 @@ from colibri_vulkan.array import ITEMSIZE, VulkanArray, contiguous_strides
 from colibri_vulkan.device import pack, shared_context
 
 MAX_DIMS = 6
-MAX_HEAD_DIM = 1024  # attention.comp's MAXD
 GROUP_LIMIT = 65535
 ELTWISE = {"copy": 0, "+": 1, "-": 2, "*": 3, "/": 4, "neg": 11, "silu": 12, "sigmoid": 13, "softplus": 14, "clip": 15,
            "silu_mul": 16}
@@ -241,7 +240,7 @@ class VulkanBackend(Backend):
             bo, bi = weight.block
             push = pack("8i", t, n, k, weight.g, bo, bi, int(bias is not None), 0)
             self.ctx.dispatch(f"linear_{weight.kind}", [out.alloc, x2.alloc, weight.data, scales, lut, b], push,
-                              groups_for(n))
+                              (-(-n // 64), -(-t // 8), 1))
         return out.reshape(*lead, n)
 
     def _bmm(self, out, a, b, nb, m, n, k, a_strides, b_strides, c_strides, ao=0, bo=0, co=0):
@@ -354,8 +353,6 @@ class VulkanBackend(Backend):
         t, hq, d = q.shape
         hkv, s, _ = k.shape
         dv = v.shape[-1]
-        if max(d, dv) > MAX_HEAD_DIM:
-            raise ValueError(f"the Vulkan attention takes head dimensions up to {MAX_HEAD_DIM}, not {max(d, dv)}")
         out = self._new((t, hq, dv))
         if t:
             sel, nsel, selo = self._dummy, 0, 0
@@ -364,7 +361,8 @@ class VulkanBackend(Backend):
                 sel, nsel = selected.alloc, selected.shape[-1]
             push = pack("7if8i", t, hq, hkv, d, dv, s, int(start), float(scale), k.offset, k.strides[0], k.strides[1],
                         v.offset, v.strides[0], v.strides[1], nsel, selo)
-            self.ctx.dispatch("attention", [out.alloc, q.alloc, k.alloc, v.alloc, sel], push, (t, hq, 1))
+            chunks = -(-dv // 32)
+            self.ctx.dispatch("attention", [out.alloc, q.alloc, k.alloc, v.alloc, sel], push, (-(-hq * chunks // 64), t, 1))
         return out
 
     def attention(self, q, k, v, start, scale):

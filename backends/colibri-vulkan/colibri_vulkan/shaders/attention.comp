@@ -1,9 +1,10 @@
 #version 450
-// Causal attention, one workgroup per (query t, query head h), keys in tiles of 64 with an
-// online softmax. q (T, Hq, D) contiguous; k (Hkv, S, D) and v (Hkv, S, Dv) are strided
-// views (head and position strides in floats; features contiguous), so a KV cache slice
-// needs no copy. With `nsel` > 0, query t attends only to the positions listed in
-// sel[t, :nsel] (int64, from top_k) that causality allows.
+// Causal attention with an online softmax, one invocation per (query t, query head h, chunk
+// of 32 value features): no shared memory and no barriers (lavapipe runs barriers as
+// coroutine switches); each chunk recomputes its scores. q (T, Hq, D) contiguous; k (Hkv, S, D)
+// and v (Hkv, S, Dv) are strided views (head and position strides in floats, features
+// contiguous), so a KV cache slice needs no copy. With `nsel` > 0, query t attends only to
+// the positions listed in sel[t, :nsel] (int64, from top_k) that causality allows.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) writeonly buffer Out { float o[]; };
 layout(std430, binding = 1) readonly buffer Q { float q[]; };
@@ -14,60 +15,37 @@ layout(push_constant) uniform P {
     int t; int hq; int hkv; int d; int dv; int s; int start; float scale;
     int ko; int khs; int kss; int vo; int vhs; int vss; int nsel; int selo;
 } p;
-const int MAXD = 1024;
-const int PER = MAXD / 64;
-shared float qs[MAXD];
-shared float sc[64];
-shared int pos[64];
+const int CHUNK = 32;
 
 void main() {
-    int t = int(gl_WorkGroupID.x), h = int(gl_WorkGroupID.y), l = int(gl_LocalInvocationID.x);
-    int kvh = h / (p.hq / p.hkv);
-    for (int i = l; i < p.d; i += 64) qs[i] = q[(t * p.hq + h) * p.d + i];
-    barrier();
-    float acc[PER];
-    for (int i = 0; i < PER; ++i) acc[i] = 0.0;
-    float m = -1.0 / 0.0, lsum = 0.0;
+    int chunks = (p.dv + CHUNK - 1) / CHUNK;
+    int id = int(gl_GlobalInvocationID.x), t = int(gl_GlobalInvocationID.y);
+    int h = id / chunks, c0 = (id % chunks) * CHUNK;
+    if (h >= p.hq || t >= p.t) return;
+    int width = min(CHUNK, p.dv - c0);
+    int kvh = h / (p.hq / p.hkv), qb = (t * p.hq + h) * p.d;
     int last = p.start + t;  // the last position query t sees
     int n = p.nsel > 0 ? p.nsel : min(p.s, last + 1);
-    for (int base = 0; base < n; base += 64) {
-        int idx = base + l;
-        float score = -1.0 / 0.0;
-        int kp = -1;
-        if (idx < n) {
-            kp = p.nsel > 0 ? sel[2 * (p.selo + t * p.nsel + idx)] : idx;  // the low word of an int64
-            if (kp >= 0 && kp <= last && kp < p.s) {
-                int kb = p.ko + kvh * p.khs + kp * p.kss;
-                float dot_ = 0.0;
-                for (int i = 0; i < p.d; ++i) dot_ += qs[i] * k[kb + i];
-                score = dot_ * p.scale;
-            } else kp = -1;
-        }
-        sc[l] = score;
-        pos[l] = kp;
-        barrier();
-        float tm = m;
-        for (int i = 0; i < 64; ++i) tm = max(tm, sc[i]);
-        if (tm > -1.0 / 0.0) {
-            float corr = exp(m - tm);
+    float acc[CHUNK];
+    for (int j = 0; j < CHUNK; ++j) acc[j] = 0.0;
+    float m = -1.0 / 0.0, lsum = 0.0;
+    for (int idx = 0; idx < n; ++idx) {
+        int kp = p.nsel > 0 ? sel[2 * (p.selo + t * p.nsel + idx)] : idx;  // the low word of an int64
+        if (kp < 0 || kp > last || kp >= p.s) continue;
+        int kb = p.ko + kvh * p.khs + kp * p.kss;
+        float dot_ = 0.0;
+        for (int i = 0; i < p.d; ++i) dot_ += q[qb + i] * k[kb + i];
+        float score = dot_ * p.scale;
+        if (score > m) {
+            float corr = exp(m - score);
             lsum *= corr;
-            for (int j = 0; j < PER; ++j) acc[j] *= corr;
-            for (int i = 0; i < 64; ++i) {
-                if (pos[i] < 0) continue;
-                float pr = exp(sc[i] - tm);
-                lsum += pr;
-                int vb = p.vo + kvh * p.vhs + pos[i] * p.vss;
-                for (int j = 0; j < PER; ++j) {
-                    int c = l + 64 * j;
-                    if (c < p.dv) acc[j] += pr * v[vb + c];
-                }
-            }
-            m = tm;
+            for (int j = 0; j < CHUNK; ++j) acc[j] *= corr;
+            m = score;
         }
-        barrier();
+        float pr = exp(score - m);
+        lsum += pr;
+        int vb = p.vo + kvh * p.vhs + kp * p.vss + c0;
+        for (int j = 0; j < width; ++j) acc[j] += pr * v[vb + j];
     }
-    for (int j = 0; j < PER; ++j) {
-        int c = l + 64 * j;
-        if (c < p.dv) o[(t * p.hq + h) * p.dv + c] = acc[j] / lsum;
-    }
+    for (int j = 0; j < width; ++j) o[(t * p.hq + h) * p.dv + c0 + j] = acc[j] / lsum;
 }
