@@ -69,9 +69,9 @@ def packed_device_bytes(kind: str, shape: tuple[int, int], block=(128, 128)) -> 
 class VulkanBackend(Backend):
     name = "vulkan"
 
-    def __init__(self, device_index: int | None = None):
+    def __init__(self, device_index: int | None = None, context=None):
         super().__init__()
-        self.ctx = shared_context(device_index)
+        self.ctx = context if context is not None else shared_context(device_index)
         self.device = self.ctx.info
         # a CPU implementation or an integrated GPU computes in host memory
         self.unified_memory = self.device.type in ("cpu", "integrated")

@@ -7,8 +7,8 @@ pipelines and command recording, through the ``vulkan`` binding (cffi).
   host-visible staging buffer and a recorded copy, downloads through a readback buffer.
 - **Commands.** Dispatches, copies and fills are recorded into one command buffer, with a
   memory barrier after each, and submitted only when the host needs data (``download``)
-  or the descriptor pool or staging space runs out: one submit and one host wait per
-  ``to_host``. A dispatch holds references to the ranges it uses until its submit finished.
+  (more descriptor pools and staging buffers are made when a recording needs them): one
+  submit and one host wait per ``to_host``, none other. A dispatch holds references to the ranges it uses until its submit finished.
 - **Pipelines** are made once per program on first use, from the committed SPIR-V.
 - **One context per device and process** (``shared_context``): backends made one after
   another reuse the device, its memory blocks and its compiled pipelines (drivers compile
@@ -197,9 +197,8 @@ class VulkanContext:
         self.cmd = vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
             commandPool=self.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
         self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
-        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=DESCRIPTOR_SETS * 7)]
-        self.descriptor_pool = vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
-            maxSets=DESCRIPTOR_SETS, poolSizeCount=1, pPoolSizes=sizes), None)
+        self.descriptor_pools = [self._descriptor_pool()]  # more are made while recording, kept for reuse
+        self.pool_in_use = 0
         self.lock = threading.RLock()
         self.released: collections.deque = collections.deque()  # ranges whose arrays are gone
         self.blocks: list[Block] = []
@@ -207,7 +206,8 @@ class VulkanContext:
         self.recording = False
         self.held: list = []  # what pending commands use
         self.submits = 0
-        self.staging = self._host_block(STAGING_BYTES)
+        self.stagings = [self._host_block(STAGING_BYTES)]  # more are made while recording, kept for reuse
+        self.staging_in_use = 0
         self.staged = 0
         self.readback = self._host_block(STAGING_BYTES)
         self.barrier = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
@@ -219,6 +219,11 @@ class VulkanContext:
             if bits & (1 << i) and (self.memory_props.memoryTypes[i].propertyFlags & properties) == properties:
                 return i
         raise VulkanError(f"no memory type with properties {properties:#x}")
+
+    def _descriptor_pool(self):
+        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=DESCRIPTOR_SETS * 7)]
+        return vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
+            maxSets=DESCRIPTOR_SETS, poolSizeCount=1, pPoolSizes=sizes), None)
 
     def _host_block(self, size: int) -> Block:
         usage = vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
@@ -268,12 +273,14 @@ class VulkanContext:
         self._begin()
         sets = ffi.new("VkDescriptorSet[1]")
         info = ffi.new("VkDescriptorSetAllocateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                                        "descriptorPool": self.descriptor_pool, "descriptorSetCount": 1,
-                                                        "pSetLayouts": pipe.set_layout_ptr})
+                                                        "descriptorPool": self.descriptor_pools[self.pool_in_use],
+                                                        "descriptorSetCount": 1, "pSetLayouts": pipe.set_layout_ptr})
         result = lib.vkAllocateDescriptorSets(self.device, info, sets)
-        if result in OUT_OF_POOL:
-            self.flush()
-            self._begin()
+        if result in OUT_OF_POOL:  # the next pool: no submit, no wait
+            self.pool_in_use += 1
+            if self.pool_in_use == len(self.descriptor_pools):
+                self.descriptor_pools.append(self._descriptor_pool())
+            info.descriptorPool = self.descriptor_pools[self.pool_in_use]
             result = lib.vkAllocateDescriptorSets(self.device, info, sets)
         check(result, "vkAllocateDescriptorSets")
         n = len(buffers)
@@ -305,23 +312,27 @@ class VulkanContext:
         if n == 0:
             return
         room = -(-n // 16) * 16
-        if self.staged + room > self.staging.size:
-            self.flush()
-            if room > self.staging.size:
-                self.staging.destroy()
-                self.staging = self._host_block(room)
-        ffi.memmove(self.staging.mapped + self.staged, data, n)
+        staging = self.stagings[self.staging_in_use]
+        if self.staged + room > staging.size:  # the next staging buffer: no submit, no wait
+            self.staging_in_use += 1
+            self.staged = 0
+            if self.staging_in_use == len(self.stagings):
+                self.stagings.append(self._host_block(max(STAGING_BYTES, room)))
+            elif self.stagings[self.staging_in_use].size < room:
+                self.stagings[self.staging_in_use].destroy()
+                self.stagings[self.staging_in_use] = self._host_block(room)
+            staging = self.stagings[self.staging_in_use]
+        ffi.memmove(staging.mapped + self.staged, data, n)
         self._begin()
         region = ffi.new("VkBufferCopy*", {"srcOffset": self.staged, "dstOffset": alloc.offset, "size": n})
-        lib.vkCmdCopyBuffer(self.cmd, self.staging.buffer, alloc.block.buffer, 1, region)
+        lib.vkCmdCopyBuffer(self.cmd, staging.buffer, alloc.block.buffer, 1, region)
         self._barrier()
         self.held.append(alloc)
         self.staged += room
 
     @locked
     def download(self, alloc: Allocation, offset: int, nbytes: int) -> bytes:
-        if nbytes > self.readback.size:
-            self.flush()
+        if nbytes > self.readback.size:  # pending commands never use the readback buffer
             self.readback.destroy()
             self.readback = self._host_block(-(-nbytes // 4096) * 4096)
         self._begin()
@@ -350,7 +361,10 @@ class VulkanContext:
         check(lib.vkWaitForFences(self.device, 1, fences, 1, 2**64 - 1), "vkWaitForFences")
         lib.vkResetFences(self.device, 1, fences)
         lib.vkResetCommandBuffer(self.cmd, 0)
-        lib.vkResetDescriptorPool(self.device, self.descriptor_pool, 0)
+        for pool in self.descriptor_pools[: self.pool_in_use + 1]:
+            lib.vkResetDescriptorPool(self.device, pool, 0)
+        self.pool_in_use = 0
+        self.staging_in_use = 0
         self.recording = False
         self.held.clear()
         self.staged = 0
@@ -361,9 +375,10 @@ class VulkanContext:
         vk.vkDeviceWaitIdle(self.device)
         for pipe in self.pipelines.values():
             pipe.destroy(self.device)
-        for block in [*self.blocks, self.staging, self.readback]:
+        for block in [*self.blocks, *self.stagings, self.readback]:
             block.destroy()
-        vk.vkDestroyDescriptorPool(self.device, self.descriptor_pool, None)
+        for pool in self.descriptor_pools:
+            vk.vkDestroyDescriptorPool(self.device, pool, None)
         vk.vkDestroyFence(self.device, self.fence, None)
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
         vk.vkDestroyPipelineCache(self.device, self.pipeline_cache, None)
