@@ -127,9 +127,22 @@ class Attention:
 
     def __call__(self, x, step: Step):
         ops = step.ops
-        t = x.shape[0]
         q, k, v = ops.linears(x, [p.weight.value for p in (self.q, self.k, self.v)],
                               [_v(p.bias) for p in (self.q, self.k, self.v)])
+        return self.o(self._attend(q, k, v, step), step)
+
+    def batched(self, x, step: Step):
+        """A batched step: the projections on all rows, attention per sequence."""
+        ops = step.ops
+        q, k, v = ops.linears(x, [p.weight.value for p in (self.q, self.k, self.v)],
+                              [_v(p.bias) for p in (self.q, self.k, self.v)])
+        outs = [self._attend(q[a:b], k[a:b], v[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
+        return self.o(outs[0] if len(outs) == 1 else ops.concat(outs, 0), step)
+
+    def _attend(self, q, k, v, step: Step):
+        """One sequence's projected rows -> its attention output (before o_proj)."""
+        ops = step.ops
+        t = q.shape[0]
         gate = None
         if self.output_gate:
             q = q.reshape(t, self.n_heads, 2 * self.head_dim)
@@ -151,7 +164,7 @@ class Attention:
         out = ops.attention(q, keys, values, step.start, self.scale).reshape(t, self.n_heads * self.head_dim)
         if gate is not None:
             out = out * ops.sigmoid(gate)
-        return self.o(out, step)
+        return out
 
 
 def rope_tables(rope: RoPE, step: Step):
@@ -229,8 +242,11 @@ class DecoderLayer:
             h = x + self.attn(self.attn_norm(x, step), step)
         else:  # each sequence's tokens through the mixer with that sequence's state
             normed = self.attn_norm(x, step)
-            mixed = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
-            h = x + (mixed[0] if len(mixed) == 1 else step.ops.concat(mixed, 0))
+            if hasattr(self.attn, "batched"):  # its projections on all rows at once
+                h = x + self.attn.batched(normed, step)
+            else:
+                mixed = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
+                h = x + (mixed[0] if len(mixed) == 1 else step.ops.concat(mixed, 0))
         if step.prefetcher is not None:
             step.prefetcher.after_attention(self, h, step)
         return h + self.mlp(self.mlp_norm(h, step), step)
