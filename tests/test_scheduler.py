@@ -252,6 +252,11 @@ def test_queue_full_and_bad_requests_are_refused_at_submit(tmp_path_factory):
         with pytest.raises(UsageError, match="outside the vocabulary"):
             sched.submit(Request([VOCAB + 3], 4))
         assert sched.stats()["queue_depth"] == 2
+        queued = sched._waiting[-1]
+        queued.cancel()  # a cancelled request leaves the queue at the next step
+        sched.step()
+        assert queued.done and queued.finish_reason == "cancelled"
+        sched.submit(Request([1, 2], 4))  # its place is free again
         sched.stop()
 
 

@@ -327,6 +327,12 @@ class Scheduler:
         return worked
 
     def _admit(self) -> None:
+        with self._lock:  # a cancelled request leaves the queue at once (it held a queue place)
+            gone = [h for h in self._waiting if h._cancelled]
+            if gone:
+                self._waiting = collections.deque(h for h in self._waiting if not h._cancelled)
+        for handle in gone:
+            handle._finish("cancelled")
         while True:
             with self._lock:
                 if not self._waiting or len(self._active) >= self.slots:
