@@ -71,11 +71,28 @@ class GatedDeltaNet:
         return parts
 
     def __call__(self, x, step: Step):
+        qkv, z, b, a = self._project(x, step)
+        out = self._recur(qkv, b, a, step)
+        return self._output(out, z, step)
+
+    def batched(self, x, step: Step):
+        """A batched step: projections, norm and out_proj on all rows, the recurrence per
+        sequence."""
+        qkv, z, b, a = self._project(x, step)
+        outs = [self._recur(qkv[r0:r1], b[r0:r1], a[r0:r1], seg) for seg, (r0, r1) in zip(step.segments, step.rows)]
+        return self._output(outs[0] if len(outs) == 1 else step.ops.concat(outs, 0), z, step)
+
+    def _output(self, out, z, step: Step):
+        t, hv, dv = out.shape
+        out = self.norm(out.reshape(t * hv, dv), z.reshape(t * hv, dv), step)
+        return self.out(out.reshape(t, hv * dv), step)
+
+    def _recur(self, qkv, b, a, step: Step):
+        """One sequence's rows through the conv and the gated delta rule: (T, Hv, Dv)."""
         ops = step.ops
-        t = x.shape[0]
+        t = qkv.shape[0]
         hk, hv, dk, dv = self.n_k_heads, self.n_v_heads, self.k_head_dim, self.v_head_dim
         state: RecurrentState = step.cache.layers[self.layer]
-        qkv, z, b, a = self._project(x, step)
         qkv, conv = ops.causal_conv1d(qkv, self.conv_weight.value, state["conv"])
         qkv = ops.silu(qkv)
         q = ops.l2_norm(qkv[:, : self.key_dim].reshape(t, hk, dk), L2_EPS) * (dk**-0.5)
@@ -88,8 +105,7 @@ class GatedDeltaNet:
         else:
             out, recurrent = ops.gated_delta_chunked(q, k, v, g, beta, state["recurrent"], self.chunk_size)
         state.update(t, conv=conv, recurrent=recurrent)
-        out = self.norm(out.reshape(t * hv, dv), z.reshape(t * hv, dv), step)
-        return self.out(out.reshape(t, hv * dv), step)
+        return out
 
 
 def conv_weight_2d(w):

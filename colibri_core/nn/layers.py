@@ -21,14 +21,24 @@ if TYPE_CHECKING:  # annotations only: weights.py builds these blocks, so it imp
 
 @dataclass
 class Step:
-    """One forward pass over ``len(positions)`` new tokens of one sequence."""
+    """One forward pass over ``len(positions)`` new tokens of one sequence, or, with
+    ``segments``, of several sequences (a batched step).
+
+    A batched step's rows are the sequences' tokens one after another: ``segments[i]``
+    is a one-sequence Step (its own cache, positions and memo) owning rows
+    ``rows[i] = (begin, end)``. Token mixers (attention, MLA, Gated DeltaNet: whatever
+    reads or writes per-sequence state) run once per segment on its rows; everything
+    else (norms, dense linears, the router and the routed experts) runs on all rows
+    together, so a step's routed experts are fetched once for all its tokens."""
 
     ops: Any  # the Backend
     positions: np.ndarray
-    cache: Cache
+    cache: Cache | None
     memo: dict = field(default_factory=dict)
     routing: list | None = None  # when a list, MoE layers append (layer, expert ids)
     prefetcher: Any = None  # told the hidden state after each attention, to read ahead
+    segments: list["Step"] | None = None  # batched step: one Step per sequence
+    rows: list[tuple[int, int]] | None = None  # the rows of each segment
 
     @property
     def start(self) -> int:
@@ -117,9 +127,22 @@ class Attention:
 
     def __call__(self, x, step: Step):
         ops = step.ops
-        t = x.shape[0]
         q, k, v = ops.linears(x, [p.weight.value for p in (self.q, self.k, self.v)],
                               [_v(p.bias) for p in (self.q, self.k, self.v)])
+        return self.o(self._attend(q, k, v, step), step)
+
+    def batched(self, x, step: Step):
+        """A batched step: the projections on all rows, attention per sequence."""
+        ops = step.ops
+        q, k, v = ops.linears(x, [p.weight.value for p in (self.q, self.k, self.v)],
+                              [_v(p.bias) for p in (self.q, self.k, self.v)])
+        outs = [self._attend(q[a:b], k[a:b], v[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
+        return self.o(outs[0] if len(outs) == 1 else ops.concat(outs, 0), step)
+
+    def _attend(self, q, k, v, step: Step):
+        """One sequence's projected rows -> its attention output (before o_proj)."""
+        ops = step.ops
+        t = q.shape[0]
         gate = None
         if self.output_gate:
             q = q.reshape(t, self.n_heads, 2 * self.head_dim)
@@ -141,7 +164,7 @@ class Attention:
         out = ops.attention(q, keys, values, step.start, self.scale).reshape(t, self.n_heads * self.head_dim)
         if gate is not None:
             out = out * ops.sigmoid(gate)
-        return self.o(out, step)
+        return out
 
 
 def rope_tables(rope: RoPE, step: Step):
@@ -215,7 +238,15 @@ class DecoderLayer:
         return self.attn.new_state(backend, max_len)
 
     def __call__(self, x, step: Step):
-        h = x + self.attn(self.attn_norm(x, step), step)
+        if step.segments is None:
+            h = x + self.attn(self.attn_norm(x, step), step)
+        else:  # each sequence's tokens through the mixer with that sequence's state
+            normed = self.attn_norm(x, step)
+            if hasattr(self.attn, "batched"):  # its projections on all rows at once
+                h = x + self.attn.batched(normed, step)
+            else:
+                mixed = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
+                h = x + (mixed[0] if len(mixed) == 1 else step.ops.concat(mixed, 0))
         if step.prefetcher is not None:
             step.prefetcher.after_attention(self, h, step)
         return h + self.mlp(self.mlp_norm(h, step), step)
@@ -303,3 +334,26 @@ class CausalLM:
         except Found as found:
             return str(found)
         return None
+
+    def forward_batch(self, seqs: list[tuple[np.ndarray, Cache]], ops, *, routing: list | None = None) -> np.ndarray:
+        """One batched step: ``seqs`` lists (new token ids, cache) of distinct sequences,
+        each at its own position. Extends every cache; returns host float32 logits
+        (len(seqs), vocab), the row of each sequence's last new token."""
+        ids = [np.asarray(i, dtype=np.int64) for i, _ in seqs]
+        segments, rows, begin = [], [], 0
+        for seq_ids, cache in seqs:
+            positions = np.arange(cache.length, cache.length + len(seq_ids), dtype=np.int64)
+            segments.append(Step(ops, positions, cache))
+            rows.append((begin, begin + len(seq_ids)))
+            begin += len(seq_ids)
+        step = Step(ops, np.concatenate([s.positions for s in segments]), None, routing=routing,
+                    prefetcher=self.prefetcher, segments=segments, rows=rows)
+        x = self.embed(np.concatenate(ids), step)
+        for layer in self.layers:
+            x = layer(x, step)
+        for seq_ids, (_, cache) in zip(ids, seqs):
+            cache.length += len(seq_ids)
+        last = np.asarray([b - 1 for _, b in rows], dtype=np.int64)
+        if begin != len(seqs):  # some sequence brought several tokens: keep each one's last
+            x = ops.take_rows(x, last)
+        return ops.to_host(self.lm_head(self.norm(x, step), step))

@@ -73,6 +73,17 @@ class MLACache:
         """Add (T, rank) latents and (T, rope) keys; return everything cached so far."""
         return self.latent.append(latent), self.k_rot.append(k_rot)
 
+    def copy_prefix(self, dst: "MLACache", n: int, snapshot=None) -> None:
+        """Give ``dst`` (empty) this cache's first ``n`` positions (prefix reuse)."""
+        if n:
+            for mine, theirs in ((self.latent, dst.latent), (self.k_rot, dst.k_rot), (self.index_keys, dst.index_keys)):
+                if mine is not None:
+                    theirs.append(mine._data[:n])
+
+    def snapshot(self):
+        """Nothing: earlier rows never change, so any prefix can be copied."""
+        return None
+
     def append_index(self, keys):
         """Add (T, index_dim) indexer keys; return all of them."""
         return self.index_keys.append(keys)
@@ -164,17 +175,31 @@ class MLAttention:
         return ops.rope(x, cos, sin, self.rope_dim)
 
     def __call__(self, x, step: Step):
-        ops = step.ops
-        t = x.shape[0]
-        h, dn, dr, dv = self.n_heads, self.nope_dim, self.rope_dim, self.v_dim
+        q, q_resid, compressed = self._project(x, step)
+        return self.o(self._attend(x, q, q_resid, compressed, step), step)
+
+    def batched(self, x, step: Step):
+        """A batched step: the projections on all rows, attention per sequence."""
+        q, q_resid, compressed = self._project(x, step)
+        outs = [self._attend(x[a:b], q[a:b], None if q_resid is None else q_resid[a:b], compressed[a:b], seg)
+                for seg, (a, b) in zip(step.segments, step.rows)]
+        return self.o(outs[0] if len(outs) == 1 else step.ops.concat(outs, 0), step)
+
+    def _project(self, x, step: Step):
         if self.q is not None:
             q_resid = None
             q = self.q(x, step)
         else:
             q_resid = self.q_a_norm(self.q_a(x, step), step)
             q = self.q_b(q_resid, step)
+        return q, q_resid, self.kv_a(x, step)
+
+    def _attend(self, x, q, q_resid, compressed, step: Step):
+        """One sequence's rows -> its attention output (before o_proj)."""
+        ops = step.ops
+        t = x.shape[0]
+        h, dn, dr, dv = self.n_heads, self.nope_dim, self.rope_dim, self.v_dim
         q = q.reshape(t, h, dn + dr)
-        compressed = self.kv_a(x, step)
         latent = self.kv_a_norm(compressed[:, : self.kv_lora_rank], step)
         k_rot = compressed[:, self.kv_lora_rank :].reshape(t, 1, dr)
 
@@ -199,4 +224,4 @@ class MLAttention:
                 out = ops.attention(q_full, keys, values, step.start, self.scale)
             else:
                 out = ops.sparse_attention(q_full, keys, values, step.start, self.scale, selected)
-        return self.o(out.reshape(t, h * dv), step)
+        return out.reshape(t, h * dv)
