@@ -135,6 +135,17 @@ class Backend(abc.ABC):
         """Called once the model's weights are placed; ``packed`` says whether any weight
         is kept in a packed form (so the backend's kernels will do most of the work)."""
 
+    def batch_invariant_rows(self, op: str, weights: list) -> int:
+        """Up to how many activation rows ``op`` with these (prepared) weights computes
+        every row bit for bit as it would that row alone: "linear" (``linear`` /
+        ``linears``), "router" (``softmax_top_k``, ``sigmoid_grouped_top_k``) or "experts"
+        (``routed_experts``; ``weights``: the experts' ``ExpertWeights``). The batched
+        engine feeds a decode step's rows through ``op`` at most this many at a time, so a
+        request's tokens never depend on what else is in the batch. The default, 1, is
+        always right (BLAS, for one, picks other blockings, hence other roundings, for
+        several rows); a backend whose kernels handle rows independently says so."""
+        return 1
+
     # -- dense operations --------------------------------------------------------------
     @abc.abstractmethod
     def embedding(self, table: Weight, ids: np.ndarray) -> Array:

@@ -52,6 +52,15 @@ class KVCache:
         h, dk, dv = self.shape
         return h * (dk + dv) * ITEMSIZE[self.backend.cache_dtype]
 
+    def copy_prefix(self, dst: "KVCache", n: int, snapshot=None) -> None:
+        """Give ``dst`` (empty) this cache's first ``n`` positions (prefix reuse)."""
+        if n:
+            dst.append(self._k[:, :n].transpose(1, 0, 2), self._v[:, :n].transpose(1, 0, 2))
+
+    def snapshot(self):
+        """Nothing: the rows of earlier positions never change, so any prefix can be copied."""
+        return None
+
 
 class RecurrentState:
     """The fixed-size state of one recurrent layer: named arrays (e.g. a convolution's
@@ -82,6 +91,23 @@ class RecurrentState:
     def bytes_per_token(self) -> int:
         return 0
 
+    def snapshot(self) -> dict:
+        """Copies of the arrays as they are now (after ``length`` positions): the only way
+        to resume this state at an earlier position later, since each update replaces it."""
+        return {name: a * 1.0 for name, a in self.arrays.items()}  # * 1.0: an exact copy (-0.0 kept)
+
+    def copy_prefix(self, dst: "RecurrentState", n: int, snapshot=None) -> None:
+        """Give ``dst`` (fresh) the state after ``n`` positions: ``snapshot`` taken at n
+        (or this state itself when it has absorbed exactly n)."""
+        if n == 0:
+            return
+        if snapshot is None:
+            if self.length != n:
+                raise ValueError(f"recurrent state holds {self.length} positions, not {n}, and no snapshot was kept")
+            snapshot = self.arrays
+        dst.arrays = {name: a * 1.0 for name, a in snapshot.items()}
+        dst.length = n
+
 
 class Cache:
     """The state of one sequence across all layers (KV caches, recurrent states, ...)."""
@@ -96,3 +122,20 @@ class Cache:
 
     def bytes_per_token(self) -> int:
         return sum(layer.bytes_per_token() for layer in self.layers if layer is not None)
+
+    def reusable(self) -> bool:
+        """Whether every layer's state can give a prefix to another cache (prefix reuse)."""
+        return all(layer is None or (hasattr(layer, "copy_prefix") and hasattr(layer, "snapshot")) for layer in self.layers)
+
+    def snapshot(self) -> list:
+        """Per layer, what ``copy_prefix`` needs to resume at the current length later
+        (None for layers whose earlier positions stay in place)."""
+        return [None if layer is None else layer.snapshot() for layer in self.layers]
+
+    def copy_prefix(self, dst: "Cache", n: int, snapshot: list | None = None) -> None:
+        """Fill ``dst`` (a fresh cache) with this cache's first ``n`` positions;
+        ``snapshot``: from ``snapshot()`` taken when this cache held exactly n."""
+        for i, (src, into) in enumerate(zip(self.layers, dst.layers)):
+            if src is not None:
+                src.copy_prefix(into, n, None if snapshot is None else snapshot[i])
+        dst.length = n

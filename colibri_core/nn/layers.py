@@ -21,14 +21,24 @@ if TYPE_CHECKING:  # annotations only: weights.py builds these blocks, so it imp
 
 @dataclass
 class Step:
-    """One forward pass over ``len(positions)`` new tokens of one sequence."""
+    """One forward pass over ``len(positions)`` new tokens of one sequence, or, with
+    ``segments``, of several sequences (a batched step).
+
+    A batched step's rows are the sequences' tokens one after another: ``segments[i]``
+    is a one-sequence Step (its own cache, positions and memo) owning rows
+    ``rows[i] = (begin, end)``. Token mixers (attention, MLA, Gated DeltaNet: whatever
+    reads or writes per-sequence state) run once per segment on its rows; everything
+    else (norms, dense linears, the router and the routed experts) runs on all rows
+    together, so a step's routed experts are fetched once for all its tokens."""
 
     ops: Any  # the Backend
     positions: np.ndarray
-    cache: Cache
+    cache: Cache | None
     memo: dict = field(default_factory=dict)
     routing: list | None = None  # when a list, MoE layers append (layer, expert ids)
     prefetcher: Any = None  # told the hidden state after each attention, to read ahead
+    segments: list["Step"] | None = None  # batched step: one Step per sequence
+    rows: list[tuple[int, int]] | None = None  # the rows of each segment
 
     @property
     def start(self) -> int:
@@ -215,7 +225,12 @@ class DecoderLayer:
         return self.attn.new_state(backend, max_len)
 
     def __call__(self, x, step: Step):
-        h = x + self.attn(self.attn_norm(x, step), step)
+        if step.segments is None:
+            h = x + self.attn(self.attn_norm(x, step), step)
+        else:  # each sequence's tokens through the mixer with that sequence's state
+            normed = self.attn_norm(x, step)
+            mixed = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
+            h = x + (mixed[0] if len(mixed) == 1 else step.ops.concat(mixed, 0))
         if step.prefetcher is not None:
             step.prefetcher.after_attention(self, h, step)
         return h + self.mlp(self.mlp_norm(h, step), step)
@@ -270,3 +285,26 @@ class CausalLM:
         x = x if all_logits else x[-1:]
         logits = ops.to_host(self.lm_head(self.norm(x, step), step))
         return logits if all_logits else logits[0]
+
+    def forward_batch(self, seqs: list[tuple[np.ndarray, Cache]], ops, *, routing: list | None = None) -> np.ndarray:
+        """One batched step: ``seqs`` lists (new token ids, cache) of distinct sequences,
+        each at its own position. Extends every cache; returns host float32 logits
+        (len(seqs), vocab), the row of each sequence's last new token."""
+        ids = [np.asarray(i, dtype=np.int64) for i, _ in seqs]
+        segments, rows, begin = [], [], 0
+        for seq_ids, cache in seqs:
+            positions = np.arange(cache.length, cache.length + len(seq_ids), dtype=np.int64)
+            segments.append(Step(ops, positions, cache))
+            rows.append((begin, begin + len(seq_ids)))
+            begin += len(seq_ids)
+        step = Step(ops, np.concatenate([s.positions for s in segments]), None, routing=routing,
+                    prefetcher=self.prefetcher, segments=segments, rows=rows)
+        x = self.embed(np.concatenate(ids), step)
+        for layer in self.layers:
+            x = layer(x, step)
+        for seq_ids, (_, cache) in zip(ids, seqs):
+            cache.length += len(seq_ids)
+        last = np.asarray([b - 1 for _, b in rows], dtype=np.int64)
+        if begin != len(seqs):  # some sequence brought several tokens: keep each one's last
+            x = ops.take_rows(x, last)
+        return ops.to_host(self.lm_head(self.norm(x, step), step))

@@ -73,6 +73,17 @@ class MLACache:
         """Add (T, rank) latents and (T, rope) keys; return everything cached so far."""
         return self.latent.append(latent), self.k_rot.append(k_rot)
 
+    def copy_prefix(self, dst: "MLACache", n: int, snapshot=None) -> None:
+        """Give ``dst`` (empty) this cache's first ``n`` positions (prefix reuse)."""
+        if n:
+            for mine, theirs in ((self.latent, dst.latent), (self.k_rot, dst.k_rot), (self.index_keys, dst.index_keys)):
+                if mine is not None:
+                    theirs.append(mine._data[:n])
+
+    def snapshot(self):
+        """Nothing: earlier rows never change, so any prefix can be copied."""
+        return None
+
     def append_index(self, keys):
         """Add (T, index_dim) indexer keys; return all of them."""
         return self.index_keys.append(keys)

@@ -52,6 +52,21 @@ class CpuBackend(ReferenceBackend):
             return self.has_kernel(kind) and kind != "fp8"
         return super().keeps_stored(kind, use)
 
+    def batch_invariant_rows(self, op, weights):
+        # measured (docs/architecture.md, batched engine): the kernels compute each row
+        # on its own up to their row limits; BLAS rounds differently for 1 and M rows
+        if op == "linear":
+            return max(1, self._kernel_rows(weights))
+        if op == "router":
+            (w,) = weights
+            if self.kernels is not None and isinstance(w, np.ndarray) and w.shape[0] <= self.kernels.MAX_ROUTED:
+                return ROUTE_ROW_LIMIT
+            return max(1, self._kernel_rows(weights))
+        if op == "experts":
+            # an expert given more rows than its kernel takes falls back to BLAS
+            return max(1, min((self._kernel_rows((w["gate"], w["up"], w["down"])) for w in weights), default=1))
+        return 1
+
     def swiglu_expert(self, x, gate, up, down):
         mats = (gate, up, down)
         if x.shape[0] <= self._kernel_rows(mats):

@@ -1,0 +1,496 @@
+"""The batched engine: continuous batching of many requests over one ``Model``.
+
+    sched = Scheduler(model, slots=8, max_queue=64)
+    sched.start()                                   # steps run on the engine's own thread
+    h = sched.submit(Request(prompt_ids=ids, max_tokens=64, stop_ids=frozenset(model.eos_ids)))
+    for event in h:                                 # TokenEvents as they are generated
+        print(event.text, end="")
+    h.finish_reason, h.usage
+    sched.stop()
+
+Each step of the engine thread:
+
+1. admits queued requests while a slot is free and the KV allocator can reserve the
+   request's worst case (prompt + max_tokens, capped at the context) within the KV
+   budget; otherwise they wait in the queue (first come, first served);
+2. retires cancelled requests (their slot and KV reservation are free before the step);
+3. runs one prefill chunk (``prefill_chunk`` tokens) of the oldest request still
+   prefilling, on its own: a long prompt is thus cut into chunks between decode steps;
+4. runs one batched decode step over every request that has a token to feed: each
+   sequence's attention / MLA / DeltaNet on its own state, the dense linears, router and
+   routed experts on all rows at once (the step's experts are fetched once for all).
+
+The promise: a request's tokens never depend on what else is in the batch. Prefill
+chunks run exactly as ``Model.generate`` runs them (same chunk boundaries, alone), and
+decode rows go through ``RowInvariantOps`` (colibri_core.engine.batching), which keeps
+every row bit-identical to a one-row step. Greedy tokens therefore equal
+``Model.generate``'s for the same request (with ``prefill_chunk`` = PREFILL_CHUNK).
+
+Prefix reuse: after a prompt is prefilled, its cache stays indexed by its tokens (also
+after the request ends, until its bytes are needed). A new request whose prompt starts
+with the same tokens copies that prefix's cached positions and prefills only the rest.
+Only positions computed by whole prefill chunks are reused, and the reuse length is a
+multiple of the chunk: the copied rows are then bit for bit what a cold prefill of the
+new prompt computes (a partial chunk, or a decoded token, is computed with another number
+of rows, so other roundings). Recurrent layers (Gated DeltaNet) replace their state at
+every step, so a snapshot of it is kept at the last ``snapshots`` chunk boundaries of
+each prompt; a prefix resumes from the latest boundary at or before the match.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from colibri_core.engine import generation
+from colibri_core.engine.batching import RowInvariantOps
+from colibri_core.engine.generation import TokenEvent
+from colibri_core.engine.sampling import Sampler, SamplingParams
+from colibri_core.errors import ColibriError, UsageError
+from colibri_core.nn.cache import Cache
+
+
+class QueueFull(ColibriError):
+    """``max_queue`` requests are already waiting: try again later."""
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: frozenset[int] = frozenset()  # token ids that end the request (not emitted)
+
+
+class Handle:
+    """A submitted request: iterate it for ``TokenEvent``s (blocking); ``cancel()``."""
+
+    def __init__(self, request: Request, on_event):
+        self.request = request
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: BaseException | None = None
+        self.usage = {"prompt_tokens": len(request.prompt_ids), "completion_tokens": 0, "cached_tokens": 0}
+        self.submitted = time.perf_counter()
+        self.ttft_s: float | None = None
+        self._on_event = on_event
+        self._events: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._cancelled = False
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Stop generating (idempotent); the slot is freed before the next step."""
+        self._cancelled = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def __iter__(self):
+        while True:
+            event = self._events.get()
+            if event is None:
+                return
+            yield event
+
+    # -- engine side ------------------------------------------------------------------
+    def _emit(self, event: TokenEvent) -> None:
+        self._events.put(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def _finish(self, reason: str, error: BaseException | None = None) -> None:
+        if self._done.is_set():
+            return
+        self.finish_reason, self.error = reason, error
+        self.usage["completion_tokens"] = len(self.token_ids)
+        self._done.set()
+        self._events.put(None)
+        if self._on_event is not None:
+            try:
+                self._on_event(None)
+            except Exception:  # the request is over either way; the engine keeps serving
+                pass
+
+
+class KVAllocator:
+    """Bytes of sequence state (KV, MLA latents, recurrent states and their snapshots)
+    the engine may hold: requests reserve their worst case before they are admitted."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.reserved = 0
+
+    def fits(self, nbytes: int) -> bool:
+        return self.reserved + nbytes <= self.budget
+
+    def reserve(self, nbytes: int) -> None:
+        self.reserved += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.reserved -= nbytes
+
+
+@dataclass
+class _Prefix:
+    """A prompt's cache kept for reuse: positions below ``exact`` were computed by whole
+    prefill chunks; ``snapshots`` (position -> Cache.snapshot()) resume recurrent layers."""
+
+    tokens: list[int]
+    cache: Cache
+    exact: int = 0
+    snapshots: dict = field(default_factory=dict)
+    nbytes: int = 0  # reservation held while retired (0 while its request runs)
+    live: bool = True  # its request still runs (it owns the reservation)
+    used: float = 0.0
+
+
+@dataclass
+class _Seq:
+    handle: Handle
+    cache: Cache
+    reserved: int
+    sampler: Sampler
+    decoder: object
+    prompt: list[int]
+    prefilled: int = 0
+    cached: int = 0
+    next_token: int | None = None  # sampled and emitted, to be fed at the next decode step
+    prefix: _Prefix | None = None
+
+    @property
+    def request(self) -> Request:
+        return self.handle.request
+
+
+class Scheduler:
+    """Continuous batching over one model; see the module docstring."""
+
+    def __init__(self, model, slots: int = 8, max_queue: int = 64, *, kv_budget: int | None = None,
+                 prefill_chunk: int | None = None, prefix_reuse: bool = True, snapshots: int = 2):
+        if slots < 1:
+            raise UsageError(f"slots must be >= 1, got {slots}")
+        if max_queue < 0:
+            raise UsageError(f"max_queue must be >= 0, got {max_queue}")
+        self.model = model
+        self.lm = model.lm
+        self.ops = model.backend
+        self.batch_ops = RowInvariantOps(model.backend)
+        self.slots, self.max_queue = slots, max_queue
+        self.prefill_chunk = prefill_chunk or generation.PREFILL_CHUNK
+        probe = self.lm.new_cache(self.ops)  # what one sequence's state costs
+        self.bytes_per_token = probe.bytes_per_token()
+        self.fixed_bytes = probe.nbytes  # recurrent states: allocated whole at the start
+        self.prefix_reuse = prefix_reuse and probe.reusable()
+        self.snapshots = max(1, snapshots) if self.fixed_bytes else 0
+        if kv_budget is None:  # every slot may fill the whole context
+            kv_budget = slots * self._reservation(self.lm.max_context)
+        self.kv = KVAllocator(int(kv_budget))
+        self._lock = threading.Condition()
+        self._waiting: collections.deque[Handle] = collections.deque()
+        self._active: list[_Seq] = []
+        self._prefixes: list[_Prefix] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.requests_total = 0
+        self.tokens_total = 0
+        self.steps = 0
+        self.prefix_hits_tokens = 0
+        self.prefill_tokens = 0
+        self._decoded = collections.deque(maxlen=64)  # (time, tokens) of recent decode steps
+        self._ttft = collections.deque(maxlen=64)
+
+    # -- sizes ------------------------------------------------------------------------
+    def _reservation(self, tokens: int) -> int:
+        return tokens * self.bytes_per_token + self.fixed_bytes * (1 + self.snapshots)
+
+    def _request_tokens(self, request: Request) -> int:
+        return min(len(request.prompt_ids) + request.max_tokens, self.lm.max_context)
+
+    # -- client side ------------------------------------------------------------------
+    def submit(self, request: Request, on_event=None) -> Handle:
+        """Queue a request; raises QueueFull when ``max_queue`` wait already, UsageError for
+        a request that can never run (empty, not fitting the context or the KV budget)."""
+        prompt = [int(t) for t in request.prompt_ids]
+        if not prompt:
+            raise UsageError("the prompt is empty: give text or at least one token id")
+        self.lm.check_prompt(prompt)
+        if len(prompt) >= self.lm.max_context:
+            raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {self.lm.max_context}")
+        if request.max_tokens < 0:
+            raise UsageError(f"max_tokens must be >= 0, got {request.max_tokens}")
+        need = self._reservation(self._request_tokens(request))
+        if need > self.kv.budget:
+            raise UsageError(f"the request needs {need} bytes of KV cache (prompt {len(prompt)} + max_tokens "
+                             f"{request.max_tokens} tokens); the KV budget is {self.kv.budget}")
+        request.prompt_ids = prompt
+        handle = Handle(request, on_event)
+        with self._lock:
+            if self._stopping:
+                raise UsageError("the scheduler is stopped")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue {self.max_queue})")
+            self._waiting.append(handle)
+            self.requests_total += 1
+            self._lock.notify_all()
+        return handle
+
+    def start(self) -> "Scheduler":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="colibri-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Cancel everything, finish the current step, join the engine thread."""
+        with self._lock:
+            self._stopping = True
+            waiting, self._waiting = list(self._waiting), collections.deque()
+            for seq in self._active:
+                seq.handle.cancel()
+            self._lock.notify_all()
+        for handle in waiting:
+            handle._finish("cancelled")
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        else:
+            self._retire_cancelled()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def stats(self) -> dict:
+        now = time.perf_counter()
+        recent = [(t, n) for t, n in self._decoded if now - t <= 10.0]
+        decode_tok_s = 0.0
+        if len(recent) >= 2:
+            span = recent[-1][0] - recent[0][0]
+            decode_tok_s = sum(n for _, n in recent[1:]) / span if span > 0 else 0.0
+        ttft = sorted(self._ttft)
+        with self._lock:
+            queue_depth, active = len(self._waiting), len(self._active)
+            kv_bytes = sum(s.cache.nbytes for s in self._active) + sum(p.cache.nbytes for p in self._prefixes if not p.live)
+            retained = sum(1 for p in self._prefixes if not p.live)
+        out = {
+            "queue_depth": queue_depth, "active": active, "slots": self.slots, "max_queue": self.max_queue,
+            "requests_total": self.requests_total, "tokens_total": self.tokens_total, "steps": self.steps,
+            "decode_tok_s": decode_tok_s, "ttft_s": ttft[len(ttft) // 2] if ttft else 0.0, "ttft_recent_s": list(self._ttft),
+            "prefix_hits_tokens": self.prefix_hits_tokens, "prefill_tokens": self.prefill_tokens,
+            "kv_budget_bytes": self.kv.budget, "kv_reserved_bytes": self.kv.reserved, "kv_bytes": kv_bytes,
+            "kv_bytes_per_token": self.bytes_per_token, "prefixes_retained": retained,
+        }
+        out.update(self.model.store_counters())
+        return out
+
+    # -- engine thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self._waiting and not self._active:
+                    self._lock.wait()
+                if self._stopping and not self._active:
+                    return
+            try:
+                self.step()
+            except Exception as exc:  # a bug: fail what runs, keep serving
+                for seq in list(self._active):
+                    self._retire(seq, "error", exc)
+
+    def step(self) -> bool:
+        """One engine step (admit, retire, one prefill chunk, one decode step). Returns
+        whether there was anything to do."""
+        self._retire_cancelled()
+        self._admit()
+        worked = False
+        prefilling = next((s for s in self._active if s.prefilled < len(s.prompt)), None)
+        if prefilling is not None:
+            self._prefill_chunk(prefilling)
+            worked = True
+        decoding = [s for s in self._active if s.next_token is not None and not s.handle._cancelled]
+        if decoding:
+            self._decode(decoding)
+            worked = True
+        if worked:
+            self.steps += 1
+        return worked
+
+    def _admit(self) -> None:
+        while True:
+            with self._lock:
+                if not self._waiting or len(self._active) >= self.slots:
+                    return
+                handle = self._waiting[0]
+                if handle._cancelled:
+                    self._waiting.popleft()
+                    handle._finish("cancelled")
+                    continue
+                need = self._reservation(self._request_tokens(handle.request))
+                while not self.kv.fits(need) and self._evict_one():
+                    pass
+                if not self.kv.fits(need):
+                    return  # wait for a running request to end
+                self._waiting.popleft()
+                self.kv.reserve(need)
+            try:
+                self._active.append(self._new_seq(handle, need))
+            except Exception as exc:
+                self.kv.release(need)
+                handle._finish("error", exc)
+
+    def _evict_one(self) -> bool:
+        """Drop the least recently used retired prefix; False when there is none."""
+        retired = [p for p in self._prefixes if not p.live]
+        if not retired:
+            return False
+        victim = min(retired, key=lambda p: p.used)
+        self._prefixes.remove(victim)
+        self.kv.release(victim.nbytes)
+        return True
+
+    def _new_seq(self, handle: Handle, reserved: int) -> _Seq:
+        request = handle.request
+        limit = self._request_tokens(request)
+        cache = Cache([layer.new_state(self.ops, limit) for layer in self.lm.layers])
+        model = self.model
+        decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
+        seq = _Seq(handle, cache, reserved, Sampler(request.sampling), decoder, list(request.prompt_ids))
+        if self.prefix_reuse:
+            self._reuse_prefix(seq)
+        return seq
+
+    def _reuse_prefix(self, seq: _Seq) -> None:
+        """Copy the longest reusable cached prefix of the prompt into the new cache."""
+        prompt, chunk = seq.prompt, self.prefill_chunk
+        best, best_n, best_snap = None, 0, None
+        for p in self._prefixes:
+            limit = min(p.exact, len(prompt) - 1)  # at least one token left to prefill
+            common = 0
+            while common < limit and p.tokens[common] == prompt[common]:
+                common += 1
+            n = common // chunk * chunk
+            snap = None
+            if self.fixed_bytes:  # recurrent layers: only where a snapshot was kept
+                n = max((b for b in p.snapshots if b <= n), default=0)
+                snap = p.snapshots.get(n)
+            if n > best_n:
+                best, best_n, best_snap = p, n, snap
+        if best is None:
+            return
+        best.cache.copy_prefix(seq.cache, best_n, best_snap)
+        best.used = time.perf_counter()
+        seq.prefilled = seq.cached = best_n
+        seq.handle.usage["cached_tokens"] = best_n
+        self.prefix_hits_tokens += best_n
+
+    def _prefill_chunk(self, seq: _Seq) -> None:
+        """The next chunk of a prompt, alone, exactly as Model.generate runs it."""
+        begin = seq.prefilled
+        end = min(len(seq.prompt), begin + self.prefill_chunk)
+        try:
+            logits = self.lm.forward(np.asarray(seq.prompt[begin:end]), seq.cache, self.ops)
+        except Exception as exc:
+            self._retire(seq, "error", exc)
+            return
+        seq.prefilled = end
+        self.prefill_tokens += end - begin
+        if self.model.store is not None:
+            self.model.store.after_tokens(end - begin)
+        if self.prefix_reuse and end - begin == self.prefill_chunk:
+            self._remember(seq, end)
+        if end == len(seq.prompt):
+            self._sampled(seq, logits)
+
+    def _remember(self, seq: _Seq, end: int) -> None:
+        """The prompt's positions up to ``end`` are whole-chunk exact: index them."""
+        p = seq.prefix
+        if p is None:
+            p = seq.prefix = _Prefix(seq.prompt, seq.cache)
+            with self._lock:
+                self._prefixes.append(p)
+        p.exact, p.used = end, time.perf_counter()
+        if self.snapshots:
+            p.snapshots[end] = seq.cache.snapshot()
+            for old in sorted(p.snapshots)[: -self.snapshots]:
+                del p.snapshots[old]
+
+    def _decode(self, seqs: list[_Seq]) -> None:
+        feed = [(np.asarray([s.next_token]), s.cache) for s in seqs]
+        try:
+            if len(seqs) == 1:
+                rows = self.lm.forward(feed[0][0], feed[0][1], self.ops)[None]
+            else:
+                rows = self.lm.forward_batch(feed, self.batch_ops)
+        except Exception as exc:
+            for s in seqs:
+                self._retire(s, "error", exc)
+            return
+        self._decoded.append((time.perf_counter(), len(seqs)))
+        if self.model.store is not None:
+            self.model.store.after_tokens(len(seqs))
+        for s, logits in zip(seqs, rows):
+            s.next_token = None
+            self._sampled(s, logits)
+
+    def _sampled(self, seq: _Seq, logits) -> None:
+        """Choose the next token from ``logits``, emit it, decide whether to go on."""
+        handle, request = seq.handle, seq.request
+        try:
+            if len(handle.token_ids) >= request.max_tokens:
+                return self._retire(seq, "length")
+            token = seq.sampler(logits)
+            if handle.ttft_s is None:
+                handle.ttft_s = time.perf_counter() - handle.submitted
+                self._ttft.append(handle.ttft_s)
+            if token in request.stop_ids:
+                return self._retire(seq, "stop")
+            handle.token_ids.append(token)
+            self.tokens_total += 1
+            text = seq.decoder.add(token) if seq.decoder is not None else ""
+            handle._emit(TokenEvent(token, text))
+            if len(handle.token_ids) >= request.max_tokens:
+                return self._retire(seq, "length")
+            if seq.cache.length >= self.lm.max_context:
+                return self._retire(seq, "context")
+            seq.next_token = token
+        except Exception as exc:
+            self._retire(seq, "error", exc)
+
+    def _retire_cancelled(self) -> None:
+        for seq in [s for s in self._active if s.handle._cancelled]:
+            self._retire(seq, "cancelled")
+
+    def _retire(self, seq: _Seq, reason: str, error: BaseException | None = None) -> None:
+        if seq not in self._active:
+            return
+        with self._lock:
+            self._active.remove(seq)
+            self.kv.release(seq.reserved)
+            p = seq.prefix
+            if p is not None:  # keep the prompt's cache for reuse, if its bytes fit
+                p.live, p.nbytes = False, p.cache.nbytes + self.fixed_bytes * len(p.snapshots)
+                if reason == "error" or not self.kv.fits(p.nbytes):
+                    self._prefixes.remove(p)
+                else:
+                    self.kv.reserve(p.nbytes)
+            self._lock.notify_all()
+        handle = seq.handle
+        if reason != "error" and seq.decoder is not None:
+            try:
+                tail = seq.decoder.flush()
+                if tail:
+                    handle._emit(TokenEvent(-1, tail))
+            except Exception as exc:
+                reason, error = "error", exc
+        handle._finish(reason, error)
