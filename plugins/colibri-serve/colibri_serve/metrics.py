@@ -7,9 +7,30 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-# scheduler stats that only grow (counters); every other number is a gauge
-COUNTERS = {"requests_total", "tokens_total", "prefix_hits_tokens", "hits_device", "hits_pinned", "hits_lru", "hits_ram",
-            "hits_prefetched", "misses", "reads", "prefetch_issued", "prefetch_unused", "host_syncs", "repins"}
+# scheduler stats exported as they are: (name, kind, help)
+STATS = [
+    ("queue_depth", "gauge", "Requests waiting for a slot"),
+    ("active", "gauge", "Requests holding a slot"),
+    ("slots", "gauge", "Slots (requests decoded together)"),
+    ("max_queue", "gauge", "Requests that may wait before 429"),
+    ("decode_tok_s", "gauge", "Aggregate decode tokens per second, recent"),
+    ("ttft_s", "gauge", "Median time to first token of recent requests, seconds"),
+    ("kv_budget_bytes", "gauge", "KV cache budget"),
+    ("kv_reserved_bytes", "gauge", "KV cache reserved by admitted requests"),
+    ("kv_bytes", "gauge", "KV cache allocated (active requests and retained prefixes)"),
+    ("prefixes_retained", "gauge", "Finished prompts kept for prefix reuse"),
+    ("requests_total", "counter", "Requests submitted to the engine"),
+    ("tokens_total", "counter", "Tokens generated"),
+    ("steps", "counter", "Engine steps"),
+    ("prefix_hits_tokens", "counter", "Prompt tokens whose prefill prefix reuse skipped"),
+    ("prefill_tokens", "counter", "Prompt tokens prefilled"),
+    ("reads", "counter", "Expert reads from disk"),
+    ("prefetch_issued", "counter", "Experts read ahead"),
+    ("prefetch_unused", "counter", "Experts read ahead and not used"),
+]
+# expert lookups by where they were served from
+LOOKUPS = [("hits_device", "device"), ("hits_pinned", "ram_pinned"), ("hits_lru", "ram_lru"),
+           ("hits_prefetched", "prefetched"), ("misses", "disk")]
 
 
 class Metrics:
@@ -33,15 +54,16 @@ class _SchedulerCollector:
         yield ready
         if stats is None:
             return
-        for key, value in sorted(stats.items()):
-            if key == "bytes_by_drive" and isinstance(value, dict):
-                family = CounterMetricFamily("colibri_expert_bytes_read", "Expert bytes read from disk, by drive", labels=["drive"])
-                for drive, n in sorted(value.items()):
-                    family.add_metric([str(drive)], n)
-                yield family
-            elif isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            elif key in COUNTERS or key.endswith("_total"):
-                yield CounterMetricFamily(f"colibri_{key.removesuffix('_total')}", f"scheduler {key}", value=value)
-            else:
-                yield GaugeMetricFamily(f"colibri_{key}", f"scheduler {key}", value=value)
+        for key, kind, text in STATS:
+            value = stats.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                name = f"colibri_{key.removesuffix('_total')}"
+                yield (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, text, value=value)
+        lookups = CounterMetricFamily("colibri_expert_lookups", "Routed-expert lookups by the tier that served them", labels=["tier"])
+        for key, tier in LOOKUPS:
+            lookups.add_metric([tier], stats.get(key, 0))
+        yield lookups
+        read = CounterMetricFamily("colibri_expert_bytes_read", "Expert bytes read from disk, by drive", labels=["drive"])
+        for drive, n in sorted((stats.get("bytes_by_drive") or {}).items()):
+            read.add_metric([str(drive)], n)
+        yield read

@@ -9,7 +9,8 @@ different token depending on the conversation, so the same weights answer:
 
 - a plain conversation ("\\n" last): "Hello there." then end of text;
 - a conversation with tools ("<|call|>" last): ``<tool_call>{get_weather Paris}</tool_call>``;
-- a conversation whose last message is a tool result ("<|answer|>" last): "Warm, 21C".
+- a conversation whose last message is a tool result ("<|answer|>" last): "Warm, 21C";
+- a raw prompt ending in "<|loop|>": that token again, until max_tokens (holds a slot).
 
 Nothing is stubbed: tokenizer, template, loader, scheduler and sampler are the real ones.
 """
@@ -25,14 +26,15 @@ from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.io.safetensors import write_safetensors
 
 SPEC = DemoSpec(hidden_size=128, num_hidden_layers=1, num_attention_heads=4, num_experts=4, num_experts_per_tok=2,
-                intermediate_size=16, tokenizer_vocab=300, max_position_embeddings=256, shard_bytes=1 << 30,
+                intermediate_size=16, tokenizer_vocab=300, max_position_embeddings=2048, shard_bytes=1 << 30,
                 router_std=1.0, cached_experts_per_layer=4)
 
 PLAIN_REPLY = "Hello there."
 TOOL_ARGS = {"city": "Paris"}
 TOOL_BODY = '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
 TOOL_REPLY = "Warm, 21C"
-EXTRA_SPECIAL = ["<|tool|>", "<|call|>", "<|answer|>"]
+EXTRA_SPECIAL = ["<|tool|>", "<|call|>", "<|answer|>", "<|loop|>"]
+LOOP = "<|loop|>"  # follows itself: a prompt ending in it generates until max_tokens (a request that holds its slot)
 TOOL_TOKENS = ["<tool_call>", TOOL_BODY, "</tool_call>"]
 
 TEMPLATE = (
@@ -72,7 +74,8 @@ def build_scripted_model(out: Path) -> Path:
     [newline] = ids("\n")
     paths = [[newline] + ids(PLAIN_REPLY) + [eos],
              [tok.token_to_id("<|call|>")] + [tok.token_to_id(t) for t in TOOL_TOKENS] + [eos],
-             [tok.token_to_id("<|answer|>")] + ids(TOOL_REPLY) + [eos]]
+             [tok.token_to_id("<|answer|>")] + ids(TOOL_REPLY) + [eos],
+             [tok.token_to_id(LOOP), tok.token_to_id(LOOP)]]
     successor: dict[int, int] = {}
     for path in paths:
         for a, b in zip(path, path[1:]):
