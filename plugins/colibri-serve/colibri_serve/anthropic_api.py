@@ -122,8 +122,7 @@ def router(service: Service) -> APIRouter:
         ids, tools = prompt_ids(body)
         service.check_prompt(ids, "messages")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop_sequences, "stop_sequences"),
-                  tools=tools, temperature=1.0 if body.temperature is None else body.temperature,
-                  top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0)
+                  tools=tools, **service.sampling(body.temperature, body.top_p, body.top_k))
         mid = f"msg_{uuid.uuid4().hex}"
         head = {"id": mid, "type": "message", "role": "assistant", "model": service.model_name}
         if not body.stream:

@@ -95,11 +95,6 @@ def _usage(job: Job) -> dict:
             "prompt_tokens_details": {"cached_tokens": job.usage.get("cached_tokens", 0)}}
 
 
-def _sampling(req) -> dict:
-    return dict(temperature=1.0 if req.temperature is None else req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=req.top_k or 0, seed=req.seed)
-
-
 def _sse(data) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -127,7 +122,8 @@ def router(service: Service) -> APIRouter:
         ids = service.chat_ids(template_messages(body.messages), tools)
         service.check_prompt(ids, "messages")
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        job = Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools, **_sampling(body))
+        job = Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools,
+                  **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "created": created, "model": service.model_name}
         if not body.stream:
@@ -200,7 +196,8 @@ def router(service: Service) -> APIRouter:
                 prompt = prompt[0]
             ids = service.text_ids(prompt)
         service.check_prompt(ids, "prompt")
-        job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop, "stop"), **_sampling(body))
+        job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop, "stop"),
+                  **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": created, "model": service.model_name}
         if not body.stream:

@@ -15,6 +15,32 @@ from colibri_serve.reply import ReplyStream
 from colibri_serve.toolcalls import ParsedReply, ToolCallFormat, detect_format
 
 
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}  # the APIs' documented defaults
+
+
+def sampling_defaults(model_dir) -> dict:
+    """What a request that does not say gets: the model's generation_config.json
+    (temperature, top_p, top_k) where it has them, else the APIs' defaults."""
+    import json
+    from pathlib import Path
+
+    out = dict(SAMPLING_DEFAULTS)
+    try:
+        config = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return out
+    if not isinstance(config, dict):
+        return out
+    for key, kind, ok in (("temperature", float, lambda v: v >= 0), ("top_p", float, lambda v: 0 < v <= 1),
+                          ("top_k", int, lambda v: v >= 0)):
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and ok(value):
+            out[key] = kind(value)
+    if config.get("do_sample") is False:  # the model's authors ask for greedy decoding
+        out["temperature"] = 0.0
+    return out
+
+
 class ApiError(Exception):
     """A request the server refuses: rendered in the calling API's own error shape.
     kind: bad_request | context_length_exceeded | unauthorized | not_found | too_large |
@@ -74,6 +100,7 @@ class Service:
         self.model = None
         self.scheduler = None
         self.tool_format: ToolCallFormat | None = None
+        self.defaults = dict(SAMPLING_DEFAULTS)
         self.created = int(time.time())
         self._ready = threading.Event()
 
@@ -107,7 +134,14 @@ class Service:
         source = template.source if template is not None else None
         self.model, self.scheduler = model, scheduler
         self.tool_format = detect_format(source, model.family.spec.name)
+        self.defaults = sampling_defaults(model.model_dir)
         self.status = "ready"
+
+    def sampling(self, temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None = None) -> dict:
+        """A request's sampling settings, the defaults filling what it leaves out."""
+        d = self.defaults
+        return dict(temperature=d["temperature"] if temperature is None else temperature,
+                    top_p=d["top_p"] if top_p is None else top_p, top_k=d["top_k"] if top_k is None else top_k, seed=seed)
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
