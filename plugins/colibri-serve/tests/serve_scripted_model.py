@@ -10,7 +10,7 @@ different token depending on the conversation, so the same weights answer:
 - a plain conversation ("\\n" last): "Hello there." then end of text;
 - a conversation with tools ("<|call|>" last): ``<tool_call>{get_weather Paris}</tool_call>``;
 - a conversation whose last message is a tool result ("<|answer|>" last): "Warm, 21C";
-- a raw prompt ending in "<|loop|>": that token again, until max_tokens (holds a slot).
+- a raw prompt ending in "<loop>": that token again, until max_tokens (holds a slot).
 
 Nothing is stubbed: tokenizer, template, loader, scheduler and sampler are the real ones.
 """
@@ -33,9 +33,10 @@ PLAIN_REPLY = "Hello there."
 TOOL_ARGS = {"city": "Paris"}
 TOOL_BODY = '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
 TOOL_REPLY = "Warm, 21C"
-EXTRA_SPECIAL = ["<|tool|>", "<|call|>", "<|answer|>", "<|loop|>"]
-LOOP = "<|loop|>"  # follows itself: a prompt ending in it generates until max_tokens (a request that holds its slot)
+EXTRA_SPECIAL = ["<|tool|>", "<|call|>", "<|answer|>"]
+LOOP = "<loop>"  # follows itself: a prompt ending in it generates until max_tokens (a request that holds its slot)
 TOOL_TOKENS = ["<tool_call>", TOOL_BODY, "</tool_call>"]
+PLAIN_TOKENS = TOOL_TOKENS + [LOOP]  # added tokens that decode as text
 
 TEMPLATE = (
     "{% if tools %}<|system|>\ntools: {% for t in tools %}{{ t.function.name }} {% endfor %}<|endoftext|>\n{% endif %}"
@@ -60,7 +61,7 @@ def build_scripted_model(out: Path) -> Path:
     build_demo_model(out, SPEC)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     tok.add_special_tokens(EXTRA_SPECIAL)
-    tok.add_tokens([AddedToken(t, normalized=False) for t in TOOL_TOKENS])
+    tok.add_tokens([AddedToken(t, normalized=False) for t in PLAIN_TOKENS])
     tok.save(str(out / "tokenizer.json"))
     config = json.loads((out / "tokenizer_config.json").read_text())
     config["chat_template"] = TEMPLATE
