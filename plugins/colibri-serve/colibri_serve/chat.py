@@ -33,7 +33,7 @@ class ChatSession:
     def __init__(self, model, *, system: str | None = None, max_tokens: int = 512, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None):
         from colibri_core.engine.sampling import SamplingParams
-        from colibri_core.engine.scheduler import Scheduler
+        from colibri_serve.service import new_scheduler
 
         if model.tokenizer is None or model.tokenizer.chat_template is None:
             raise UsageError(f"{model.model_dir}: colibri chat needs a tokenizer with a chat template")
@@ -41,7 +41,7 @@ class ChatSession:
         self.system = system
         self.max_tokens = max_tokens
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        self.scheduler = Scheduler(model, slots=1, max_queue=1)
+        self.scheduler = new_scheduler(model, slots=1, max_queue=1)
         self.scheduler.start()
         self.turns: list[Turn] = []
         self.messages: list[dict] = []

@@ -41,6 +41,17 @@ def sampling_defaults(model_dir) -> dict:
     return out
 
 
+def new_scheduler(model, slots: int, max_queue: int):
+    """The core scheduler with a KV budget of one more full context than ``slots``
+    requests can reserve: room to keep the last finished prompt for prefix reuse. (With
+    the default budget a request that may fill the context evicts every retained prefix
+    before it could reuse one, so a chat's next turn would prefill everything again.)"""
+    from colibri_core.engine.scheduler import Scheduler
+
+    sized = Scheduler(model, slots=slots, max_queue=max_queue)
+    return Scheduler(model, slots=slots, max_queue=max_queue, kv_budget=sized.kv.budget * (slots + 1) // slots)
+
+
 class ApiError(Exception):
     """A request the server refuses: rendered in the calling API's own error shape.
     kind: bad_request | context_length_exceeded | unauthorized | not_found | too_large |
@@ -121,11 +132,9 @@ class Service:
         return thread
 
     def load_now(self) -> None:
-        from colibri_core.engine.scheduler import Scheduler
-
         model = self._load()
         try:
-            scheduler = Scheduler(model, slots=self.slots, max_queue=self.max_queue)
+            scheduler = new_scheduler(model, self.slots, self.max_queue)
             scheduler.start()
         except BaseException:
             model.close()

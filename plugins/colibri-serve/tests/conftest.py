@@ -102,6 +102,6 @@ def scripted_server(scripted_model):
 
 @pytest.fixture(scope="module")
 def random_server(random_model):
-    server = Server(random_model, "--slots", "2").wait_ready()
+    server = Server(random_model, "--slots", "8").wait_ready()
     yield server
     server.stop()

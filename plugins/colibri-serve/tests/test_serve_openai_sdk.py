@@ -114,3 +114,18 @@ def test_completions_plain_and_streamed(client):
 def test_sampling_with_a_seed_is_repeatable(client):
     kwargs = dict(model="scripted", prompt="Once upon a time", max_tokens=12, temperature=1.0, top_p=0.9, seed=5)
     assert client.completions.create(**kwargs).choices[0].text == client.completions.create(**kwargs).choices[0].text
+
+
+def test_next_turn_reuses_the_cached_prefix(client, scripted_server):
+    first = [{"role": "user", "content": " ".join(["forest"] * 300)}]
+    r1 = client.chat.completions.create(model="scripted", messages=first, temperature=0)
+    second = first + [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "more"}]
+    r2 = client.chat.completions.create(model="scripted", messages=second, temperature=0)
+    assert r2.choices[0].message.content == PLAIN_REPLY  # the same tokens as a cold prefill would give
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert 256 <= cached < r2.usage.prompt_tokens and cached % 256 == 0
+    import anthropic
+
+    ant = anthropic.Anthropic(base_url=scripted_server.url, api_key="sekret", max_retries=0)
+    m = ant.messages.create(model="scripted", max_tokens=20, messages=second, extra_body={"temperature": 0})
+    assert m.usage.cache_read_input_tokens >= 256 and m.usage.input_tokens + m.usage.cache_read_input_tokens == r2.usage.prompt_tokens
