@@ -107,6 +107,15 @@ def test_disconnect_cancels_the_generation_and_frees_the_slot(start_server, scri
     assert _metric(server, "colibri_tokens") < 1500  # stopped early, not run to max_tokens
     r = oai(server).chat.completions.create(model="scripted", messages=USER, temperature=0)
     assert r.choices[0].finish_reason == "stop"
+    # a client waiting for a whole (non-streamed) reply that gives up is noticed too
+    before = _metric(server, "colibri_tokens")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json={"model": "scripted", "prompt": LOOP, "max_tokens": 1500},
+                   headers={"authorization": "Bearer sekret"}, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while _metric(server, "colibri_active") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metric(server, "colibri_active") == 0 and _metric(server, "colibri_tokens") - before < 1500
 
 
 def test_429_with_retry_after_when_the_queue_is_full(start_server, scripted_model):
