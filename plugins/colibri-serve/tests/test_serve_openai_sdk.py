@@ -129,3 +129,17 @@ def test_next_turn_reuses_the_cached_prefix(client, scripted_server):
     ant = anthropic.Anthropic(base_url=scripted_server.url, api_key="sekret", max_retries=0)
     m = ant.messages.create(model="scripted", max_tokens=20, messages=second, extra_body={"temperature": 0})
     assert m.usage.cache_read_input_tokens >= 256 and m.usage.input_tokens + m.usage.cache_read_input_tokens == r2.usage.prompt_tokens
+
+
+def test_metrics_count_requests_tokens_and_expert_lookups(client, scripted_server):
+    import httpx
+
+    client.chat.completions.create(model="scripted", messages=USER, temperature=0)
+    text = httpx.get(scripted_server.url + "/metrics", headers={"authorization": "Bearer sekret"}).text
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    assert values['colibri_http_requests_total{route="/v1/chat/completions",status="200"}'] >= 1
+    assert values["colibri_time_to_first_token_seconds_count"] >= 1 and values["colibri_tokens_total"] >= 7
+    assert values["colibri_slots"] == 2 and values["colibri_queue_depth"] == 0 and values["colibri_model_ready"] == 1
+    lookups = sum(v for k, v in values.items() if k.startswith("colibri_expert_lookups_total{"))
+    assert lookups > 0 and 'colibri_expert_lookups_total{tier="disk"}' in values
+    assert any(k.startswith("colibri_expert_bytes_read_total{") for k in values)
