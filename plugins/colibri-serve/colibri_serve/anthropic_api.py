@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -105,21 +106,21 @@ def _event(name: str, data: dict) -> str:
 def router(service: Service) -> APIRouter:
     api = APIRouter()
 
-    def prompt_ids(body) -> tuple[list[int], list[dict] | None]:
+    async def prompt_ids(body) -> tuple[list[int], list[dict] | None]:
         service.check_model(body.model)
         service.require_ready()
         tools = _tools(body)
-        ids = service.chat_ids(template_messages(body), tools)
+        ids = await asyncio.to_thread(service.chat_ids, template_messages(body), tools)
         return ids, tools
 
     @api.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
-        ids, _ = prompt_ids(body)
+        ids, _ = await prompt_ids(body)
         return {"input_tokens": len(ids)}
 
     @api.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
-        ids, tools = prompt_ids(body)
+        ids, tools = await prompt_ids(body)
         service.check_prompt(ids, "messages")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop_sequences, "stop_sequences"),
                   tools=tools, **service.sampling(body.temperature, body.top_p, body.top_k))

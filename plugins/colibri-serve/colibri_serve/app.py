@@ -125,4 +125,43 @@ def create_app(service: Service, *, api_key: str | None = None, max_body: int = 
 
     app.include_router(openai_api.router(service))
     app.include_router(anthropic_api.router(service))
+    app.openapi = lambda: app.openapi_schema or _document_responses(app)
     return Gate(app, api_key=api_key, max_body=max_body, metrics=metrics)
+
+
+ERRORS = {"400": "Malformed or unsupported request, or a prompt longer than the context", "401": "Missing or wrong API key",
+          "404": "Unknown model", "413": "Request body too large", "429": "Queue full (Retry-After)",
+          "503": "Model still loading (Retry-After)"}
+OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                          "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
+STREAMING = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
+
+
+def _document_responses(app: FastAPI) -> dict:
+    """The OpenAPI schema with the statuses the server really answers: its errors in
+    each API's shape (400 where FastAPI would say 422), event streams where a route
+    streams, Prometheus text for /metrics."""
+    from fastapi.openapi.utils import get_openapi
+
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            if path == "/health":
+                responses["503"] = {"description": "Model still loading"}
+                continue
+            error = ANTHROPIC_ERROR if _is_anthropic(path) else OPENAI_ERROR
+            for code, text in ERRORS.items():
+                responses[code] = {"description": text, "content": {"application/json": {"schema": error}}}
+            if path in STREAMING:
+                responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": {"type": "string"}}
+            if path == "/metrics":
+                responses["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    app.openapi_schema = schema
+    return schema

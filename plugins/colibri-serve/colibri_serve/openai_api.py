@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from colibri_serve.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, stop_list, unsupported
 from colibri_serve.service import ApiError, Job, Service, started
@@ -119,7 +120,8 @@ def router(service: Service) -> APIRouter:
             raise unsupported("n", "more than one choice")
         service.require_ready()
         tools = _tools(body)
-        ids = service.chat_ids(template_messages(body.messages), tools)
+        # rendering and tokenising a large prompt takes a while: off the event loop
+        ids = await asyncio.to_thread(service.chat_ids, template_messages(body.messages), tools)
         service.check_prompt(ids, "messages")
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         job = Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools,
@@ -194,7 +196,7 @@ def router(service: Service) -> APIRouter:
                 if len(prompt) != 1:
                     raise unsupported("prompt", "a batch of prompts")
                 prompt = prompt[0]
-            ids = service.text_ids(prompt)
+            ids = await asyncio.to_thread(service.text_ids, prompt)
         service.check_prompt(ids, "prompt")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop, "stop"),
                   **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))

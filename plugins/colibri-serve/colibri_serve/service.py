@@ -150,7 +150,8 @@ class Service:
         """A request's sampling settings, the defaults filling what it leaves out."""
         d = self.defaults
         return dict(temperature=d["temperature"] if temperature is None else temperature,
-                    top_p=d["top_p"] if top_p is None else top_p, top_k=d["top_k"] if top_k is None else top_k, seed=seed)
+                    top_p=d["top_p"] if top_p is None else top_p, top_k=d["top_k"] if top_k is None else top_k,
+                    seed=None if seed is None else seed % 2**64)  # the APIs allow negative seeds; numpy does not
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)

@@ -105,3 +105,32 @@ def random_server(random_model):
     server = Server(random_model, "--slots", "8").wait_ready()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def schema_server(random_model):
+    server = Server(random_model, "--slots", "4", "--max-queue", "64").wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def served_schema_raw(schema_server):
+    import httpx
+
+    return httpx.get(schema_server.url + "/openapi.json").json()
+
+
+@pytest.fixture(scope="module")
+def served_schema(schema_server, served_schema_raw):
+    """The schema as served, with ``model`` pinned to the served model's name so that
+    generated requests reach the engine (any other name is a documented 404)."""
+    import copy
+
+    import schemathesis
+
+    pinned = copy.deepcopy(served_schema_raw)
+    for component in pinned["components"]["schemas"].values():
+        if "model" in component.get("properties", {}):
+            component["properties"]["model"] = {"const": "random-olmoe"}
+    return schemathesis.openapi.from_dict(pinned)
