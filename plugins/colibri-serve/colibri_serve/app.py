@@ -139,6 +139,8 @@ OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error":
 ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
     "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
                                           "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
+# one server-sent event (an ``event:`` name where the API uses them, and its JSON ``data``)
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
 STREAMING = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
 
 
@@ -160,7 +162,7 @@ def _document_responses(app: FastAPI) -> dict:
             for code, text in ERRORS.items():
                 responses[code] = {"description": text, "content": {"application/json": {"schema": error}}}
             if path in STREAMING:
-                responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": {"type": "string"}}
+                responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
             if path == "/metrics":
                 responses["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
     app.openapi_schema = schema
