@@ -70,6 +70,7 @@ class ChatTemplate:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.origin = origin
+        self.source = source  # the template's text: servers read its tool-call convention from it
         self.special = special
         try:
             self.template = env.from_string(source)

@@ -1,0 +1,169 @@
+"""The HTTP application: the OpenAI and Anthropic routes, /health and /metrics, the API
+key check, bounded request bodies, and errors in each API's own shape."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from colibri_serve import anthropic_api, openai_api
+from colibri_serve.metrics import Metrics
+from colibri_serve.service import ApiError, Service
+
+MAX_BODY_BYTES = 4 << 20
+OPEN_PATHS = {"/health"}
+
+
+def _is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def error_response(path: str, err: ApiError) -> JSONResponse:
+    body = anthropic_api.error_body(err) if _is_anthropic(path) else openai_api.error_body(err)
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return JSONResponse(body, status_code=err.status, headers=headers)
+
+
+class Gate:
+    """Pure ASGI middleware in front of the application: the API key (compared in
+    constant time; /health stays open), request bodies bounded to ``max_body`` bytes
+    (413, by the declared length or as chunks arrive), and requests counted by route
+    and status."""
+
+    def __init__(self, app, *, api_key: str | None, max_body: int, metrics: Metrics):
+        self.app, self.max_body, self.metrics = app, max_body, metrics
+        self.expected = api_key.encode() if api_key else None
+
+    def _authorised(self, headers: dict[bytes, bytes]) -> bool:
+        given = headers.get(b"x-api-key")
+        auth = headers.get(b"authorization", b"")
+        if given is None and auth[:7].lower() == b"bearer ":
+            given = auth[7:].strip()
+        return hmac.compare_digest(given or b"", self.expected)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        headers = dict(scope.get("headers") or [])
+        status = {"code": 500}
+
+        async def counted_send(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            if self.expected is not None and path not in OPEN_PATHS and not self._authorised(headers):
+                err = ApiError("unauthorized", "a valid API key is needed (Authorization: Bearer KEY or x-api-key)")
+                return await error_response(path, err)(scope, receive, counted_send)
+            too_large = ApiError("too_large", f"the request body is larger than {self.max_body} bytes")
+            length = headers.get(b"content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_body):
+                return await error_response(path, too_large)(scope, receive, counted_send)
+            seen = 0
+
+            async def bounded_receive():
+                nonlocal seen
+                message = await receive()
+                if message["type"] == "http.request":
+                    seen += len(message.get("body", b""))
+                    if seen > self.max_body:
+                        raise too_large
+                return message
+
+            return await self.app(scope, bounded_receive, counted_send)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(route, str(status["code"])).inc()
+
+
+def create_app(service: Service, *, api_key: str | None = None, max_body: int = MAX_BODY_BYTES) -> Gate:
+    """The ASGI application (``.app`` is the FastAPI application inside the gate)."""
+    metrics = Metrics(lambda: service.scheduler.stats() if service.status == "ready" else None)
+    service.metrics = metrics
+    app = FastAPI(title="colibri serve", version="0.1.0", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError):
+        return error_response(request.url.path, err)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request body")
+        return error_response(request.url.path, ApiError("bad_request", message, param=where or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if isinstance(exc.__cause__, ApiError):  # FastAPI wraps failures while reading the body
+            return error_response(request.url.path, exc.__cause__)
+        kind = {404: "not_found", 413: "too_large"}.get(exc.status_code, "bad_request")
+        err = ApiError(kind, str(exc.detail))
+        response = error_response(request.url.path, err)
+        response.status_code = exc.status_code
+        return response
+
+    @app.get("/health")
+    async def health():
+        if service.status == "ready":
+            return {"status": "ok", "model": service.model_name}
+        status = 503
+        return JSONResponse({"status": service.status, "model": service.model_name}, status_code=status,
+                            headers={"Retry-After": "5"} if service.status == "loading" else None)
+
+    @app.get("/metrics")
+    async def prometheus():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(openai_api.router(service))
+    app.include_router(anthropic_api.router(service))
+    app.openapi = lambda: app.openapi_schema or _document_responses(app)
+    return Gate(app, api_key=api_key, max_body=max_body, metrics=metrics)
+
+
+ERRORS = {"400": "Malformed or unsupported request, or a prompt longer than the context", "401": "Missing or wrong API key",
+          "404": "Unknown model", "413": "Request body too large", "429": "Queue full (Retry-After)",
+          "503": "Model still loading (Retry-After)"}
+OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                          "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
+# one server-sent event (an ``event:`` name where the API uses them, and its JSON ``data``)
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+STREAMING = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
+
+
+def _document_responses(app: FastAPI) -> dict:
+    """The OpenAPI schema with the statuses the server really answers: its errors in
+    each API's shape (400 where FastAPI would say 422), event streams where a route
+    streams, Prometheus text for /metrics."""
+    from fastapi.openapi.utils import get_openapi
+
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            if path == "/health":
+                responses["503"] = {"description": "Model still loading"}
+                continue
+            error = ANTHROPIC_ERROR if _is_anthropic(path) else OPENAI_ERROR
+            for code, text in ERRORS.items():
+                responses[code] = {"description": text, "content": {"application/json": {"schema": error}}}
+            if path in STREAMING:
+                responses["200"].setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
+            if path == "/metrics":
+                responses["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    app.openapi_schema = schema
+    return schema

@@ -1,0 +1,179 @@
+"""``colibri chat``: a terminal conversation on the model's chat template.
+
+Each turn renders the whole conversation and submits it to the core's scheduler, which
+reuses the cached prefix of the previous turn (the prompt is only extended); the reply
+streams to the terminal as it is decoded. Commands: /reset, /stats, /save FILE, /exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from colibri_core.errors import UsageError
+
+HELP = "commands: /reset (new conversation), /stats (speed, cache and expert hit rates), /save FILE (the conversation as JSON), /exit"
+
+
+@dataclass
+class Turn:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    decode_tok_s: float
+    finish_reason: str
+
+
+class ChatSession:
+    def __init__(self, model, *, system: str | None = None, max_tokens: int = 512, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None):
+        from colibri_core.engine.sampling import SamplingParams
+        from colibri_serve.service import new_scheduler
+
+        if model.tokenizer is None or model.tokenizer.chat_template is None:
+            raise UsageError(f"{model.model_dir}: colibri chat needs a tokenizer with a chat template")
+        self.model = model
+        self.system = system
+        self.max_tokens = max_tokens
+        self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        self.scheduler = new_scheduler(model, slots=1, max_queue=1)
+        self.scheduler.start()
+        self.turns: list[Turn] = []
+        self.messages: list[dict] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def ask(self, text: str, on_text=lambda piece: None) -> str:
+        """Add the user's message, stream the reply through ``on_text``, keep it in the
+        conversation and return it. Ctrl-C stops the reply where it is."""
+        from colibri_core.engine.scheduler import Request
+
+        model = self.model
+        messages = self.messages + [{"role": "user", "content": text}]
+        ids = model.tokenizer.encode(model.chat_prompt(messages), add_special_tokens=False)
+        if len(ids) >= model.lm.max_context:
+            raise UsageError(f"the conversation has {len(ids)} tokens; the context holds {model.lm.max_context}: /reset to start again")
+        started = time.perf_counter()
+        handle = self.scheduler.submit(Request(prompt_ids=ids, max_tokens=min(self.max_tokens, model.lm.max_context - len(ids)),
+                                               sampling=self.sampling, stop_ids=frozenset(model.eos_ids)))
+        pieces: list[str] = []
+        first = last = None
+        try:
+            for event in handle:
+                now = time.perf_counter()
+                if first is None and event.token_id >= 0:
+                    first = now
+                last = now
+                if event.text:
+                    pieces.append(event.text)
+                    on_text(event.text)
+        except KeyboardInterrupt:
+            handle.cancel()
+        reply = "".join(pieces)
+        usage = handle.usage
+        n = usage.get("completion_tokens", len(handle.token_ids))
+        decode_s = (last - first) if first is not None and last is not None else 0.0
+        self.turns.append(Turn(usage.get("prompt_tokens", len(ids)), usage.get("cached_tokens", 0), n,
+                               (first - started) if first is not None else 0.0,
+                               (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, handle.finish_reason or "cancelled"))
+        self.messages = messages + [{"role": "assistant", "content": reply}]
+        return reply
+
+    def stats(self) -> dict:
+        """The last turn's numbers and the engine's since the start."""
+        engine = self.scheduler.stats()
+        hits = sum(engine.get(k, 0) for k in ("hits_device", "hits_pinned", "hits_lru"))
+        lookups = hits + engine.get("hits_prefetched", 0) + engine.get("misses", 0)
+        last = self.turns[-1] if self.turns else None
+        return {"turns": len(self.turns), "last": last.__dict__ if last else None,
+                "expert_hit_rate": hits / lookups if lookups else None, "expert_lookups": lookups,
+                "bytes_read": sum((engine.get("bytes_by_drive") or {}).values()),
+                "prefix_hits_tokens": engine.get("prefix_hits_tokens", 0)}
+
+    def save(self, path: str) -> Path:
+        """Write the conversation as JSON, atomically."""
+        target = Path(path).expanduser()
+        data = {"model": str(self.model.model_dir), "messages": self.messages}
+        fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, ensure_ascii=False, indent=2)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    def close(self) -> None:
+        self.scheduler.stop()
+
+
+def _stats_table(stats: dict):
+    from rich.table import Table
+
+    from colibri_core.units import format_bytes
+
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    last = stats["last"]
+    table.add_row("turns", str(stats["turns"]))
+    if last:
+        table.add_row("last prompt", f"{last['prompt_tokens']} tokens, {last['cached_tokens']} reused from the previous turn")
+        table.add_row("last reply", f"{last['completion_tokens']} tokens, first after {last['ttft_s']:.2f} s, "
+                                    f"{last['decode_tok_s']:.2f} tok/s ({last['finish_reason']})")
+    if stats["expert_hit_rate"] is not None:
+        table.add_row("expert hit rate", f"{stats['expert_hit_rate']:.1%} of {stats['expert_lookups']} lookups")
+    table.add_row("read from disk", format_bytes(stats["bytes_read"]))
+    return table
+
+
+def run_chat(session: ChatSession, console=None, read=input) -> None:
+    from rich.console import Console
+
+    console = console or Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    err.print(f"colibri chat with {session.model.model_dir.name}. {HELP}")
+    while True:
+        try:
+            line = read("you> ")
+        except (EOFError, KeyboardInterrupt):
+            console.print()
+            return
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/"):
+            command, _, arg = text.partition(" ")
+            if command in ("/exit", "/quit"):
+                return
+            if command == "/reset":
+                session.reset()
+                console.print("(new conversation)")
+            elif command == "/stats":
+                console.print(_stats_table(session.stats()))
+            elif command == "/save":
+                if not arg.strip():
+                    console.print("usage: /save FILE")
+                else:
+                    try:
+                        console.print(f"saved {session.save(arg.strip())}")
+                    except OSError as exc:
+                        console.print(f"cannot save: {exc}")
+            else:
+                console.print(HELP)
+            continue
+        console.print("model> ", end="")
+        try:
+            session.ask(text, on_text=lambda piece: console.print(piece, end="", markup=False, highlight=False))
+        except UsageError as exc:
+            console.print(f"error: {exc}", markup=False)
+            continue
+        console.print()

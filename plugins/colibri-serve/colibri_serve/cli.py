@@ -1,0 +1,114 @@
+"""``colibri serve`` and ``colibri chat``."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import click
+
+from colibri_core.cli.run import placement_kwargs, placement_options
+from colibri_core.errors import UsageError
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_model_dir(model_dir: str) -> Path:
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise UsageError(f"--model: {path} is not a model directory (no config.json)")
+    return path
+
+
+@click.command("serve")
+@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="COLIBRI_API_KEY", default=None,
+              help="Require this key (Authorization: Bearer KEY or x-api-key). Default: env COLIBRI_API_KEY.")
+@click.option("--slots", type=click.IntRange(1, 1024), default=4, show_default=True, help="Requests decoded together.")
+@click.option("--max-queue", type=click.IntRange(0, 100000), default=64, show_default=True,
+              help="Requests that may wait for a slot; more get 429 with Retry-After.")
+@click.option("--served-model-name", default=None, help="The model's name in the APIs (default: the directory's name).")
+@click.option("--max-body", default="4M", show_default=True, help="Largest request body accepted (413 above it).")
+@placement_options
+def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, **placement):
+    """Serve the model in --model over HTTP with the OpenAI API (/v1/chat/completions,
+    /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health and
+    /metrics. The APIs answer 503 until the model has loaded."""
+    import uvicorn
+
+    from colibri_core.engine.api import load, open_backend
+    from colibri_core.units import parse_size
+    from colibri_serve.app import create_app
+    from colibri_serve.service import Service
+
+    path = _check_model_dir(model_dir)
+    options = placement_kwargs(**placement)
+    open_backend(options["backend"], options["vram"])  # a bad --backend / --vram fails before the port is bound
+    body_limit = parse_size(max_body)
+    console = _stderr()
+    if not _loopback(host) and not api_key:
+        console.print(f"[yellow]warning:[/] binding {host} without an API key: anyone who can reach this port can use the model "
+                      "(set --api-key or COLIBRI_API_KEY)")
+    name = served_model_name or path.resolve().name
+    service = Service(lambda: load(path, **options), model_name=name, slots=slots, max_queue=max_queue)
+    app = create_app(service, api_key=api_key, max_body=body_limit)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=5))
+
+    def failed(exc):
+        server.should_exit = True
+
+    console.print(f"colibri serve: loading {path} as {name!r}; listening on http://{host}:{port} (503 until loaded)")
+    service.start_loading(on_failure=failed)
+    try:
+        server.run()
+    finally:
+        service.wait_loaded(timeout=0)
+        if service.status == "ready":
+            service.close()
+    if service.status == "failed":
+        raise service.error
+    if not server.started:
+        raise UsageError(f"could not listen on {host}:{port} (is the port in use?)")
+
+
+@click.command("chat")
+@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@click.option("--system", default=None, help="System message.")
+@click.option("--max-tokens", type=click.IntRange(1), default=512, show_default=True, help="Tokens per reply at most.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@placement_options
+def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, **placement):
+    """Chat with the model in --model in the terminal, on its chat template. Each turn
+    reuses the cached prompt of the conversation so far. Commands: /reset, /stats,
+    /save FILE, /exit."""
+    from colibri_core.cli.run import load_with_progress
+    from colibri_serve.chat import ChatSession, run_chat
+
+    path = _check_model_dir(model_dir)
+    model = load_with_progress(path, quiet=False, **placement_kwargs(**placement))
+    with model:
+        session = ChatSession(model, system=system, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                              top_k=top_k, seed=seed)
+        try:
+            run_chat(session)
+        finally:
+            session.close()

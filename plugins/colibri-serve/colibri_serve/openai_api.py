@@ -1,0 +1,233 @@
+"""The OpenAI API: /v1/models, /v1/chat/completions and /v1/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from colibri_serve.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, stop_list, unsupported
+from colibri_serve.service import ApiError, Job, Service, started
+
+FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "cancelled": "stop"}
+
+
+def error_body(err: ApiError) -> dict:
+    kinds = {"bad_request": ("invalid_request_error", None), "context_length_exceeded": ("invalid_request_error", "context_length_exceeded"),
+             "unauthorized": ("invalid_request_error", "invalid_api_key"), "not_found": ("invalid_request_error", "model_not_found"),
+             "too_large": ("invalid_request_error", "request_too_large"), "queue_full": ("rate_limit_error", "rate_limit_exceeded"),
+             "loading": ("server_error", "model_loading"), "engine_error": ("server_error", None)}
+    type_, code = kinds[err.kind]
+    return {"error": {"message": err.message, "type": type_, "param": err.param, "code": code}}
+
+
+def _text(content, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for i, part in enumerate(content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise unsupported(f"{where}[{i}]", f"a content part of type {part.get('type')!r}")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _arguments(raw, where: str) -> dict:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        raise ApiError("bad_request", f"{where}: arguments are not JSON", param=where) from None
+    if not isinstance(value, dict):
+        raise ApiError("bad_request", f"{where}: arguments must be a JSON object", param=where)
+    return value
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages as chat templates take them (Hugging Face's conventions: tool
+    call arguments as objects, tool results as role "tool")."""
+    out = []
+    names = {}  # tool_call_id -> function name, for templates that print the tool's name
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = "system" if m.role == "developer" else m.role
+        msg: dict[str, Any] = {"role": role, "content": _text(m.content, f"{where}.content")}
+        if m.role == "assistant" and m.tool_calls:
+            calls = []
+            for j, c in enumerate(m.tool_calls):
+                cid = c.id or f"call_{i}_{j}"
+                names[cid] = c.function.name
+                calls.append({"id": cid, "type": "function", "function": {
+                    "name": c.function.name, "arguments": _arguments(c.function.arguments, f"{where}.tool_calls[{j}].function")}})
+            msg["tool_calls"] = calls
+        if m.role == "tool":
+            msg["tool_call_id"] = m.tool_call_id
+            if m.tool_call_id in names:
+                msg["name"] = names[m.tool_call_id]
+        elif m.name:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def _tools(req: ChatCompletionRequest) -> list[dict] | None:
+    choice = req.tool_choice
+    if isinstance(choice, dict) or choice == "required":
+        raise unsupported("tool_choice", "forcing a tool call (no constrained decoding)")
+    if choice not in (None, "auto", "none"):
+        raise ApiError("bad_request", f"tool_choice must be 'auto', 'none' or 'required', got {choice!r}", param="tool_choice")
+    if not req.tools or choice == "none":
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]
+
+
+def _usage(job: Job) -> dict:
+    prompt = job.usage.get("prompt_tokens", len(job.prompt_ids))
+    completion = job.usage.get("completion_tokens", len(job.token_ids))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": job.usage.get("cached_tokens", 0)}}
+
+
+def _sse(data) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def router(service: Service) -> APIRouter:
+    api = APIRouter()
+
+    @api.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": service.created,
+                                            "owned_by": "colibri"}]}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        service.check_model(model_id)
+        return {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "colibri"}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        service.check_model(body.model)
+        if body.n not in (None, 1):
+            raise unsupported("n", "more than one choice")
+        service.require_ready()
+        tools = _tools(body)
+        # rendering and tokenising a large prompt takes a while: off the event loop
+        ids = await asyncio.to_thread(service.chat_ids, template_messages(body.messages), tools)
+        service.check_prompt(ids, "messages")
+        asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        job = Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools,
+                  **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": cid, "created": created, "model": service.model_name}
+        if not body.stream:
+            content = await service.run(job, request.is_disconnected)
+            message: dict[str, Any] = {"role": "assistant", "content": content if content or not job.parsed.tool_calls else None}
+            if job.parsed.tool_calls:
+                message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+                                         for c in job.parsed.tool_calls]
+            reply = {**head, "object": "chat.completion", "choices": [{"index": 0, "message": message, "logprobs": None,
+                                                                       "finish_reason": FINISH[job.finish_reason]}],
+                     "usage": _usage(job)}
+            if body.return_token_ids:
+                reply["choices"][0]["token_ids"] = job.token_ids
+            return reply
+
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        gen = service.stream(job, request.is_disconnected)
+        first = await started(gen)  # errors before the first token are HTTP errors, not stream events
+
+        def chunk(delta, finish=None):
+            data = {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                                            "finish_reason": finish}]}
+            if include_usage:
+                data["usage"] = None
+            return _sse(data)
+
+        async def events():
+            try:
+                yield chunk({"role": "assistant", "content": ""})
+                if first:
+                    yield chunk({"content": first})
+                async for piece in gen:
+                    yield chunk({"content": piece})
+                if job.parsed.tool_calls:
+                    yield chunk({"tool_calls": [{"index": k, "id": c.id, "type": "function",
+                                                 "function": {"name": c.name, "arguments": c.arguments_json}}
+                                                for k, c in enumerate(job.parsed.tool_calls)]})
+                last = {**head, "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": FINISH[job.finish_reason]}]}
+                if body.return_token_ids:
+                    last["choices"][0]["token_ids"] = job.token_ids
+                if include_usage:
+                    last["usage"] = None
+                yield _sse(last)
+                if include_usage:
+                    yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(job)})
+            except ApiError as err:
+                yield _sse(error_body(err))
+            finally:
+                await gen.aclose()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        service.check_model(body.model)
+        for param, bad in (("n", body.n not in (None, 1)), ("echo", body.echo), ("logprobs", body.logprobs is not None),
+                           ("suffix", body.suffix is not None)):
+            if bad:
+                raise unsupported(param, f"{param}={getattr(body, param)!r}")
+        service.require_ready()
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+            ids = list(prompt)
+        else:
+            if isinstance(prompt, list):
+                if len(prompt) != 1:
+                    raise unsupported("prompt", "a batch of prompts")
+                prompt = prompt[0]
+            ids = await asyncio.to_thread(service.text_ids, prompt)
+        service.check_prompt(ids, "prompt")
+        job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop, "stop"),
+                  **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": cid, "object": "text_completion", "created": created, "model": service.model_name}
+        if not body.stream:
+            text = await service.run(job, request.is_disconnected)
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH[job.finish_reason]}
+            if body.return_token_ids:
+                choice["token_ids"] = job.token_ids
+            return {**head, "choices": [choice], "usage": _usage(job)}
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        gen = service.stream(job, request.is_disconnected)
+        first = await started(gen)
+
+        async def events():
+            try:
+                pieces = [first] if first else []
+                for piece in pieces:
+                    yield _sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]})
+                async for piece in gen:
+                    yield _sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]})
+                yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": FINISH[job.finish_reason]}]})
+                if include_usage:
+                    yield _sse({**head, "choices": [], "usage": _usage(job)})
+            except ApiError as err:
+                yield _sse(error_body(err))
+            finally:
+                await gen.aclose()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    return api
