@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from colibri_core.errors import PluginError, UnsupportedModelError
+from colibri_core.plugins.known import install_hint
 
 
 def import_object(ref: str) -> Any:
@@ -220,5 +221,5 @@ class Registry:
         raise UnsupportedModelError(
             f"no installed family runs model_type {model_type!r}"
             + (f" (architectures {architectures})" if architectures else "")
-            + f"; installed model types: {known}. Install the family plugin, e.g. pip install colibri-<family>"
+            + f"; installed model types: {known}. {install_hint(model_type).capitalize()}"
         )
