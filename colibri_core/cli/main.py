@@ -86,7 +86,10 @@ def list_families(as_json):
     else:
         table = _table("Model families", ["family", "model_types", "distribution", "version", "status"],
                        [[r["family"], ", ".join(r["model_types"]), r["distribution"], r["version"], r["status"]] for r in rows])
-        _console().print(table if rows else "No model families installed. Install one, e.g. pip install colibri-olmoe")
+        from colibri_core.plugins.known import FAMILY_DISTRIBUTIONS
+
+        _console().print(table if rows else "No model families installed. Install one, e.g. pip install colibri-olmoe (published: "
+                         + ", ".join(sorted(set(FAMILY_DISTRIBUTIONS.values()))) + ")")
     _warn_plugin_problems()
 
 

@@ -1,15 +1,31 @@
 """``colibri plan``: what a placement will look like before anything is loaded.
 
-From the validated model (headers and family declarations, no weights read), the
-backend, the RAM and device budgets and the routing history, it computes the placement
-tier by tier (dense weights where, experts per tier), a projected hit rate per tier and
-the per-token costs of disk, upload, memory and compute, and names the bottleneck.
+From the validated model (headers and family declarations; one expert is read to time
+it), the backend, the RAM and device budgets and the routing history, it computes the
+placement tier by tier (dense weights where, experts per tier), projected hit rates
+and the per-token costs of disk, upload and compute, and names the bottleneck.
 
-The projected hit rates use Che's approximation of an LRU cache under independent
-references: routing is assumed to follow the saved history's frequencies (uniform when
-there is none), and the pinned sets hold the hottest experts (the device tier's the
-hottest of all). The RAM tier sees only what the device tier missed. It is an estimate;
+Two hit rates are projected, because ``colibri run`` starts with empty expert caches
+(unless ``--preload``):
+
+- the **run** hit rate: what ``colibri run`` reports for a ``--prompt-tokens`` prompt
+  and ``--tokens`` generated tokens from empty caches. It is simulated: the tiers'
+  LRUs and pinned sets, fed top-k routings drawn independently per token from the
+  saved history's frequencies (uniform when there is none), with a fixed seed. The
+  projected decode speed uses the misses of this run.
+- the **steady** hit rate: the same caches long after warm-up, by Che's approximation
+  of an LRU under independent references.
+
+Routing that repeats itself (a model stuck on one token) hits more often than
+independent draws; routing that drifts from the history hits less. Both are estimates;
 ``colibri run`` reports the real rates.
+
+The compute estimate is measured, not derived from a FLOP rate: the backend computes
+one of the model's own experts for one token (the decode shape) a number of times, and
+the dense weights are priced as calls of that kind. A miss costs what reading a layer's
+top-k experts from disk (their pages dropped from the page cache first) on the store's
+I/O threads takes per expert, decoding included; with ``--disk-bw`` given, the expert's
+bytes at that bandwidth plus the measured decode.
 """
 
 from __future__ import annotations
@@ -25,7 +41,6 @@ from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.store import PinPolicy
 from colibri_core.engine.placement import Placement
 
-DEFAULT_MEMORY_BW = 14e9  # bytes/s, a numpy pass over RAM on the reference machine
 DEFAULT_UPLOAD_BW = 25e9  # bytes/s host -> device, about PCIe 4.0 x16 (an assumption: not measured)
 
 
@@ -79,16 +94,230 @@ def projected_hit_rates(scores: np.ndarray | None, layers: int, experts: int,
     return [float(r / layers) for r in rates] if layers else [1.0] + [0.0] * (len(tiers) - 1)
 
 
-def measure_compute_flops() -> float:
-    """Float32 FLOP/s of a BLAS matrix product the size of an expert's batch."""
-    a = np.random.default_rng(0).standard_normal((64, 1024), dtype=np.float32)
-    b = np.random.default_rng(1).standard_normal((1024, 1024), dtype=np.float32)
-    best = float("inf")
-    for _ in range(7):  # the fastest run: the machine may be busy with something else
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * 64 * 1024 * 1024 / best
+DEFAULT_PROMPT_TOKENS = 16
+DEFAULT_TOKENS = 128  # colibri run's --max-tokens default
+SIMULATED_RUNS = 4  # independent draws of the routing, averaged
+
+
+def _held(tier, e) -> bool:
+    return e in tier[0] or e in tier[1]
+
+
+def _put(tier, e, slots) -> None:
+    """``CachedTier.put``: an expert just used is kept in the LRU when it has slots."""
+    pinned, lru = tier
+    if e in pinned or e in lru or slots <= 0:
+        return
+    while len(lru) >= slots:
+        lru.popitem(last=False)
+    lru[e] = True
+
+
+def inclusion_probabilities(counts: np.ndarray, k: int) -> np.ndarray:
+    """The chance that a token routes to each expert, from routing counts: k times the
+    expert's share, capped at 1 (the excess spread over the others), summing to k."""
+    pi = np.zeros(counts.size)
+    if k <= 0:
+        return pi
+    live = counts > 0
+    if live.sum() <= k:  # every expert ever chosen is chosen always, the rest fill up
+        pi[live] = 1.0
+        rest = ~live
+        if rest.any():
+            pi[rest] = (k - live.sum()) / rest.sum()
+        return pi
+    capped = np.zeros(counts.size, dtype=bool)
+    while True:
+        free = live & ~capped
+        pi[capped] = 1.0
+        pi[free] = counts[free] / counts[free].sum() * (k - capped.sum())
+        over = free & (pi > 1)
+        if not over.any():
+            return pi
+        capped |= over
+
+
+def draw_routings(inclusion: np.ndarray, k: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
+    """``tokens`` routings of k distinct experts each, expert i included with probability
+    ``inclusion[i]`` (they sum to k): systematic sampling over a random order of the
+    experts, so the draws match the history's frequencies exactly, token by token."""
+    out = np.empty((tokens, k), dtype=np.int64)
+    for t in range(tokens):
+        order = rng.permutation(inclusion.size)
+        edges = np.cumsum(inclusion[order])
+        edges[-1] = k  # no rounding gap at the end: every point lands on an expert
+        points = rng.random() + np.arange(k)
+        out[t] = order[np.minimum(np.searchsorted(edges, points, side="right"), inclusion.size - 1)]
+    return out
+
+
+def simulate_run(scores: np.ndarray | None, layers: int, experts: int, top_k: int,
+                 tiers: list[tuple[int, list[tuple[int, int]]]], *, prompt_tokens: int, tokens: int,
+                 preload: bool = False, runs: int = SIMULATED_RUNS, seed: int = 0) -> dict:
+    """The expert lookups of a run from empty caches, simulated as the store serves them.
+
+    ``tiers``: (LRU slots per layer, pinned (layer, expert) pairs), fastest first. The
+    prompt is one forward pass per ``PREFILL_CHUNK`` tokens (each expert looked up once
+    for all its tokens), then each generated token looks up its ``top_k`` experts. A hit
+    in a tier offers the expert to the faster tiers; a miss to all of them. Routing:
+    ``top_k`` distinct experts per token, each chosen as often as in the history
+    (uniformly without one), independently token to token. Returns the share of all lookups each
+    tier served (``tier_rates``), the run's ``hit_rate`` and ``decode_misses_per_token``."""
+    from collections import OrderedDict
+
+    from colibri_core.engine.generation import PREFILL_CHUNK
+
+    rng = np.random.default_rng(seed)
+    hits = np.zeros(len(tiers))
+    lookups = decode_misses = 0
+    chunks = [min(PREFILL_CHUNK, prompt_tokens - i) for i in range(0, max(prompt_tokens, 0), PREFILL_CHUNK)]
+    steps = len(chunks) + max(tokens - 1, 0)  # the prefill's last pass makes the first token
+    k = min(top_k, experts)
+    for layer in range(layers):
+        counts = scores[layer] if scores is not None and scores[layer].sum() > 0 else np.ones(experts)
+        inclusion = inclusion_probabilities(counts, k)
+        pinned = [{e for le, e in p if le == layer} for _, p in tiers]
+        for _ in range(runs):
+            chosen = draw_routings(inclusion, k, prompt_tokens + max(tokens - 1, 0), rng)
+            state = [(pinned[i], OrderedDict()) for i in range(len(tiers))]
+            if preload:  # ``ExpertStore.warm``: the lowest ids, through RAM to the device tier
+                for e in range(max((slots for slots, _ in tiers), default=0)):
+                    for i in reversed(range(len(tiers))):
+                        if e < tiers[i][0]:
+                            _put(state[i], e, tiers[i][0])
+            row = 0
+            for step in range(steps):
+                prefill = step < len(chunks)
+                n = chunks[step] if prefill else 1
+                wanted = np.unique(chosen[row : row + n])
+                row += n
+                for e in wanted.tolist():
+                    lookups += 1
+                    for i, tier in enumerate(state):
+                        if _held(tier, e):
+                            hits[i] += 1
+                            if e in tier[1]:
+                                tier[1].move_to_end(e)
+                            for j in range(i):
+                                _put(state[j], e, tiers[j][0])
+                            break
+                    else:
+                        decode_misses += not prefill
+                        for j in range(len(tiers)):
+                            _put(state[j], e, tiers[j][0])
+    if not lookups:
+        return {"tier_rates": [1.0] + [0.0] * (len(tiers) - 1) if tiers else [], "hit_rate": 1.0,
+                "decode_misses_per_token": 0.0}
+    rates = hits / lookups
+    decoded = runs * layers * max(tokens - 1, 0)
+    return {"tier_rates": [float(r) for r in rates], "hit_rate": float(rates.sum()),
+            "decode_misses_per_token": decode_misses / (decoded / layers) if decoded else 0.0}
+
+
+DENSE_CALLS_PER_LAYER = 4  # at least: attention projections, attention, output projection, router
+
+
+@dataclass
+class ExpertTiming:
+    one_expert_s: float  # the backend computing one expert for one token
+    top_k_s: float  # a MoE layer's top-k experts for one token (one routed_experts call)
+    host_form_s: float  # turning one expert's bytes, once read, into the form the tiers keep
+    miss_s: float  # one expert of a layer's misses, read from disk with the others as the store reads them
+
+    def compute_s(self, *, dense_bytes: int, expert_bytes: int, layers: int, moe_layers: int) -> float:
+        """Seconds of computation per decoded token: each MoE layer's top-k experts, and
+        the dense weights priced as one-expert calls, by bytes, but at least
+        ``DENSE_CALLS_PER_LAYER`` calls per layer (a small model's time is mostly calls)."""
+        dense_calls = max(dense_bytes / max(expert_bytes, 1), DENSE_CALLS_PER_LAYER * layers)
+        return moe_layers * self.top_k_s + dense_calls * self.one_expert_s
+
+
+def _median_seconds(call, repeats: int) -> float:
+    call()  # a warm-up: first calls pay for thread pools and caches
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def measure_expert_timing(bp: Blueprint, repeats: int = 15, window_s: float = 0.5) -> ExpertTiming:
+    """Time the model's first expert on the backend, for one token (the decode shape):
+    alone, and as a whole layer's top-k (the same weights fetched for k expert ids, so
+    only one expert is read from disk). Also the load of that expert once its bytes are
+    in the page cache. Medians of repeated calls of the backend's own kernels on the
+    model's own format: a busy machine slows every call of the run too, and a median
+    is what a run's many calls average to, where one FLOP-rate sample of an unrelated
+    matrix product is neither stable nor the cost of a one-token decode."""
+    from colibri_core.io.drives import Drive
+    from colibri_core.plugins.discovery import get_registry
+
+    backend = bp.backend
+    matrices = bp.moe[0].matrices[0]
+    disk = get_registry().tier("disk").spec.load()(
+        [Drive("primary", {sf.path: sf.path for sf in bp.checkpoint.files.values()})], bp.resolver, backend)
+    try:
+        miss_s = _miss_seconds(bp, disk)
+        host = disk.load(0, 0, matrices)  # the bytes are in the page cache now
+        host_form_s = _median_seconds(lambda: disk.load(0, 0, matrices), max(3, repeats // 3))
+    finally:
+        disk.close()
+    weights = host.prepared(backend)
+    hidden = bp.resolver.logical_shape(matrices["gate"])[-1]
+    x = backend.asarray(np.random.default_rng(0).standard_normal((1, hidden), dtype=np.float32))
+    k = max(1, bp.top_k)
+
+    def layer(n):
+        indices = np.arange(n, dtype=np.int64)[None, :]
+        scale = np.full((1, n), 1 / n, dtype=np.float32)
+        return lambda: backend.to_host(backend.routed_experts(x, indices, scale, lambda e: weights))
+
+    one, top_k = layer(1), layer(k)
+    one(), top_k()  # warm-up: first calls pay for thread pools and caches
+    times = []
+    started = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - started < window_s:
+        pair = []
+        for call in (one, top_k):  # interleaved: a burst of load slows both alike
+            t0 = time.perf_counter()
+            call()
+            pair.append(time.perf_counter() - t0)
+        times.append(pair)
+    one_s, top_k_s = np.mean(times, axis=0)
+    return ExpertTiming(float(one_s), float(max(top_k_s, one_s)), host_form_s, miss_s)
+
+
+def _miss_seconds(bp: Blueprint, disk) -> float:
+    """Seconds per expert when a layer's experts miss together: their pages dropped from
+    the page cache, then read and turned into their host form on the store's I/O threads
+    at once, as ``ExpertStore.request`` reads a layer's misses. Two batches of distinct
+    experts: the first pays what a run pays once (threads, fresh buffers faulted in), the
+    second is timed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from colibri_core.experts.store import ExpertStore
+    from colibri_core.io.pagecache import drop_page_cache
+
+    n = max(16, 2 * bp.top_k)  # enough reads to average a disk's jitter
+    batches = [[(0, e) for e in range(min(n, bp.moe[0].count))]]
+    if len(bp.moe) > 1:
+        batches.append([(1, e) for e in range(min(n, bp.moe[1].count))])
+    else:
+        batches.append([(0, e) for e in range(n, min(2 * n, bp.moe[0].count))] or batches[0])
+    for sf in bp.checkpoint.files.values():
+        drop_page_cache(sf.path)
+    workers = ExpertStore.__dataclass_fields__["io_workers"].default
+    with ThreadPoolExecutor(workers) as pool:
+        seconds = 0.0
+        for batch in batches:
+            if batch is batches[-1] and batch is batches[0]:  # one small layer: the same experts, dropped again
+                for sf in bp.checkpoint.files.values():
+                    drop_page_cache(sf.path)
+            started = time.perf_counter()
+            list(pool.map(lambda le: disk.load(le[0], le[1], bp.moe[le[0]].matrices[le[1]]), batch))
+            seconds = (time.perf_counter() - started) / len(batch)
+        return seconds
 
 
 @dataclass
@@ -99,9 +328,21 @@ class PlanReport:
 
 def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "auto", pin_share: float = 0.5,
               prefetch: bool = False, context: int | None = None, disk_bw: float | None = None,
-              memory_bw: float | None = None, use_history: bool = True, vram: int | None = None) -> PlanReport:
-    """The plan on ``bp.backend`` (its device memory decides the tiers)."""
+              use_history: bool = True, vram: int | None = None, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+              tokens: int = DEFAULT_TOKENS, preload: bool = False) -> PlanReport:
+    """The plan on ``bp.backend`` (its device memory decides the tiers), for a run of a
+    ``prompt_tokens`` prompt and ``tokens`` generated tokens from empty caches (filled
+    to their slots first with ``preload``)."""
+    from colibri_core.errors import UsageError
     from colibri_core.io.drives import Drive, measure_bandwidth
+
+    limit = bp.lm.max_context
+    if context is not None and not 0 < context <= limit:
+        raise UsageError(f"--context {context} is beyond the model's limit: its context holds 1 to {limit} tokens")
+    if prompt_tokens < 1 or tokens < 0:
+        raise UsageError(f"--prompt-tokens must be >= 1 and --tokens >= 0, got {prompt_tokens} and {tokens}")
+    if prompt_tokens + tokens > limit:
+        raise UsageError(f"--prompt-tokens {prompt_tokens} plus --tokens {tokens} is beyond the model's context of {limit} tokens")
 
     moe_layers, experts, top_k = len(bp.moe), bp.experts_per_layer, bp.top_k
     history = None
@@ -120,8 +361,12 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
     for tier in placement.tiers:  # the hottest in the fastest tier, the next ones in the next
         pinned_by_tier.append(hot[: tier.pinned])
         hot = hot[tier.pinned :]
-    tier_rates = projected_hit_rates(scores, moe_layers, experts, [(t.slots, p) for t, p in zip(placement.tiers, pinned_by_tier)])
-    hit = sum(tier_rates)
+    tier_specs = [(t.slots, p) for t, p in zip(placement.tiers, pinned_by_tier)]
+    steady_rates = projected_hit_rates(scores, moe_layers, experts, tier_specs)
+    steady = sum(steady_rates)
+    run = simulate_run(scores, moe_layers, experts, top_k, tier_specs, prompt_tokens=prompt_tokens, tokens=tokens,
+                       preload=preload)
+    tier_rates, hit = run["tier_rates"], run["hit_rate"]
     pinned = [le for p in pinned_by_tier for le in p]
 
     if disk_bw is None:
@@ -130,31 +375,42 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
         disk_source = "measured"
     else:
         disk_source = "given"
-    memory_bw = memory_bw or DEFAULT_MEMORY_BW
-    flops = measure_compute_flops()
 
+    timing = measure_expert_timing(bp) if moe_layers else None
     lookups = top_k * moe_layers
-    missed_bytes = max(0.0, 1 - hit) * lookups * bp.expert_disk_bytes
-    active_params = bp.weights.dense_numel + lookups * bp.expert_params
-    disk_s = missed_bytes / disk_bw
-    memory_s = (bp.dense_bytes + lookups * bp.expert_bytes) / memory_bw
-    compute_s = 2 * active_params / flops
-    costs = {"disk": disk_s, "memory": memory_s, "compute": compute_s}
+    misses = run["decode_misses_per_token"]  # per generated token, from empty caches
+    missed_bytes = misses * bp.expert_disk_bytes
+    host_form_s = timing.host_form_s if timing is not None else 0.0
+    if disk_source == "given" or timing is None:  # a given bandwidth prices the bytes; the decode is measured
+        miss_s = bp.expert_disk_bytes / disk_bw + host_form_s
+    else:
+        miss_s = timing.miss_s
+    disk_s = misses * miss_s
+    if timing is not None:
+        compute_s = timing.compute_s(dense_bytes=bp.dense_bytes, expert_bytes=bp.expert_bytes,
+                                     layers=len(bp.lm.layers), moe_layers=moe_layers)
+    else:  # no experts to time: a one-token matrix product prices the dense weights
+        compute_s = bp.dense_bytes * _dense_seconds_per_byte(bp.backend)
+    costs = {"disk": disk_s, "compute": compute_s}
     device = placement.device
     if device is not None and not placement.unified:  # device misses cross the bus
-        device_hit = tier_rates[0]
-        costs["upload"] = (1 - device_hit) * lookups * placement.expert_bytes / DEFAULT_UPLOAD_BW
+        device_misses = run["decode_misses_per_token"] + lookups * sum(tier_rates[1:])
+        costs["upload"] = device_misses * placement.expert_bytes / DEFAULT_UPLOAD_BW
     bottleneck = max(costs, key=costs.get)
     transfer_s = disk_s + costs.get("upload", 0.0)
     # prefetch overlaps disk with compute; without it they add up
-    per_token = max(transfer_s, memory_s, compute_s) if prefetch else transfer_s + max(memory_s, compute_s)
+    per_token = max(transfer_s, compute_s) if prefetch else transfer_s + compute_s
+    steady_missed = max(0.0, 1 - steady) * lookups
+    steady_s = steady_missed * miss_s
+    steady_per_token = max(steady_s, compute_s) if prefetch else steady_s + compute_s
     tiers = [{"role": t.role, "budget": t.budget, "budget_source": t.budget_source, "expert_bytes": t.expert_bytes,
               "slots_per_layer": t.slots, "pinned_capacity": t.pinned, "pinned_experts": len(p),
-              "cache_bytes": t.cache_bytes(moe_layers), "projected_hit_rate": rate}
-             for t, p, rate in zip(placement.tiers, pinned_by_tier, tier_rates)]
-    tiers.append({"role": "disk", "projected_hit_rate": max(0.0, 1 - hit), "bytes_per_token": missed_bytes})
+              "cache_bytes": t.cache_bytes(moe_layers), "projected_hit_rate": rate, "steady_hit_rate": steady_rate}
+             for t, p, rate, steady_rate in zip(placement.tiers, pinned_by_tier, tier_rates, steady_rates)]
+    tiers.append({"role": "disk", "projected_hit_rate": max(0.0, 1 - hit), "steady_hit_rate": max(0.0, 1 - steady),
+                  "bytes_per_token": missed_bytes})
 
-    context = context or bp.lm.max_context
+    context = context or limit
     kv_per_token = bp.kv_bytes_per_token()
     data = {
         "model_dir": str(bp.model_dir), "family": bp.family.spec.name, "model_type": bp.config.get("model_type"),
@@ -171,15 +427,26 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
         "cache_slots_per_layer": placement.slots, "pinned_experts": len(pinned), "pinned_capacity": placement.pinned,
         "prefetch_slots": placement.prefetch_slots, "all_resident": placement.all_resident,
         "history_tokens": history.total_tokens if history is not None else 0,
-        "projected_hit_rate": hit, "missed_bytes_per_token": missed_bytes,
-        "disk_bandwidth": disk_bw, "disk_bandwidth_source": disk_source, "memory_bandwidth": memory_bw,
-        "compute_flops": flops,
+        "run_prompt_tokens": prompt_tokens, "run_tokens": tokens, "preload": preload,
+        "projected_hit_rate": hit, "steady_hit_rate": steady, "missed_bytes_per_token": missed_bytes,
+        "disk_bandwidth": disk_bw, "disk_bandwidth_source": disk_source,
+        "expert_seconds": timing.one_expert_s if timing else None,
+        "top_k_experts_seconds": timing.top_k_s if timing else None, "host_form_seconds_per_expert": host_form_s,
+        "seconds_per_missed_expert": miss_s,
         "seconds_per_token": costs,
         "projected_decode_tok_s": 1 / per_token if per_token > 0 else None,
+        "steady_decode_tok_s": 1 / steady_per_token if steady_per_token > 0 else None,
         "bottleneck": bottleneck,
         "recommended": recommend(bp, placement, hit, bottleneck, history, cap=cap, prefetch=prefetch),
     }
     return PlanReport(data, placement)
+
+
+def _dense_seconds_per_byte(backend, repeats: int = 9) -> float:
+    """Median seconds per weight byte of a one-token float32 matrix product on the backend."""
+    w = backend.prepare_weight(np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32))
+    x = backend.asarray(np.ones((1, 1024), dtype=np.float32))
+    return _median_seconds(lambda: backend.to_host(backend.linear(x, w)), repeats) / (1024 * 1024 * 4)
 
 
 def recommend(bp, placement, hit, bottleneck, history, *, cap, prefetch) -> list[str]:

@@ -40,6 +40,9 @@ class QuantFormat:
 
     name = "base"
     kernel: str | None = None
+    # decode maps each stored element to one float32 on its own (no scales, no blocks):
+    # a large tensor can be decoded a slice at a time, straight into its final buffer
+    elementwise = False
 
     def matches(self, info: TensorInfo, context: "FormatContext") -> bool:
         """Claim a tensor from checkpoint evidence (quantization_config in
@@ -71,6 +74,7 @@ class QuantFormat:
 
 class F32(QuantFormat):
     name = "f32"
+    elementwise = True
 
     def decode(self, info, raw, companions):
         return np.array(raw, dtype=np.float32, copy=True)
@@ -78,6 +82,7 @@ class F32(QuantFormat):
 
 class F16(QuantFormat):
     name = "f16"
+    elementwise = True
 
     def decode(self, info, raw, companions):
         return raw.astype(np.float32)
@@ -85,6 +90,7 @@ class F16(QuantFormat):
 
 class BF16(QuantFormat):
     name = "bf16"
+    elementwise = True
     kernel = "bf16"
 
     def decode(self, info, raw, companions):

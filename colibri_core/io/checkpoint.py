@@ -19,7 +19,7 @@ import numpy as np
 
 from colibri_core.errors import ModelFormatError
 from colibri_core.io.jsontext import parse_json
-from colibri_core.io.safetensors import SafetensorsFile, TensorInfo, as_array
+from colibri_core.io.safetensors import DTYPES, SafetensorsFile, TensorInfo, as_array
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_INDEX_BYTES = 64 << 20
@@ -139,6 +139,23 @@ class Checkpoint:
                     self.integrity.check(t, buf[t.offset - start : t.offset - start + t.nbytes], path)
                 out[t.name] = as_array(t, buf[t.offset - start : t.offset - start + t.nbytes])
         return out
+
+    def read_chunks(self, info: TensorInfo, chunk_bytes: int):
+        """One tensor's elements, a slice of at most ``chunk_bytes`` at a time: yields
+        (first element, 1-D array of the storage dtype viewing a scratch buffer that the
+        next slice overwrites). Memory stays one chunk however large the tensor is."""
+        storage = np.dtype(DTYPES[info.dtype][0])
+        step = max(storage.itemsize, chunk_bytes // storage.itemsize * storage.itemsize)
+        scratch = np.empty(min(step, info.nbytes), dtype=np.uint8)
+        sf = self._by_path[info.path]
+        for start in range(0, info.nbytes, step):
+            n = min(step, info.nbytes - start)
+            sf.read_into(info.offset + start, memoryview(scratch[:n]))
+            if self.drop_cache:
+                sf.drop_cache(info.offset + start, n)
+            self.bytes_read += n
+            self.reads += 1
+            yield start // storage.itemsize, scratch[:n].view(storage)
 
     def close(self) -> None:
         for sf in self.files.values():

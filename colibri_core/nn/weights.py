@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.io.buffers import huge_buffer
 from colibri_core.errors import ModelFormatError
@@ -200,28 +202,76 @@ class Weights:
         ``linear``, else decoded to float32. Returns bytes read."""
         order = sorted(self.params.values(), key=lambda p: (p.info.path, p.info.offset))
         read = 0
-        batch: list[Param] = []
-        batch_bytes = 0
-        for p in order + [None]:
-            # read in batches of ~64 MiB: few reads, bounded temporary memory
-            if p is None or batch_bytes + p.info.nbytes > (64 << 20) and batch:
-                infos = [q.info for q in batch]
-                raw = self.checkpoint.read_many(resolver.with_companions(infos), buffer=huge_buffer)
-                for q in batch:
-                    companions = {t.name: raw[t.name] for t in resolver.companions(q.info)}
-                    if q.transform is not None:
-                        host = resolver.format_for(q.info).decode(q.info, raw[q.name], companions)
-                        q.value = backend.prepare_weight(q.transform(host), "array")
-                    else:
-                        q.value = resolver.resident(q.info, raw[q.name], companions, backend, q.use)
-                    read += q.info.nbytes
-                    if progress:
-                        progress(q.info.nbytes)
-                batch, batch_bytes = [], 0
-            if p is not None:
-                batch.append(p)
-                batch_bytes += p.info.nbytes
+        streamed = [p for p in order if self._streams(p, resolver, backend)]
+        for p in streamed:
+            read += self._load_streamed(p, resolver, backend, progress)
+        rest = [p for p in order if p not in set(streamed)]
+        # kept in their stored form, weights are views of the buffer they are read into:
+        # large batches (few reads) cost nothing beyond the weights themselves; decoded,
+        # a batch's bytes live beside their decodes until it is done: small batches
+        kept = [p for p in rest if p.transform is None and resolver.kept_packed(p.info, backend, p.use)]
+        decoded = [p for p in rest if p not in set(kept)]
+        for params, limit in ((kept, 64 << 20), (decoded, STREAM_MIN_BYTES)):
+            batch: list[Param] = []
+            batch_bytes = 0
+            for p in params + [None]:
+                if p is None or batch_bytes + p.info.nbytes > limit and batch:
+                    read += self._load_batch(batch, resolver, backend, progress)
+                    batch, batch_bytes = [], 0
+                if p is not None:
+                    batch.append(p)
+                    batch_bytes += p.info.nbytes
         return read
+
+    def _load_batch(self, batch: list[Param], resolver, backend, progress) -> int:
+        if not batch:
+            return 0
+        raw = self.checkpoint.read_many(resolver.with_companions([q.info for q in batch]), buffer=huge_buffer)
+        read = 0
+        for q in batch:
+            companions = {t.name: raw[t.name] for t in resolver.companions(q.info)}
+            if q.transform is not None:
+                host = resolver.format_for(q.info).decode(q.info, raw[q.name], companions)
+                q.value = backend.prepare_weight(q.transform(host), "array")
+            else:
+                q.value = resolver.resident(q.info, raw[q.name], companions, backend, q.use)
+            read += q.info.nbytes
+            if progress:
+                progress(q.info.nbytes)
+        return read
+
+
+    @staticmethod
+    def _streams(p: Param, resolver, backend) -> bool:
+        """Whether ``p`` is decoded to float32 slice by slice into its final buffer: a
+        large weight the backend does not keep in its stored form, in a format whose
+        decode is element by element. Read whole, it would sit beside its decode (a
+        float32 copy, or twice the bytes of a float16 one) and overshoot the budget."""
+        if p.info.nbytes < STREAM_MIN_BYTES or resolver.companions(p.info):
+            return False
+        if p.transform is None and resolver.kept_packed(p.info, backend, p.use):
+            return False
+        return resolver.format_for(p.info).elementwise
+
+    def _load_streamed(self, p: Param, resolver, backend, progress) -> int:
+        fmt = resolver.format_for(p.info)
+        numel = 1
+        for d in p.info.shape:
+            numel *= d
+        final = huge_buffer(4 * numel).view(np.float32)
+        for first, chunk in self.checkpoint.read_chunks(p.info, STREAM_CHUNK_BYTES):
+            final[first : first + chunk.size] = fmt.decode(p.info, chunk, {})
+            if progress:
+                progress(chunk.nbytes)
+        host = final.reshape(p.info.shape)
+        p.value = backend.prepare_weight(p.transform(host), "array") if p.transform is not None else \
+            backend.prepare_weight(host, p.use)
+        return p.info.nbytes
+
+
+# a weight at least this large is decoded a slice at a time (each slice this large)
+STREAM_MIN_BYTES = 8 << 20
+STREAM_CHUNK_BYTES = 4 << 20
 
 
 def _plus_one(w):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from colibri_core.errors import PluginError, UnsupportedModelError
+from colibri_core.plugins.known import install_hint
 
 
 def import_object(ref: str) -> Any:
@@ -224,6 +225,9 @@ class Registry:
             f"no installed family runs model_type {model_type!r}"
             + (f" (architectures {architectures})" if architectures else "")
             + f"; installed model types: {known}. "
-            + (self.not_loaded_note[:1].upper() + self.not_loaded_note[1:] if self.not_loaded_note
-               else "Install the family plugin, e.g. pip install colibri-<family>")
+            + _sentence(self.not_loaded_note or install_hint(model_type))
         )
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
