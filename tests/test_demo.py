@@ -7,7 +7,7 @@ import pytest
 import colibri_core
 from colibri_core.cli.demo import DEFAULT_SPEC, MARKER, DemoSpec, ensure_demo_model, is_complete
 
-from conftest import run_colibri
+from colibri_core.testing.cli import run_colibri
 
 TINY = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
                 intermediate_size=16, tokenizer_vocab=300, shard_bytes=30_000, cached_experts_per_layer=2)

@@ -23,7 +23,8 @@ from packaging.version import Version
 from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.plugins.known import FAMILY_DISTRIBUTIONS
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[1]
+
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 TINY = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,

@@ -28,7 +28,7 @@ from colibri_core.errors import ResourceError
 from colibri_core.io import buffers
 from colibri_core.warn import ColibriWarning
 
-from conftest import run_colibri
+from colibri_core.testing.cli import run_colibri
 
 SPEC = DemoSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
                 intermediate_size=96, tokenizer_vocab=300, shard_bytes=60_000, router_std=1.0,

@@ -124,7 +124,7 @@ def test_a_mirror_failing_mid_run_falls_back_with_one_warning(model_dir, tmp_pat
 
 
 def test_cli_prints_a_mirror_warning_on_one_line(model_dir, tmp_path):
-    from conftest import run_colibri
+    from colibri_core.testing.cli import run_colibri
 
     mirror = make_mirror(model_dir, tmp_path / "mirror")
     victim = sorted(mirror.glob("*.safetensors"))[0]
@@ -164,7 +164,7 @@ def truncate_and_reextend(shard):
 
 
 def write_manifest(model_dir):
-    from conftest import run_colibri
+    from colibri_core.testing.cli import run_colibri
 
     out = run_colibri("doctor", "--model", model_dir, "--deep", "--write-manifest", "--json")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -209,7 +209,7 @@ def test_a_mirror_damaged_before_the_run_gives_the_primary_tokens_with_one_warni
 
 
 def test_verify_checks_the_primary_and_a_mirror_serves_its_damaged_experts(model_dir, tmp_path):
-    from conftest import run_colibri
+    from colibri_core.testing.cli import run_colibri
 
     reference = generate(model_dir, cap=1, max_tokens=16)
     with pytest.raises(colibri_core.errors.UsageError, match="no integrity manifest"):
@@ -245,7 +245,7 @@ def test_verify_checks_the_dense_weights_read_at_load(model_dir):
 
 
 def test_doctor_deep_checks_the_manifest_and_rewrites_it_on_request(model_dir):
-    from conftest import run_colibri
+    from colibri_core.testing.cli import run_colibri
 
     def doctor(*args):
         out = run_colibri("doctor", "--model", model_dir, "--json", *args)

@@ -1,9 +1,12 @@
 """A fresh virtual environment: install colibri-core and colibri-olmoe from this
 checkout, find the family through its entry point, uninstall it, see it gone."""
 
+from pathlib import Path
+
 from colibri_core.testing.venv import fresh_venv
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[1]
+
 
 
 def test_fresh_venv_install_discovers_and_uninstall_removes_the_family(tmp_path):

@@ -379,7 +379,7 @@ def tensor_named_twice_in_one_header(d):
 def model_is_a_file(d):
     shutil.rmtree(d)
     d.write_text("not a model")
-    return [str(d), "not a directory"]
+    return [str(d), "does not exist"]
 
 
 def model_type_not_a_string(d):
@@ -404,7 +404,7 @@ def config_missing(d):
 
 def model_dir_missing(d):
     shutil.rmtree(d)
-    return [str(d), "not a directory"]
+    return [str(d), "does not exist"]
 
 
 def tokenizer_not_json(d):

@@ -18,7 +18,7 @@ from colibri_core.cli.demo import DEFAULT_SPEC, DemoSpec, build_demo_model
 from colibri_core.cli.plan import draw_routings, inclusion_probabilities, simulate_run
 from colibri_core.testing.calibration import SINGLE_THREAD, budget_for_slots, compare
 
-from conftest import run_colibri
+from colibri_core.testing.cli import run_colibri
 
 HIT_RATE_TOLERANCE = 0.06
 SPEED_FACTOR = 4.0

@@ -13,7 +13,7 @@ from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.experts.history import FILENAME
 from colibri_core.cli.plan import lru_hit_rate
 
-from conftest import run_colibri
+from colibri_core.testing.cli import run_colibri
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=16, num_experts_per_tok=2,
                 intermediate_size=16, tokenizer_vocab=300, shard_bytes=40_000)

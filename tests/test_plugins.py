@@ -3,6 +3,7 @@
 import inspect
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -15,8 +16,10 @@ from colibri_core.plugins.discovery import get_manager, get_registry
 from colibri_core.plugins.registry import FamilySpec
 from colibri_core.testing import registered_plugin
 
-from conftest import REPO, run_colibri
+from colibri_core.testing.cli import run_colibri
 from toy_family import MODEL_TYPE, ToyPlugin, write_toy_model
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def invoke(*args):

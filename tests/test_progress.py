@@ -10,7 +10,7 @@ import pytest
 import colibri_core
 from colibri_core.cli.demo import DemoSpec, build_demo_model
 
-from conftest import run_colibri
+from colibri_core.testing.cli import run_colibri
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
                 intermediate_size=16, tokenizer_vocab=300, shard_bytes=30_000)

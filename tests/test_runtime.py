@@ -12,7 +12,7 @@ from colibri_core.engine import generation
 from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.errors import UsageError
 
-from conftest import run_colibri
+from colibri_core.testing.cli import run_colibri
 
 SMALL = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
                  intermediate_size=16, tokenizer_vocab=320, max_position_embeddings=64, shard_bytes=40_000,

@@ -33,6 +33,15 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
         assert {sampler(x) for _ in range(30)} == {int(np.argmax(x))}
 
 
+def test_the_smallest_temperatures_are_greedy_not_an_error():
+    # logits / 5e-324 overflow to inf; found by schemathesis through colibri serve
+    x = logits(5)
+    for params in (SamplingParams(temperature=5e-324, seed=0), SamplingParams(temperature=5e-324, top_p=5e-324, seed=0),
+                   SamplingParams(temperature=1e-300, top_k=3, seed=0)):
+        sampler = Sampler(params)
+        assert {sampler(x) for _ in range(10)} == {int(np.argmax(x))}
+
+
 def test_top_k_limits_the_support():
     x = logits(4)
     allowed = set(np.argsort(-x)[:3].tolist())

@@ -328,15 +328,20 @@ class PlanReport:
 
 def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "auto", pin_share: float = 0.5,
               prefetch: bool = False, context: int | None = None, disk_bw: float | None = None,
-              use_history: bool = True, vram: int | None = None, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
-              tokens: int = DEFAULT_TOKENS, preload: bool = False) -> PlanReport:
+              use_history: bool = True, vram: int | None = None, prompt_tokens: int | None = None,
+              tokens: int | None = None, preload: bool = False) -> PlanReport:
     """The plan on ``bp.backend`` (its device memory decides the tiers), for a run of a
     ``prompt_tokens`` prompt and ``tokens`` generated tokens from empty caches (filled
-    to their slots first with ``preload``)."""
+    to their slots first with ``preload``). Left out, ``prompt_tokens`` and ``tokens``
+    are the defaults cut to what the model's context holds; given, they must fit it."""
     from colibri_core.errors import UsageError
     from colibri_core.io.drives import Drive, measure_bandwidth
 
     limit = bp.lm.max_context
+    if prompt_tokens is None:
+        prompt_tokens = max(1, min(DEFAULT_PROMPT_TOKENS, limit // 4))
+    if tokens is None:
+        tokens = max(0, min(DEFAULT_TOKENS, limit - prompt_tokens))
     if context is not None and not 0 < context <= limit:
         raise UsageError(f"--context {context} is beyond the model's limit: its context holds 1 to {limit} tokens")
     if prompt_tokens < 1 or tokens < 0:

@@ -62,11 +62,14 @@ class Sampler:
         # in place on one float64 copy: every fresh vocabulary-sized temporary (~400 KB)
         # costs page faults, which dominated sampling when each step made a new one
         scores = logits.astype(np.float64)
-        scores /= p.temperature
+        # the maximum goes first: divided by a tiny temperature (5e-324 is a valid one)
+        # the scores would overflow to +inf, and inf - inf is NaN
+        scores -= scores.max()
+        with np.errstate(over="ignore"):  # -inf is the intended result of such a division
+            scores /= p.temperature
         if p.top_k and p.top_k < scores.size:
             kth = np.partition(scores, -p.top_k)[-p.top_k]
             scores[scores < kth] = -np.inf
-        scores -= scores.max()
         probs = np.exp(scores, out=scores)
         if p.top_p < 1.0:
             probs /= probs.sum()

@@ -1,7 +1,6 @@
 """Models and live servers for the colibri-serve tests: ``colibri serve`` runs as a real
 process bound to 127.0.0.1 on a free port; the tests talk to it over HTTP."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.testing.cli import colibri_env
 from serve_scripted_model import build_scripted_model
 
 # the random demo model of tests/test_runtime.py: its greedy text is noise, but stable
@@ -35,14 +35,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def colibri_env(**extra):
-    env = dict(os.environ)
-    env.pop("COLIBRI_DEBUG", None)
-    env.pop("COLIBRI_API_KEY", None)
-    env.update(extra)
-    return env
 
 
 class Server:

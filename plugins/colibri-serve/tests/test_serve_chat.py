@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from conftest import colibri_env
+from colibri_core.testing.cli import colibri_env
 from serve_scripted_model import PLAIN_REPLY
 from test_serve_parity import run_chat_tokens
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import anthropic
 import openai
 
-from conftest import colibri_env
+from colibri_core.testing.cli import colibri_env
 
 
 def run_chat_tokens(model, prompt, system=None, max_tokens=20):

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from conftest import colibri_env
+from colibri_core.testing.cli import colibri_env
 
 
 def colibri(*args, **env):
