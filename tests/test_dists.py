@@ -4,8 +4,8 @@ tools/build_dists.sh builds an sdist and a wheel of each (discovered) distributi
 dist/ and runs ``twine check --strict``; a fresh venv then installs colibri-core,
 colibri-glm and colibri-olmoe from that folder with ``pip install --no-index
 --find-links dist --find-links CACHE`` (CACHE: their third-party dependencies, fetched
-from PyPI once with ``pip download`` and reused), lists the families and runs a tiny
-demo model.
+from PyPI once with ``pip download`` and reused), and colibri-cuda without its CuPy
+extra, lists the families and backends and runs a tiny demo model.
 """
 
 import json
@@ -93,7 +93,7 @@ def test_the_built_distributions_install_as_a_user_installs_them(tmp_path, wheel
     for name in distributions():
         assert name.replace("-", "_") in names, f"{name} was not built"
     assert any(p.name.startswith("colibri_core-") and p.suffix == ".whl" for p in dist.iterdir())
-    wanted = ["colibri-core", "colibri-glm", "colibri-olmoe"]
+    wanted = ["colibri-core", "colibri-glm", "colibri-olmoe", "colibri-cuda"]
     download = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(wheel_cache),
                                "--find-links", str(dist), *wanted], capture_output=True, text=True, timeout=1800, env=ENV)
     assert download.returncode == 0, download.stderr[-3000:]
@@ -108,6 +108,12 @@ def test_the_built_distributions_install_as_a_user_installs_them(tmp_path, wheel
     assert listed.returncode == 0, listed.stderr
     by_type = {t: row["distribution"] for row in json.loads(listed.stdout) for t in row["model_types"]}
     assert by_type["glm4_moe"] == "colibri-glm" and by_type["olmoe"] == "colibri-olmoe", by_type
+    backends = subprocess.run([colibri, "list-backends", "--json"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert backends.returncode == 0, backends.stderr
+    by_name = {row["backend"]: row for row in json.loads(backends.stdout)}
+    assert by_name["cpu"]["available"] and "cuda" in by_name, by_name
+    if not by_name["cuda"]["available"]:  # no GPU or no CuPy here: it says why
+        assert by_name["cuda"]["reason"], by_name["cuda"]
     model = tmp_path / "tiny"
     build_demo_model(model, TINY)
     run = subprocess.run([colibri, "run", "--model", str(model), "--token-ids", "1,2,3", "--max-tokens", "4",

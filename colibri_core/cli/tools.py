@@ -213,11 +213,13 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
 @click.option("--prefetch/--no-prefetch", default=False, show_default=True)
 @click.option("--preload", is_flag=True, help="colibri: fill the expert cache before generating.")
 @click.option("--direct-io", is_flag=True, help="colibri: read experts with O_DIRECT.")
+@click.option("--verify", is_flag=True,
+              help="colibri: check every read against the model's integrity manifest (what verifying costs).")
 @click.option("--peer-model", default=None, help="Run the --vs engines on this checkpoint instead (e.g. the bf16 source).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @backend_options
 def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, preload, direct_io,
-          peer_model, as_json, backend, vram):
+          verify, peer_model, as_json, backend, vram):
     """Measure prefill and decode speed, time to first token, disk reads and peak memory,
     beside transformers (resident) or transformers + accelerate disk offload."""
     from rich.console import Console
@@ -236,7 +238,8 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     SamplingParams(temperature=temperature)
     check_load_options(cap=cap)
     open_backend(backend, vram)
-    options = {"history": "read", "prefetch": prefetch, "preload": preload, "direct_io": direct_io, "backend": backend}
+    options = {"history": "read", "prefetch": prefetch, "preload": preload, "direct_io": direct_io, "backend": backend,
+               "verify": verify}
     if cap is not None:
         options["cap"] = cap
     if vram is not None:

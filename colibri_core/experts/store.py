@@ -298,6 +298,42 @@ class ExpertStore:
         return swaps
 
     # -- state -------------------------------------------------------------------------
+    # expert_map's codes, one character per expert: where it is served from now
+    TIER_CODES = {"D": "device_pinned", "d": "device_lru", "R": "ram_pinned", "r": "ram_lru", ".": "disk"}
+
+    def expert_map(self) -> dict:
+        """Where each routed expert is now and how often it was routed, in plain lists,
+        for a monitor polling from another thread (as ``Model.store_counters`` is read).
+
+        ``tiers``: one string per MoE layer, one character per expert (``TIER_CODES``: D
+        device pinned, d device LRU, R RAM pinned, r RAM LRU, ``.`` on disk only); an
+        expert held by both tiers shows the device, the one consulted first. ``heat``:
+        per layer, per expert, how many times the router chose it since the model was
+        loaded (None without a routing history). ``counts``: experts per code.
+
+        Read without a lock: each tier's table of a layer is copied in one step (``list``
+        of a dict holds the GIL), so none is seen half-changed; the engine thread may move
+        an expert between two copies, so the map can be a step stale, never malformed.
+        Cost: one pass over the experts (75 layers x 256 experts: a few milliseconds)."""
+        tiers = []
+        for layer, experts in enumerate(self.layouts):
+            row = np.full(len(experts), ord("."), dtype=np.uint8)
+            for tier, (pinned, lru) in ((self.ram, b"Rr"), (self.device, b"Dd")):
+                if tier is not None:
+                    row[tier.cached(layer)] = lru
+                    row[tier.pinned_experts(layer)] = pinned
+            tiers.append(row.tobytes().decode("ascii"))
+        heat = None
+        if self.history is not None:
+            heat = np.rint(self.history.session).astype(np.int64).tolist()
+        counts = {name: sum(row.count(code) for row in tiers) for code, name in self.TIER_CODES.items()}
+        device = self.device
+        capacity = {"device_lru_per_layer": device.slots if device is not None else 0,
+                    "device_pinned": device.pinned_capacity if device is not None else 0,
+                    "ram_lru_per_layer": self.ram.slots, "ram_pinned": self.ram.pinned_capacity}
+        return {"layers": len(self.layouts), "experts": max((len(x) for x in self.layouts), default=0),
+                "tiers": tiers, "heat": heat, "counts": counts, "capacity": capacity}
+
     @property
     def resident_bytes(self) -> int:
         """Bytes of experts held, RAM and device tiers together."""

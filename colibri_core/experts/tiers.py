@@ -187,6 +187,11 @@ class CachedTier:
     def pinned_set(self) -> set[tuple[int, int]]:
         return {(layer, e) for layer, table in enumerate(self._pinned) for e in table}
 
+    def pinned_experts(self, layer: int) -> list[int]:
+        """The experts of ``layer`` in the pinned set (one copy, safe to take from
+        another thread: ``list`` of a dict is one step under the GIL)."""
+        return list(self._pinned[layer])
+
     # -- LRU ---------------------------------------------------------------------------
     def get(self, layer: int, expert: int) -> ExpertWeights | None:
         cache = self._lru[layer]

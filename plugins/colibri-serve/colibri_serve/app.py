@@ -1,5 +1,6 @@
-"""The HTTP application: the OpenAI and Anthropic routes, /health and /metrics, the API
-key check, bounded request bodies, and errors in each API's own shape."""
+"""The HTTP application: the OpenAI and Anthropic routes, /health and /metrics, the web
+dashboard (/ and /dashboard.json), the API key check, bounded request bodies, and errors
+in each API's own shape."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from colibri_serve import anthropic_api, openai_api
+from colibri_serve import anthropic_api, dashboard, openai_api
 from colibri_serve.metrics import Metrics
 from colibri_serve.service import ApiError, Service
 
 MAX_BODY_BYTES = 4 << 20
-OPEN_PATHS = {"/health"}
+OPEN_PATHS = {"/health", *dashboard.STATIC}  # the dashboard's page and files hold no data
 
 
 def _is_anthropic(path: str) -> bool:
@@ -30,7 +31,7 @@ def error_response(path: str, err: ApiError) -> JSONResponse:
 
 class Gate:
     """Pure ASGI middleware in front of the application: the API key (compared in
-    constant time; /health stays open), request bodies bounded to ``max_body`` bytes
+    constant time; /health and the dashboard's static files stay open), request bodies bounded to ``max_body`` bytes
     (413, by the declared length or as chunks arrive), and requests counted by route
     and status."""
 
@@ -125,6 +126,7 @@ def create_app(service: Service, *, api_key: str | None = None, max_body: int = 
 
     app.include_router(openai_api.router(service))
     app.include_router(anthropic_api.router(service))
+    app.include_router(dashboard.router(service))
     app.openapi = lambda: app.openapi_schema or _document_responses(app)
     return Gate(app, api_key=api_key, max_body=max_body, metrics=metrics)
 

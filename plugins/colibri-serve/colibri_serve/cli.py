@@ -47,8 +47,8 @@ def _check_model_dir(model_dir: str) -> Path:
 @placement_options
 def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, **placement):
     """Serve the model in --model over HTTP with the OpenAI API (/v1/chat/completions,
-    /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health and
-    /metrics. The APIs answer 503 until the model has loaded."""
+    /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health,
+    /metrics and a web dashboard at /. The APIs answer 503 until the model has loaded."""
     import uvicorn
 
     from colibri_core.engine.api import load, open_backend
