@@ -96,6 +96,23 @@ class FetchPerToken(ReferenceBackend):
         return out
 
 
+class ChannelDecayIgnored(ReferenceBackend):
+    def gated_delta_channel_chunked(self, q, k, v, g, beta, state, chunk_size):
+        first = np.repeat(g[..., :1], g.shape[-1], axis=-1)  # one decay per head: channel 0's
+        return super().gated_delta_channel_chunked(q, k, v, first, beta, state, chunk_size)
+
+
+class DecayAfterTheRead(ReferenceBackend):
+    def gated_delta_channel_step(self, q, k, v, g, beta, state):  # S decays after k^T S is read
+        outs = []
+        for t in range(q.shape[0]):
+            read = np.einsum("hk,hkv->hv", k[t], state)
+            state = state * np.exp(g[t])[..., None]
+            state = state + k[t][..., None] * ((v[t] - read) * beta[t][:, None])[:, None, :]
+            outs.append(np.einsum("hk,hkv->hv", q[t], state))
+        return np.stack(outs), state
+
+
 class Kit(BackendConformanceSuite):  # not collected: the checks are called directly below
     pass
 
@@ -105,6 +122,8 @@ class Kit(BackendConformanceSuite):  # not collected: the checks are called dire
     (NoCausalMask, "test_attention", {"group": 2, "step": "prefill"}, "attention"),
     (TiesToHigherIndex, "test_top_k", {"ties": True}, "top_k indices"),
     (FetchPerToken, "test_routed_experts", {"kind": "f32", "tokens": 3}, "each expert once, ascending"),
+    (ChannelDecayIgnored, "test_gated_delta_channel_chunked", {"chunk": 5, "rep": 1}, "gated_delta_channel_chunked"),
+    (DecayAfterTheRead, "test_gated_delta_channel_step_equals_chunked", {"rep": 1}, "gated_delta_channel_step"),
 ])
 def test_the_kit_fails_a_broken_backend(broken, check, args, message):
     getattr(Kit(), check)(ReferenceBackend(), **args)  # the check passes on the reference

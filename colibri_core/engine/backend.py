@@ -356,6 +356,28 @@ class Backend(abc.ABC):
         """The gated delta rule position by position (decode); same arguments, results and
         recurrence as ``gated_delta_chunked`` (transformers' torch_recurrent_gated_delta_rule)."""
 
+    def gated_delta_channel_chunked(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array,
+                                    chunk_size: int) -> tuple[Array, Array]:
+        """The gated delta rule with a decay per key channel (Kimi Delta Attention),
+        chunk by chunk (prefill): ``gated_delta_chunked`` with g (T, Hv, Dk) instead of
+        (T, Hv). Per position and value head, row d of S (key channel d) decays by
+        exp(g[d]):
+            S = diag(exp(g)) S;  S += k (beta * (v - k^T S))^T;  out = q^T S
+        (transformers' chunk_kimi_delta_attention). With g equal across the Dk channels
+        this is ``gated_delta_chunked``. Returns out (T, Hv, Dv) and the new state. The
+        reference computes on the host (numpy); a backend may replace it."""
+        host = [self.to_host(a) for a in (q, k, v, g, beta, state)]
+        out, new_state = delta_channel_chunked(*host, chunk_size)
+        return self.asarray(out), self.asarray(new_state)
+
+    def gated_delta_channel_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array,
+                                 state: Array) -> tuple[Array, Array]:
+        """``gated_delta_channel_chunked`` position by position (decode): same arguments,
+        results and recurrence (transformers' recurrent_kimi_delta_attention)."""
+        host = [self.to_host(a) for a in (q, k, v, g, beta, state)]
+        out, new_state = delta_channel_step(*host)
+        return self.asarray(out), self.asarray(new_state)
+
 
 # -- host-side reference helpers (numpy), shared by the reference implementations -------
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -413,3 +435,67 @@ def expert_groups(indices: np.ndarray, weights: np.ndarray):
     scale = np.ascontiguousarray(weights.ravel()[order], dtype=np.float32)
     for e, s, c in zip(experts.tolist(), starts.tolist(), counts.tolist()):
         yield e, rows[s : s + c], scale[s : s + c]
+
+
+def _delta_channel_heads(q, k, v, g, beta):
+    """(H, T, ...) float32 copies with the key heads repeated to the value heads."""
+    rep = v.shape[1] // k.shape[1]
+    f32 = [np.asarray(a, dtype=np.float32) for a in (q, k, v, g, beta)]
+    q, k, v, g, beta = f32
+    if rep > 1:
+        q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
+    return q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), g.transpose(1, 0, 2), beta.T
+
+
+def delta_channel_step(q, k, v, g, beta, state):
+    """``Backend.gated_delta_channel_step`` on host float32 arrays."""
+    t = q.shape[0]
+    q, k, v, g, beta = _delta_channel_heads(q, k, v, g, beta)
+    s = np.array(state, dtype=np.float32, copy=True)
+    out = np.empty((v.shape[0], t, v.shape[2]), dtype=np.float32)
+    decay = np.exp(g)  # (H, T, Dk)
+    for i in range(t):
+        s = s * decay[:, i, :, None]
+        kv_mem = (s * k[:, i, :, None]).sum(axis=-2)
+        delta = (v[:, i] - kv_mem) * beta[:, i, None]
+        s = s + k[:, i, :, None] * delta[:, None, :]
+        out[:, i] = (s * q[:, i, :, None]).sum(axis=-2)
+    return np.ascontiguousarray(out.transpose(1, 0, 2)), s
+
+
+def delta_channel_chunked(q, k, v, g, beta, state, chunk_size):
+    """``Backend.gated_delta_channel_chunked`` on host float32 arrays: the WY/UT form of
+    transformers' chunk_kimi_delta_attention, the decay inside each key-channel product."""
+    t = q.shape[0]
+    q, k, v, g, beta = _delta_channel_heads(q, k, v, g, beta)
+    h, dk, dv = v.shape[0], k.shape[2], v.shape[2]
+    c = int(chunk_size)
+    pad = (-t) % c
+    if pad:
+        q, k, v, g = (np.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v, g))
+        beta = np.pad(beta, ((0, 0), (0, pad)))
+    n = (t + pad) // c
+    v_beta = (v * beta[..., None]).reshape(h, n, c, dv)
+    k_beta = (k * beta[..., None]).reshape(h, n, c, dk)
+    q, k = q.reshape(h, n, c, dk), k.reshape(h, n, c, dk)
+    cum = np.cumsum(g.reshape(h, n, c, dk), axis=2, dtype=np.float32)  # per chunk, per channel
+    upper = np.triu(np.ones((c, c), dtype=bool), 1)
+    eye = np.eye(c, dtype=np.float32)
+    s = np.array(state, dtype=np.float32, copy=True)
+    out = np.empty((h, n, c, dv), dtype=np.float32)
+    for i in range(n):
+        ci = cum[:, i]  # (H, C, Dk)
+        with np.errstate(over="ignore"):  # masked (upper) entries may overflow before masking
+            pair = np.exp(np.where(upper[None, :, :, None], np.float32(-np.inf), ci[:, :, None, :] - ci[:, None, :, :]))
+        # (H, C, C): sum over channels of x[i, d] y[j, d] exp(cum[i, d] - cum[j, d]), j <= i
+        ut = np.einsum("hid,hjd,hijd->hij", k_beta[:, i], k[:, i], pair, optimize=True)
+        intra = np.einsum("hid,hjd,hijd->hij", q[:, i], k[:, i], pair, optimize=True)
+        lower = np.tril(ut, -1) + eye  # (I + strictly-lower(ut)) X = B: a unit lower-triangular solve
+        new_values = np.linalg.solve(lower, v_beta[:, i]).astype(np.float32)
+        k_cumdecay = np.linalg.solve(lower, k_beta[:, i] * np.exp(ci)).astype(np.float32)
+        v_new = new_values - k_cumdecay @ s
+        out[:, i] = (q[:, i] * np.exp(ci)) @ s + intra @ v_new
+        last = ci[:, -1]  # (H, Dk)
+        s = s * np.exp(last)[:, :, None] + (k[:, i] * np.exp(last[:, None, :] - ci)).swapaxes(-1, -2) @ v_new
+    out = out.reshape(h, n * c, dv)[:, :t]
+    return np.ascontiguousarray(out.transpose(1, 0, 2)), s

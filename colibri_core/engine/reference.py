@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import Backend, softmax_top_k, top_k_indices
+from colibri_core.engine.backend import (Backend, delta_channel_chunked, delta_channel_step, softmax_top_k,
+                                         top_k_indices)
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 
@@ -284,3 +285,9 @@ class ReferenceBackend(Backend):
             s = s + k[:, i, :, None] * delta[:, None, :]
             out[:, i] = (s * q[:, i, :, None]).sum(axis=-2)
         return np.ascontiguousarray(out.transpose(1, 0, 2)), s
+
+    def gated_delta_channel_chunked(self, q, k, v, g, beta, state, chunk_size):
+        return delta_channel_chunked(q, k, v, g, beta, state, chunk_size)
+
+    def gated_delta_channel_step(self, q, k, v, g, beta, state):
+        return delta_channel_step(q, k, v, g, beta, state)

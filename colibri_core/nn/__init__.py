@@ -1,7 +1,7 @@
 """Shared neural-network building blocks for families."""
 
 from colibri_core.nn.cache import Cache, KVCache, RecurrentState
-from colibri_core.nn.deltanet import GatedDeltaNet
+from colibri_core.nn.deltanet import GatedDeltaNet, LowRank
 from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
 from colibri_core.nn.layers import (
     Attention,
@@ -26,8 +26,8 @@ __all__ = [
     "Attention", "Cache", "CausalLM", "DecoderLayer", "Embedding", "ExpertDecl", "KVCache", "Linear", "Param",
     "RMSNorm", "RoPE", "RoutedExperts", "SoftmaxTopKRouter", "SparseMoE", "Step", "SwiGLU", "Weights", "build_rope",
     "rope_parameters",
-    # linear attention (Qwen3-Next / Qwen3.5 hybrids)
-    "GatedDeltaNet", "GatedRMSNorm", "RecurrentState",
+    # linear attention (Qwen3-Next / Qwen3.5 hybrids, Kimi Linear's KDA)
+    "GatedDeltaNet", "GatedRMSNorm", "LowRank", "RecurrentState",
     # MLA, DSA and the sigmoid grouped router (DeepSeek V3/V3.2, Kimi K2, GLM)
     "LayerNorm", "LightningIndexer", "MLACache", "MLAttention", "SharedIndexer", "SigmoidGroupedTopKRouter",
     "mla_softmax_scale",

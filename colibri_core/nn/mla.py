@@ -124,7 +124,9 @@ class MLAttention:
     ``nope_dim`` features are position-free and the last ``rope_dim`` are rotated.
     kv: ``kv_a`` gives the latent (``kv_lora_rank``, normed by ``kv_a_norm``) and the
     shared rotary key (``rope_dim``); ``kv_b`` (H * (nope_dim + v_dim), rank) expands the
-    latent. ``rope_interleave`` selects DeepSeek's interleaved-pair rotary layout.
+    latent. ``rope_interleave`` selects DeepSeek's interleaved-pair rotary layout;
+    ``rope`` None: no position encoding at all (Kimi Linear's NoPE MLA), the last
+    ``rope_dim`` features of each query and the shared key are used as they come.
 
     ``absorb_max_tokens``: steps of at most this many new tokens use the absorbed form,
     larger ones (prefill) expand. Both forms compute the same attention.
@@ -143,7 +145,7 @@ class MLAttention:
         nope_dim: int,
         rope_dim: int,
         v_dim: int,
-        rope: RoPE,
+        rope: RoPE | None,
         scale: float,
         q: Linear | None = None,
         q_a: Linear | None = None,
@@ -170,6 +172,8 @@ class MLAttention:
         return MLACache(backend, self.kv_lora_rank, self.rope_dim, max_len, index_dim)
 
     def _rotate(self, x, cos, sin, ops):
+        if self.rope is None:  # NoPE
+            return x
         if self.rope_interleave:
             return ops.rope_interleaved(x, cos, sin, self.rope_dim)
         return ops.rope(x, cos, sin, self.rope_dim)
@@ -203,7 +207,7 @@ class MLAttention:
         latent = self.kv_a_norm(compressed[:, : self.kv_lora_rank], step)
         k_rot = compressed[:, self.kv_lora_rank :].reshape(t, 1, dr)
 
-        cos, sin = rope_tables(self.rope, step)
+        cos, sin = rope_tables(self.rope, step) if self.rope is not None else (None, None)
         q_nope, q_rot = q[..., :dn], self._rotate(q[..., dn:], cos, sin, ops)
         k_rot = self._rotate(k_rot, cos, sin, ops).reshape(t, dr)
 

@@ -11,12 +11,18 @@ from colibri_core.nn.weights import Param
 
 
 class GatedRMSNorm:
-    """RMSNorm(x) * w * silu(gate), over the last axis (the output norm of Gated DeltaNet,
-    transformers' ``Qwen3NextRMSNormGated``: norm first, then the gate)."""
+    """RMSNorm(x) * w * act(gate), over the last axis (the output norm of Gated DeltaNet,
+    transformers' ``Qwen3NextRMSNormGated``: norm first, then the gate). ``activation``:
+    "silu" (Gated DeltaNet) or "sigmoid" (Kimi Delta Attention's ``o_norm``)."""
 
-    def __init__(self, weight: Param, eps: float):
-        self.weight, self.eps = weight, eps
+    ACTIVATIONS = ("silu", "sigmoid")
+
+    def __init__(self, weight: Param, eps: float, activation: str = "silu"):
+        if activation not in self.ACTIVATIONS:
+            raise ValueError(f"GatedRMSNorm activation {activation!r} is not one of {self.ACTIVATIONS}")
+        self.weight, self.eps, self.activation = weight, eps, activation
 
     def __call__(self, x, gate, step: Step):
         ops = step.ops
-        return ops.silu(gate) * ops.rms_norm(x, self.weight.value, self.eps)
+        act = ops.silu if self.activation == "silu" else ops.sigmoid
+        return act(gate) * ops.rms_norm(x, self.weight.value, self.eps)

@@ -159,11 +159,19 @@ class Weights:
                       self.linear(f"{prefix}.down_proj", hidden, intermediate))
 
     def swiglu_experts(self, layer: int, prefix: str, count: int, hidden: int, intermediate: int):
-        """Routed SwiGLU experts, in either layout the checkpoint has: one tensor per
-        expert, ``prefix.{e}.{gate,up,down}_proj.weight``, or fused as transformers 5 keeps
+        """Routed SwiGLU experts, in any layout the checkpoint has: one tensor per
+        expert, ``prefix.{e}.{gate,up,down}_proj.weight`` (or Mixtral's
+        ``prefix.{e}.{w1,w3,w2}.weight``), or fused as transformers 5 keeps
         them, ``prefix.gate_up_proj`` (count, 2 * inter, hidden; gate rows first) and
         ``prefix.down_proj`` (count, hidden, inter). Returns the ``RoutedExperts`` block."""
-        if f"{prefix}.gate_up_proj" in self.checkpoint:
+        if f"{prefix}.gate_up_proj" not in self.checkpoint and f"{prefix}.0.w1.weight" in self.checkpoint:
+            # Mixtral's naming (Kimi Linear's checkpoints): w1 gate, w3 up, w2 down
+            matrices = {
+                "gate": (f"{prefix}.{{e}}.w1.weight", (intermediate, hidden)),
+                "up": (f"{prefix}.{{e}}.w3.weight", (intermediate, hidden)),
+                "down": (f"{prefix}.{{e}}.w2.weight", (hidden, intermediate)),
+            }
+        elif f"{prefix}.gate_up_proj" in self.checkpoint:
             matrices = {
                 "gate": (f"{prefix}.gate_up_proj", (intermediate, hidden), (0, 2)),
                 "up": (f"{prefix}.gate_up_proj", (intermediate, hidden), (1, 2)),

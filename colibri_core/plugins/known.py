@@ -11,6 +11,7 @@ FAMILY_DISTRIBUTIONS: dict[str, str] = {
     "deepseek_v32": "colibri-deepseek",
     "kimi_k2": "colibri-kimi",
     "kimi_k25": "colibri-kimi",
+    "kimi_linear": "colibri-kimi",
     "qwen2_moe": "colibri-qwen",
     "qwen3_moe": "colibri-qwen",
     "qwen3_next": "colibri-qwen",

@@ -38,7 +38,9 @@ identity that both forms attend alike; the DSA indexer's scores; top-k and both 
 (ties go to the lower index); one expert and the routed experts of a layer (each expert
 fetched once, in ascending order; ``window`` and ``ready`` honoured and without effect
 on the result); the elementwise and row operations; the causal convolution and the
-gated delta rule, chunked and stepwise, with their carried state.
+gated delta rule, chunked and stepwise, with their carried state, and its per-key-channel
+decay form (Kimi Delta Attention), which must reduce to the scalar one when the decay
+is equal across channels.
 
 Tolerances, declared by the subclass as class attributes:
 
@@ -617,3 +619,46 @@ class BackendConformanceSuite:
         chunked_out, chunked_state = backend.gated_delta_chunked(*dev.values(), 5)
         self.check(backend, chunked_out, backend.to_host(out), "gated_delta_chunked against gated_delta_step")
         self.check(backend, chunked_state, backend.to_host(state), "gated_delta_chunked state against gated_delta_step")
+
+    def _channel_delta_inputs(self, backend, rep, name):
+        """``_delta_inputs`` with a decay per key channel: g (T, Hv, Dk), strong enough that
+        channels differ by orders of magnitude over a chunk."""
+        host, _ = self._delta_inputs(backend, rep, name)
+        rng = seeded(name, rep, "channels")
+        t, hv = host["g"].shape
+        host["g"] = (-rng.random((t, hv, host["k"].shape[-1])) * 2.0).astype(np.float32)
+        dev = {n: (backend.asarray(a) if n == "state" else self.act(backend, a)) for n, a in host.items()}
+        return host, dev
+
+    @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
+    @pytest.mark.parametrize("chunk", [4, 5, 64])
+    def test_gated_delta_channel_chunked(self, backend, chunk, rep):
+        host, dev = self._channel_delta_inputs(backend, rep, "channel delta chunked")
+        out, state = backend.gated_delta_channel_chunked(*dev.values(), chunk)
+        want_out, want_state = self.ref.gated_delta_channel_chunked(*host.values(), chunk)
+        self.check(backend, out, want_out, f"gated_delta_channel_chunked (chunks of {chunk}) output")
+        self.check(backend, state, want_state, f"gated_delta_channel_chunked (chunks of {chunk}) state")
+
+    @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
+    def test_gated_delta_channel_step_equals_chunked(self, backend, rep):
+        host, dev = self._channel_delta_inputs(backend, rep, "channel delta step")
+        out, state = backend.gated_delta_channel_step(*dev.values())
+        want_out, want_state = self.ref.gated_delta_channel_step(*host.values())
+        self.check(backend, out, want_out, "gated_delta_channel_step output")
+        self.check(backend, state, want_state, "gated_delta_channel_step state")
+        chunked_out, chunked_state = backend.gated_delta_channel_chunked(*dev.values(), 5)
+        self.check(backend, chunked_out, backend.to_host(out), "gated_delta_channel_chunked against gated_delta_channel_step")
+        self.check(backend, chunked_state, backend.to_host(state),
+                   "gated_delta_channel_chunked state against gated_delta_channel_step")
+
+    def test_gated_delta_channel_with_equal_channels_is_gated_delta(self, backend):
+        """A decay equal across the key channels is the scalar gated delta rule."""
+        host, dev = self._delta_inputs(backend, 2, "channel delta scalar")
+        dk = host["k"].shape[-1]
+        wide = np.ascontiguousarray(np.repeat(host["g"][..., None], dk, axis=-1))
+        args = dict(dev, g=self.act(backend, wide))
+        for name, got in (("chunked", backend.gated_delta_channel_chunked(*args.values(), 5)),
+                          ("step", backend.gated_delta_channel_step(*args.values()))):
+            want_out, want_state = self.ref.gated_delta_step(*host.values())
+            self.check(backend, got[0], want_out, f"gated_delta_channel_{name} with equal channels output")
+            self.check(backend, got[1], want_state, f"gated_delta_channel_{name} with equal channels state")

@@ -1,5 +1,6 @@
 """colibri-kimi: Kimi K2 (model_type ``kimi_k2``) and the text model of Kimi K2.5
-(``kimi_k25``), both the DeepSeek-V3 architecture.
+(``kimi_k25``), both the DeepSeek-V3 architecture, and Kimi Linear (``kimi_linear``):
+Kimi Delta Attention beside NoPE MLA.
 
 Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
@@ -19,5 +20,14 @@ def colibri_register_families(register):
             architectures=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"),
             impl="colibri_kimi.model:Kimi",
             description="Kimi K2 / K2.5 text model (DeepSeek-V3 architecture); K2.5 image and video input refused",
+        )
+    )
+    register(
+        FamilySpec(
+            name="kimi_linear",
+            model_types=("kimi_linear",),
+            architectures=("KimiLinearForCausalLM",),
+            impl="colibri_kimi.linear:KimiLinear",
+            description="Kimi Linear: Kimi Delta Attention (per-channel gated delta rule) + NoPE MLA, sigmoid MoE",
         )
     )

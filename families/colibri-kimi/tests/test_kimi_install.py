@@ -1,5 +1,5 @@
 """A fresh virtual environment with colibri-core and colibri-kimi only (no
-colibri-deepseek): the Kimi model types are listed, and a tiny Kimi K2.5 model runs
+colibri-deepseek): the Kimi model types (Kimi Linear's included) are listed, and a tiny Kimi K2.5 model runs
 through the command line with transformers' tokens, because DeepSeek-V3's defaults and
 blocks live in the core."""
 
@@ -20,5 +20,5 @@ def test_root_plus_colibri_kimi_alone_installs_and_runs_k25(tmp_path, tmp_path_f
 
     rows = venv.families()
     assert [(row["family"], row["model_types"], row["distribution"]) for row in rows] == [
-        ("kimi", ["kimi_k2", "kimi_k25"], "colibri-kimi")]
+        ("kimi", ["kimi_k2", "kimi_k25"], "colibri-kimi"), ("kimi_linear", ["kimi_linear"], "colibri-kimi")]
     assert venv.greedy_tokens(fx.path, fx.prompt, len(fx.tokens)) == fx.tokens
