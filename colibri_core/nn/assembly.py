@@ -49,11 +49,12 @@ class Names:
 
 
 def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock, names: Names = Names(), *,
-                  offset_norms: bool = False, refused_tokens: dict[int, str] | None = None) -> CausalLM:
+                  offset_norms: bool = False, refused_tokens: dict[int, str] | None = None,
+                  embedded_as: dict[int, int] | None = None) -> CausalLM:
     """Embeddings, ``a.num_hidden_layers`` layers x + mixer(norm(x)), h + mlp(norm(h)),
     the final norm and the LM head (``lm_head``, or the embeddings when
     ``a.tie_word_embeddings``). ``offset_norms``: the RMSNorms scale by (1 + w).
-    ``refused_tokens`` goes to ``CausalLM``."""
+    ``refused_tokens`` goes to ``CausalLM``, ``embedded_as`` to the ``Embedding``."""
     hidden = a.hidden_size
 
     def norm(prefix: str):
@@ -63,7 +64,7 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     for i in range(a.num_hidden_layers):
         p = names.layer(i)
         layers.append(DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p)))
-    embed = Embedding(w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden)))
+    embed = Embedding(w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden)), embedded_as)
     lm_head = Linear(embed.weight) if a.tie_word_embeddings else w.linear(names.lm_head, a.vocab_size, hidden)
     return CausalLM(embed=embed, layers=layers, norm=norm(f"{names.model}norm"), lm_head=lm_head,
                     vocab_size=a.vocab_size, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)

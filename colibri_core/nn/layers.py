@@ -50,11 +50,21 @@ def _v(p: Param | None):
 
 
 class Embedding:
-    def __init__(self, weight: Param):
+    """Rows of ``weight`` by token id. ``embedded_as``: token id -> the id whose row it
+    gets instead (a vision-language wrapper's image and video placeholders, which
+    transformers embeds as token 0 when no media is given: such an id can still be
+    generated, and the next step must embed it as transformers does)."""
+
+    def __init__(self, weight: Param, embedded_as: dict[int, int] | None = None):
         self.weight = weight
         weight.role = "embedding"
+        self.embedded_as = dict(embedded_as or {})
 
     def __call__(self, ids: np.ndarray, step: Step):
+        if self.embedded_as:
+            ids = np.asarray(ids, dtype=np.int64).copy()
+            for token, instead in self.embedded_as.items():
+                ids[ids == token] = instead
         return step.ops.embedding(self.weight.value, ids)
 
 

@@ -20,6 +20,7 @@ from colibri_core.nn.builders import DeepseekV3Args, mla_mixer, sigmoid_moe_mlp
 TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
 LM_HEADS = ("language_model.lm_head", "lm_head")
 MEDIA_TOKENS = {"media_placeholder_token_id": "media", "image_token_id": "image", "video_token_id": "video"}
+PLACEHOLDERS_EMBEDDED_AS_ZERO = ("image_token_id", "video_token_id")  # transformers' Kimi_K25Model.forward
 
 
 class Kimi(Family):
@@ -47,13 +48,17 @@ class Kimi(Family):
         # the text model is all colibri runs: a prompt holding a vision placeholder is refused
         refused = {config[key]: f"Kimi K2.5's {what} placeholder: colibri runs the text model only; image and video "
                                 "input are not supported" for key, what in MEDIA_TOKENS.items() if isinstance(config.get(key), int)}
-        return _build(a, text, w, names, refused_tokens=refused)
+        # ... yet the model may generate one: transformers then embeds it as token 0 (its
+        # image and video placeholders, replaced before the embedding when no media is given)
+        as_zero = {config[key]: 0 for key in PLACEHOLDERS_EMBEDDED_AS_ZERO if isinstance(config.get(key), int)}
+        return _build(a, text, w, names, refused_tokens=refused, embedded_as=as_zero)
 
 
 def _build(a: DeepseekV3Args, config: dict, w, names: Names = Names(),
-           refused_tokens: dict[int, str] | None = None):
+           refused_tokens: dict[int, str] | None = None, embedded_as: dict[int, int] | None = None):
     """The DeepSeek-V3 text model of ``config``, its tensors under ``names``."""
-    return build_decoder(a, w, mla_mixer(a, config, w), sigmoid_moe_mlp(a, w), names, refused_tokens=refused_tokens)
+    return build_decoder(a, w, mla_mixer(a, config, w), sigmoid_moe_mlp(a, w), names, refused_tokens=refused_tokens,
+                         embedded_as=embedded_as)
 
 
 def _present(w, heads) -> list[str]:

@@ -3,6 +3,9 @@ Kimi K2 (a DeepSeek-V3 config with model_type kimi_k2) against DeepseekV3ForCaus
 
 import json
 
+import numpy as np
+import pytest
+
 from colibri_core.testing.fp8 import fp8_rewrite
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
 
@@ -49,3 +52,51 @@ class TestKimiK2Oracle(FamilyOracleSuite):
         "k2": OracleCase(v3_config(n_group=1, topk_group=1, routed_scaling_factor=2.827), prepare=BIAS,
                          rewrite=as_kimi_k2),
     }
+
+
+# -- a generated image placeholder ------------------------------------------------------
+PLACEHOLDER_PROMPT = (5, 17, 99, 3, 42, 7, 64)
+
+
+def placeholder_from_generation(model):
+    """``prepare`` hook: the correction bias, then make the model's own third-or-later
+    greedy token (one not in the prompt, not 0) its image placeholder, so its greedy
+    output holds a placeholder id. transformers embeds that id as token 0 from then on,
+    so the continuation after it changes; colibri must follow."""
+    import torch
+
+    BIAS(model)
+    prompt = torch.tensor([list(PLACEHOLDER_PROMPT)])
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
+                         pad_token_id=0)
+    generated = out[0, len(PLACEHOLDER_PROMPT):].tolist()
+    token = next(t for t in generated[2:] if t not in PLACEHOLDER_PROMPT and t != 0)
+    model.config.image_token_id = token
+
+
+GENERATED_PLACEHOLDER = OracleCase(k25(), seed=3, prompt=PLACEHOLDER_PROMPT, prepare=placeholder_from_generation)
+
+
+def _backends():
+    from colibri_core.testing.backends import backend_params
+
+    return backend_params()
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_a_generated_image_placeholder_is_embedded_as_transformers_does(backend, tmp_path_factory):
+    import colibri_core
+    from colibri_core.testing.oracle import oracle_fixture
+
+    root = tmp_path_factory.getbasetemp() / "oracles"
+    root.mkdir(exist_ok=True)
+    fx = oracle_fixture("kimi-k25-placeholder", "generated", GENERATED_PLACEHOLDER, TestKimiK25Oracle.model_class, root)
+    placeholder = json.loads((fx.path / "config.json").read_text())["image_token_id"]
+    first = fx.tokens.index(placeholder)  # transformers generated it...
+    assert first < len(fx.tokens) - 8, "the case needs tokens after the placeholder"
+    with colibri_core.load(fx.path, backend=backend, history=False) as model:
+        result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
+        bound = max(1e-4, model.backend.logits_tolerance)
+    assert result.token_ids == fx.tokens  # ... and colibri continues past it as transformers does
+    worst = float(np.abs(np.stack(result.logits) - fx.step_logits).max())
+    assert worst < bound, f"logits differ by {worst:.2e}"
