@@ -78,6 +78,11 @@ class VulkanBackend(Backend):
         self._dummy = self.ctx.allocate(4)
         self._luts = {}
 
+    @property
+    def product_programs(self) -> dict[str, str]:
+        """The shader each weight kind's products run (docs/backends.md, Vulkan: variants)."""
+        return dict(self.ctx.product_programs)
+
     def device_memory(self) -> int | None:
         return self.device.device_local_bytes
 
@@ -238,9 +243,14 @@ class VulkanBackend(Backend):
             lut = self._lut(weight.kind).alloc if weight.kind in ("mxfp4", "fp8") else self._dummy
             b = self.dense(bias).alloc if bias is not None else self._dummy
             bo, bi = weight.block
-            push = pack("8i", t, n, k, weight.g, bo, bi, int(bias is not None), 0)
-            self.ctx.dispatch(f"linear_{weight.kind}", [out.alloc, x2.alloc, weight.data, scales, lut, b], push,
-                              (-(-n // 64), -(-t // 8), 1))
+            program = self.ctx.product_programs[weight.kind]
+            if "_subgroup" in program:  # a subgroup per row, rows_per_group rows per workgroup (more past 65535)
+                rpg = max(self.ctx.rows_per_group, -(-n // GROUP_LIMIT))
+                groups = (-(-n // rpg), -(-t // 8), 1)
+            else:  # an invocation per row, 64 per workgroup
+                rpg, groups = 0, (-(-n // 64), -(-t // 8), 1)
+            push = pack("9i", t, n, k, weight.g, bo, bi, int(bias is not None), 0, rpg)
+            self.ctx.dispatch(program, [out.alloc, x2.alloc, weight.data, scales, lut, b], push, groups)
         return out.reshape(*lead, n)
 
     def _bmm(self, out, a, b, nb, m, n, k, a_strides, b_strides, c_strides, ao=0, bo=0, co=0):

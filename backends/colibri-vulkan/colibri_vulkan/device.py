@@ -9,7 +9,16 @@ pipelines and command recording, through the ``vulkan`` binding (cffi).
   memory barrier after each, and submitted only when the host needs data (``download``)
   (more descriptor pools and staging buffers are made when a recording needs them): one
   submit and one host wait per ``to_host``, none other. A dispatch holds references to the ranges it uses until its submit finished.
+  Descriptor sets are written once per (program, buffer ranges) and reused across submits
+  (``CACHED_SETS`` of them; past that the cache is dropped at the next submit); the commands
+  themselves are recorded per call (docs/backends.md, Vulkan: why).
 - **Pipelines** are made once per program on first use, from the committed SPIR-V.
+- **Device features** (``Features``) are queried when the context is made: the Vulkan version,
+  subgroup size and operations in compute shaders, 8/16-bit storage, int8 / float16 arithmetic
+  and integer dot products. ``product_program`` picks each weight kind's variant of
+  ``linear.comp`` from them (subgroup-reduced, reading packed bytes through 8/16-bit storage
+  where the device has it; the plain Vulkan 1.0 shader where not, or when
+  ``COLIBRI_VULKAN_PLAIN=1``), and the device is made with exactly the features those use.
 - **One context per device and process** (``shared_context``): backends made one after
   another reuse the device, its memory blocks and its compiled pipelines (drivers compile
   SPIR-V on first use, which costs more than a small model's whole run on lavapipe). A lock
@@ -20,8 +29,11 @@ from __future__ import annotations
 
 import bisect
 import collections
+import logging
+import os
 import struct
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,14 +42,17 @@ import vulkan as vk
 from colibri_vulkan.probe import PREFERENCE, TYPES, PhysicalDevice, VulkanUnavailable, choose
 
 ffi, lib = vk.ffi, vk.lib
+log = logging.getLogger("colibri_vulkan")
+ENV_PLAIN = "COLIBRI_VULKAN_PLAIN"
 SPIRV = Path(__file__).resolve().parent / "spirv"
 BLOCK_BYTES = 64 << 20
 STAGING_BYTES = 16 << 20
 PUSH_BYTES = 128  # the least maxPushConstantsSize every device has
-DESCRIPTOR_SETS = 256
+DESCRIPTOR_SETS = 256  # per descriptor pool
+CACHED_SETS = 4096  # descriptor sets kept for reuse; past it the cache is dropped at the next submit
 # storage buffers each program binds
 BINDINGS = {"eltwise": 3, "rows": 4, "rope": 4, "attention": 5, "bmm": 3, "gather": 4, "dsa": 4, "delta": 7,
-            **{f"linear_{k}": 6 for k in ("f32", "bf16", "q8", "q4", "mxfp4", "fp8")}}
+            "linear": 6}  # every variant of linear.comp: linear_<kind>[_subgroup[_8bit|_16bit]]
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
 STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
 WRITES = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
@@ -62,6 +77,126 @@ def locked(method):
 def check(result: int, what: str) -> None:
     if result != 0:
         raise VulkanError(f"{what} failed: VkResult {result}")
+
+
+SUBGROUP_OPS = {1: "basic", 2: "vote", 4: "arithmetic", 8: "ballot", 16: "shuffle", 32: "relative shuffle",
+                64: "clustered", 128: "quad"}  # VkSubgroupFeatureFlagBits
+NARROW = {"bf16": "16bit", "q8": "8bit", "q4": "8bit", "mxfp4": "8bit", "fp8": "8bit"}  # as shaders/build.py
+PRODUCT_KINDS = ("f32", "bf16", "q8", "q4", "mxfp4", "fp8")
+SUBGROUP_WORKGROUP = 64  # invocations per workgroup of the subgroup products (at least one subgroup)
+
+
+def plain_requested() -> bool:
+    """COLIBRI_VULKAN_PLAIN set (to anything but "" or "0"): only the plain shaders."""
+    return os.environ.get(ENV_PLAIN, "").strip() not in ("", "0")
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the device offers colibri's shaders (queried once, when a context is made)."""
+
+    api: tuple[int, int] = (1, 0)  # the version used: the lowest of the loader's, the device's and 1.3
+    subgroup_size: int = 0
+    subgroup_ops: frozenset = frozenset()  # operations in compute shaders (SUBGROUP_OPS' names)
+    storage8: bool = False  # storageBuffer8BitAccess
+    storage16: bool = False  # storageBuffer16BitAccess
+    int8: bool = False  # shaderInt8
+    float16: bool = False  # shaderFloat16
+    integer_dot: bool = False  # shaderIntegerDotProduct
+    integer_dot_accelerated: bool = False  # 4x8-bit packed signed dot products in hardware
+    max_workgroup: int = 128  # maxComputeWorkGroupSize[0] and maxComputeWorkGroupInvocations, the lower
+    extensions: frozenset = field(default_factory=frozenset, repr=False)  # the device's extensions
+
+    @property
+    def subgroups(self) -> bool:
+        """Subgroup-reduced products possible: Vulkan 1.1, basic and arithmetic operations in
+        compute shaders, and a workgroup that holds a whole subgroup."""
+        return (self.api >= (1, 1) and {"basic", "arithmetic"} <= self.subgroup_ops
+                and 0 < self.subgroup_size <= self.max_workgroup)
+
+    def narrow(self, width: str) -> bool:
+        return self.storage8 if width == "8bit" else self.storage16
+
+    def describe(self) -> str:
+        ops = ", ".join(name for bit, name in SUBGROUP_OPS.items() if name in self.subgroup_ops) or "none"
+        have = [name for name, on in (("8-bit storage", self.storage8), ("16-bit storage", self.storage16),
+                                      ("int8", self.int8), ("float16", self.float16)) if on]
+        if self.integer_dot:
+            have.append("integer dot products" + ("" if self.integer_dot_accelerated else " (not accelerated)"))
+        return (f"Vulkan {self.api[0]}.{self.api[1]}; subgroup size {self.subgroup_size} ({ops} in compute); "
+                + (", ".join(have) if have else "no 8/16-bit storage"))
+
+
+def product_program(kind: str, features: Features, plain: bool = False) -> str:
+    """The variant of linear.comp a weight kind's products use on a device with ``features``."""
+    if plain or not features.subgroups:
+        return f"linear_{kind}"
+    width = NARROW.get(kind)
+    if width is not None and features.narrow(width):
+        return f"linear_{kind}_subgroup_{width}"
+    return f"linear_{kind}_subgroup"
+
+
+def _version(v: int) -> tuple[int, int]:
+    return ((v >> 22) & 0x7F, (v >> 12) & 0x3FF)
+
+
+def instance_version() -> tuple[int, int]:
+    """The loader's Vulkan version (1.0 for a loader without vkEnumerateInstanceVersion)."""
+    try:
+        return _version(int(vk.vkEnumerateInstanceVersion()))
+    except Exception:  # a 1.0 loader: the function does not exist
+        return (1, 0)
+
+
+def _struct(ctype: str, stype: int, chain=ffi.NULL):
+    return ffi.new(f"{ctype}*", {"sType": stype, "pNext": chain})
+
+
+def query_features(physical, instance_api: tuple[int, int]) -> Features:
+    """The device's features that colibri's shaders may use (Vulkan 1.0 devices: none)."""
+    props = vk.vkGetPhysicalDeviceProperties(physical)
+    limits = props.limits
+    api = min(instance_api, _version(int(props.apiVersion)), (1, 3))
+    max_workgroup = min(int(limits.maxComputeWorkGroupSize[0]), int(limits.maxComputeWorkGroupInvocations))
+    extensions = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None))
+    if api < (1, 1):
+        return Features(api=api, max_workgroup=max_workgroup, extensions=extensions)
+    sub = _struct("VkPhysicalDeviceSubgroupProperties", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
+    dot_props = None
+    chain = sub
+    if api >= (1, 3) or "VK_KHR_shader_integer_dot_product" in extensions:
+        dot_props = _struct("VkPhysicalDeviceShaderIntegerDotProductProperties",
+                            vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES, chain)
+        chain = dot_props
+    props2 = _struct("VkPhysicalDeviceProperties2", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, chain)
+    lib.vkGetPhysicalDeviceProperties2(physical, props2)
+
+    s16 = _struct("VkPhysicalDevice16BitStorageFeatures", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES)
+    chain, s8, f16i8, dot = s16, None, None, None
+    if api >= (1, 2) or "VK_KHR_8bit_storage" in extensions:
+        s8 = chain = _struct("VkPhysicalDevice8BitStorageFeatures",
+                             vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES, chain)
+    if api >= (1, 2) or "VK_KHR_shader_float16_int8" in extensions:
+        f16i8 = chain = _struct("VkPhysicalDeviceShaderFloat16Int8Features",
+                                vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, chain)
+    if dot_props is not None:
+        dot = chain = _struct("VkPhysicalDeviceShaderIntegerDotProductFeatures",
+                              vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES, chain)
+    features2 = _struct("VkPhysicalDeviceFeatures2", vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, chain)
+    lib.vkGetPhysicalDeviceFeatures2(physical, features2)
+
+    compute = bool(sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
+    ops = frozenset(name for bit, name in SUBGROUP_OPS.items() if compute and sub.supportedOperations & bit)
+    return Features(api=api, subgroup_size=int(sub.subgroupSize), subgroup_ops=ops,
+                    storage8=bool(s8 is not None and s8.storageBuffer8BitAccess),
+                    storage16=bool(s16.storageBuffer16BitAccess),
+                    int8=bool(f16i8 is not None and f16i8.shaderInt8),
+                    float16=bool(f16i8 is not None and f16i8.shaderFloat16),
+                    integer_dot=bool(dot is not None and dot.shaderIntegerDotProduct),
+                    integer_dot_accelerated=bool(dot_props is not None
+                                                 and dot_props.integerDotProduct4x8BitPackedSignedAccelerated),
+                    max_workgroup=max_workgroup, extensions=extensions)
 
 
 class Allocation:
@@ -135,18 +270,25 @@ class Pipeline:
         self.module = vk.vkCreateShaderModule(device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
         bindings = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                                     descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
-                    for i in range(BINDINGS[name])]
+                    for i in range(BINDINGS[name.split("_")[0]])]
         self.set_layout = vk.vkCreateDescriptorSetLayout(device, vk.VkDescriptorSetLayoutCreateInfo(
             bindingCount=len(bindings), pBindings=bindings), None)
         push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=PUSH_BYTES)
         self.layout = vk.vkCreatePipelineLayout(device, vk.VkPipelineLayoutCreateInfo(
             setLayoutCount=1, pSetLayouts=[self.set_layout], pushConstantRangeCount=1, pPushConstantRanges=[push]), None)
         entry = "main"  # the binding's known trap: the name must stay referenced while the pipeline is made
-        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=entry)
+        special = ffi.NULL
+        if "_subgroup" in name:  # constant 0: the workgroup's size (local_size_x_id = 0)
+            size = ffi.new("uint32_t[1]", [ctx.subgroup_workgroup])
+            entries = ffi.new("VkSpecializationMapEntry[1]", [{"constantID": 0, "offset": 0, "size": 4}])
+            special = ffi.new("VkSpecializationInfo*", {"mapEntryCount": 1, "pMapEntries": entries, "dataSize": 4,
+                                                        "pData": size})
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=entry,
+                                                   pSpecializationInfo=special)
         info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
         self.pipeline = vk.vkCreateComputePipelines(device, ctx.pipeline_cache, 1, [info], None)[0]
         self.set_layout_ptr = ffi.new("VkDescriptorSetLayout[1]", [self.set_layout])
-        del entry
+        del entry, special
 
     def destroy(self, device) -> None:
         vk.vkDestroyPipeline(device, self.pipeline, None)
@@ -171,9 +313,11 @@ def _records(instance) -> tuple[list, tuple[PhysicalDevice, ...]]:
 class VulkanContext:
     """One logical device with one compute queue, and everything recorded on it."""
 
-    def __init__(self, device_index: int | None = None):
+    def __init__(self, device_index: int | None = None, plain: bool | None = None):
+        self.plain = plain_requested() if plain is None else bool(plain)
+        loader = min(instance_version(), (1, 3))
         app = vk.VkApplicationInfo(pApplicationName="colibri", applicationVersion=1, pEngineName="colibri",
-                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 0, 0))
+                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(*loader, 0))
         try:
             self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
         except vk.VkError as exc:
@@ -187,9 +331,36 @@ class VulkanContext:
         self.memory_props = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         self.family = next(i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT)
+        self.features = query_features(self.physical, loader)
+        # each weight kind's product shader, and the features (and extensions) they need
+        self.product_programs = {kind: product_program(kind, self.features, self.plain) for kind in PRODUCT_KINDS}
+        used = set(self.product_programs.values())
+        self.subgroup_workgroup = max(SUBGROUP_WORKGROUP, self.features.subgroup_size)
+        self.rows_per_group = max(1, self.subgroup_workgroup // max(1, self.features.subgroup_size))
+        need8 = any(p.endswith("_8bit") for p in used)
+        need16 = any(p.endswith("_16bit") for p in used)
         queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
+        chain, extensions = ffi.NULL, []
+        if need16:
+            self._storage16 = chain = _struct("VkPhysicalDevice16BitStorageFeatures",
+                                              vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, chain)
+            chain.storageBuffer16BitAccess = 1
+        if need8:
+            self._storage8 = chain = _struct("VkPhysicalDevice8BitStorageFeatures",
+                                             vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES, chain)
+            chain.storageBuffer8BitAccess = 1
+            if self.features.api < (1, 2):  # an extension before Vulkan 1.2
+                extensions += ["VK_KHR_8bit_storage", "VK_KHR_storage_buffer_storage_class"]
+        extra = {}
+        if chain != ffi.NULL:  # the features in a VkPhysicalDeviceFeatures2 chain (kept referenced)
+            self._features2 = extra["pNext"] = _struct("VkPhysicalDeviceFeatures2",
+                                                       vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, chain)
+        if extensions:
+            extra.update(enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions)
         self.device = vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(
-            queueCreateInfoCount=1, pQueueCreateInfos=[queue_info]), None)
+            queueCreateInfoCount=1, pQueueCreateInfos=[queue_info], **extra), None)
+        log.debug("Vulkan device %s: %s; products: %s", self.info.describe(), self.features.describe(),
+                  self.describe_products())
         self.queue = vk.vkGetDeviceQueue(self.device, self.family, 0)
         self.pipeline_cache = vk.vkCreatePipelineCache(self.device, vk.VkPipelineCacheCreateInfo(), None)
         self.command_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
@@ -199,6 +370,12 @@ class VulkanContext:
         self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
         self.descriptor_pools = [self._descriptor_pool()]  # more are made while recording, kept for reuse
         self.pool_in_use = 0
+        # descriptor sets written once per (program, buffer ranges), kept across submits
+        self.kept_pools = [self._descriptor_pool()]
+        self.kept_pool_in_use = 0
+        self.sets: dict[tuple, object] = {}
+        self.set_hits = 0
+        self.drop_sets = False
         self.lock = threading.RLock()
         self.released: collections.deque = collections.deque()  # ranges whose arrays are gone
         self.blocks: list[Block] = []
@@ -212,6 +389,11 @@ class VulkanContext:
         self.readback = self._host_block(STAGING_BYTES)
         self.barrier = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                                                     "srcAccessMask": WRITES, "dstAccessMask": READS_WRITES})
+
+    def describe_products(self) -> str:
+        """Which shader each weight kind's products use, e.g. "q4 linear_q4_subgroup_8bit, ..."."""
+        why = " (COLIBRI_VULKAN_PLAIN)" if self.plain else ""
+        return ", ".join(f"{kind} {program}" for kind, program in self.product_programs.items()) + why
 
     # -- memory ------------------------------------------------------------------------
     def memory_type(self, bits: int, properties: int) -> int:
@@ -265,31 +447,48 @@ class VulkanContext:
     def _barrier(self) -> None:
         lib.vkCmdPipelineBarrier(self.cmd, STAGES, STAGES, 0, 1, self.barrier, 0, ffi.NULL, 0, ffi.NULL)
 
+    def _allocate_set(self, pipe: Pipeline, kept: bool):
+        """A descriptor set for ``pipe``: from the kept pools (reset only when the cache of
+        sets is dropped) or from this recording's pools (reset at its submit)."""
+        pools = self.kept_pools if kept else self.descriptor_pools
+        at = self.kept_pool_in_use if kept else self.pool_in_use
+        sets = ffi.new("VkDescriptorSet[1]")
+        info = ffi.new("VkDescriptorSetAllocateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                                        "descriptorPool": pools[at],
+                                                        "descriptorSetCount": 1, "pSetLayouts": pipe.set_layout_ptr})
+        result = lib.vkAllocateDescriptorSets(self.device, info, sets)
+        if result in OUT_OF_POOL:  # the next pool: no submit, no wait
+            at += 1
+            if at == len(pools):
+                pools.append(self._descriptor_pool())
+            info.descriptorPool = pools[at]
+            result = lib.vkAllocateDescriptorSets(self.device, info, sets)
+            if kept:
+                self.kept_pool_in_use = at
+            else:
+                self.pool_in_use = at
+        check(result, "vkAllocateDescriptorSets")
+        return sets
+
     @locked
     def dispatch(self, name: str, buffers: list[Allocation], push: bytes, groups: tuple[int, int, int]) -> None:
         pipe = self.pipelines.get(name)
         if pipe is None:
             pipe = self.pipelines[name] = Pipeline(self, name)
         self._begin()
-        sets = ffi.new("VkDescriptorSet[1]")
-        info = ffi.new("VkDescriptorSetAllocateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                                        "descriptorPool": self.descriptor_pools[self.pool_in_use],
-                                                        "descriptorSetCount": 1, "pSetLayouts": pipe.set_layout_ptr})
-        result = lib.vkAllocateDescriptorSets(self.device, info, sets)
-        if result in OUT_OF_POOL:  # the next pool: no submit, no wait
-            self.pool_in_use += 1
-            if self.pool_in_use == len(self.descriptor_pools):
-                self.descriptor_pools.append(self._descriptor_pool())
-            info.descriptorPool = self.descriptor_pools[self.pool_in_use]
-            result = lib.vkAllocateDescriptorSets(self.device, info, sets)
-        check(result, "vkAllocateDescriptorSets")
-        n = len(buffers)
-        infos = ffi.new("VkDescriptorBufferInfo[]", [{"buffer": a.block.buffer, "offset": a.offset, "range": a.size}
-                                                     for a in buffers])
-        writes = ffi.new("VkWriteDescriptorSet[]", [
-            {"sType": vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, "dstSet": sets[0], "dstBinding": i, "descriptorCount": 1,
-             "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, "pBufferInfo": infos + i} for i in range(n)])
-        lib.vkUpdateDescriptorSets(self.device, n, writes, 0, ffi.NULL)
+        # a descriptor set is written once per (program, buffer ranges) and reused: a range's
+        # descriptor stays right while its block lives (blocks live as long as the context)
+        key = (name, *[(id(a.block), a.offset, a.size) for a in buffers])
+        sets = self.sets.get(key)
+        if sets is not None:
+            self.set_hits += 1
+        else:
+            kept = len(self.sets) < CACHED_SETS
+            if not kept:  # the cache is full: drop it at the next submit, when no command uses it
+                self.drop_sets = True
+            sets = self._write_set(pipe, buffers, kept)
+            if kept:
+                self.sets[key] = sets
         lib.vkCmdBindPipeline(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.pipeline)
         lib.vkCmdBindDescriptorSets(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1, sets, 0, ffi.NULL)
         data = push.ljust(PUSH_BYTES, b"\0")
@@ -297,6 +496,17 @@ class VulkanContext:
         lib.vkCmdDispatch(self.cmd, *groups)
         self._barrier()
         self.held.extend(buffers)
+
+    def _write_set(self, pipe: Pipeline, buffers: list[Allocation], kept: bool):
+        sets = self._allocate_set(pipe, kept)
+        n = len(buffers)
+        infos = ffi.new("VkDescriptorBufferInfo[]", [{"buffer": a.block.buffer, "offset": a.offset, "range": a.size}
+                                                     for a in buffers])
+        writes = ffi.new("VkWriteDescriptorSet[]", [
+            {"sType": vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, "dstSet": sets[0], "dstBinding": i, "descriptorCount": 1,
+             "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, "pBufferInfo": infos + i} for i in range(n)])
+        lib.vkUpdateDescriptorSets(self.device, n, writes, 0, ffi.NULL)
+        return sets
 
     @locked
     def fill_zero(self, alloc: Allocation) -> None:
@@ -364,6 +574,12 @@ class VulkanContext:
         for pool in self.descriptor_pools[: self.pool_in_use + 1]:
             lib.vkResetDescriptorPool(self.device, pool, 0)
         self.pool_in_use = 0
+        if self.drop_sets:  # nothing pending uses the kept sets now
+            for pool in self.kept_pools[: self.kept_pool_in_use + 1]:
+                lib.vkResetDescriptorPool(self.device, pool, 0)
+            self.sets.clear()
+            self.kept_pool_in_use = 0
+            self.drop_sets = False
         self.staging_in_use = 0
         self.recording = False
         self.held.clear()
@@ -377,7 +593,7 @@ class VulkanContext:
             pipe.destroy(self.device)
         for block in [*self.blocks, *self.stagings, self.readback]:
             block.destroy()
-        for pool in self.descriptor_pools:
+        for pool in [*self.descriptor_pools, *self.kept_pools]:
             vk.vkDestroyDescriptorPool(self.device, pool, None)
         vk.vkDestroyFence(self.device, self.fence, None)
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
@@ -391,17 +607,18 @@ def pack(fmt: str, *values) -> bytes:
     return struct.pack("<" + fmt, *values)
 
 
-_contexts: dict[int | None, VulkanContext] = {}
+_contexts: dict[tuple[int | None, bool], VulkanContext] = {}
 _contexts_lock = threading.Lock()
 
 
 def shared_context(device_index: int | None = None) -> VulkanContext:
     """The process's context for the requested device (the argument, else
-    COLIBRI_VULKAN_DEVICE, else the default choice): made on first use, kept for the process."""
+    COLIBRI_VULKAN_DEVICE, else the default choice) and COLIBRI_VULKAN_PLAIN: made on first
+    use, kept for the process."""
     from colibri_vulkan.probe import requested_index
 
-    key = requested_index(device_index)
+    key = (requested_index(device_index), plain_requested())
     with _contexts_lock:
         if key not in _contexts:
-            _contexts[key] = VulkanContext(key)
+            _contexts[key] = VulkanContext(*key)
         return _contexts[key]

@@ -1,5 +1,6 @@
 """The machinery under the backend: one submit (and one host wait) per host read, however
-many dispatches and uploads came before; memory ranges reused once their arrays are gone;
+many dispatches and uploads came before; descriptor sets written once and reused; memory
+ranges reused once their arrays are gone;
 a model's decode waits on the device only where the contract needs host data."""
 
 import gc
@@ -46,6 +47,35 @@ def test_one_submit_per_host_read_past_full_pools_and_staging(small_context):
     assert len(small_context.stagings) > 1
 
 
+def test_descriptor_sets_are_written_once_and_reused(small_context, monkeypatch):
+    """A dispatch on the same program and buffer ranges reuses its descriptor set, across
+    submits; past the cache's size new sets come from the recording's pools and the cache
+    is dropped at the next submit (no pending command uses it then); results stay right."""
+    from colibri_vulkan import device
+    from colibri_vulkan.backend import VulkanBackend
+
+    backend = VulkanBackend(context=small_context)
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((8, 8)).astype(np.float32) for _ in range(2))
+    x, y = backend.asarray(a), backend.asarray(b)
+    out = backend.zeros((8, 8))
+    hits = small_context.set_hits
+    for round_ in range(3):
+        backend._eltwise(1, out, x, y)  # out = x + y: the same program and ranges every time
+        np.testing.assert_array_equal(backend.to_host(out), a + b)
+    assert small_context.set_hits == hits + 2
+    monkeypatch.setattr(device, "CACHED_SETS", len(small_context.sets) + 2)
+    for round_ in range(3):
+        outs = [backend.zeros((8, 8)) for _ in range(6)]  # six distinct output ranges: past the cache
+        for i, o in enumerate(outs):
+            backend._eltwise(1, o, x, y)
+            backend._eltwise(3, o, o, x)  # o = (x + y) * x
+        assert small_context.drop_sets
+        for o in outs:
+            np.testing.assert_allclose(backend.to_host(o), (a + b) * a, rtol=1e-6)
+        assert not small_context.drop_sets and len(small_context.sets) <= device.CACHED_SETS
+
+
 def test_ranges_are_reused_once_their_arrays_are_gone(small_context):
     from colibri_vulkan.backend import VulkanBackend
 
@@ -73,7 +103,8 @@ def test_decode_waits_only_for_host_data(tmp_path):
     OlmoeForCausalLM(config).to(torch.float32).save_pretrained(tmp_path / "olmoe")
     with colibri_core.load(tmp_path / "olmoe", cap=1, history=False, backend="vulkan") as model:
         ctx, syncs = model.backend.ctx, model.backend.host_syncs
-        submits = ctx.submits
+        submits, hits = ctx.submits, ctx.set_hits
         model.generate(token_ids=[5, 17, 9, 3], max_tokens=6, ignore_eos=True)
         made = ctx.submits - submits
         assert made == model.backend.host_syncs - syncs > 0
+        assert ctx.set_hits > hits  # decode steps reuse descriptor sets
