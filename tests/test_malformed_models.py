@@ -379,7 +379,7 @@ def tensor_named_twice_in_one_header(d):
 def model_is_a_file(d):
     shutil.rmtree(d)
     d.write_text("not a model")
-    return [str(d), "does not exist"]
+    return [str(d), "not a directory"]
 
 
 def model_type_not_a_string(d):
