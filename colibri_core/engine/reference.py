@@ -273,18 +273,10 @@ class ReferenceBackend(Backend):
         return np.ascontiguousarray(out.transpose(1, 0, 2)), s
 
     def gated_delta_step(self, q, k, v, g, beta, state):
-        t = q.shape[0]
-        q, k, v, g, beta = self._delta_heads(q, k, v, g, beta)
-        s = np.array(state, dtype=np.float32, copy=True)
-        out = np.empty((v.shape[0], t, v.shape[2]), dtype=np.float32)
-        decay = np.exp(g)
-        for i in range(t):
-            s = s * decay[:, i, None, None]
-            kv_mem = (s * k[:, i, :, None]).sum(axis=-2)
-            delta = (v[:, i] - kv_mem) * beta[:, i, None]
-            s = s + k[:, i, :, None] * delta[:, None, :]
-            out[:, i] = (s * q[:, i, :, None]).sum(axis=-2)
-        return np.ascontiguousarray(out.transpose(1, 0, 2)), s
+        # one decay per head is the per-channel rule with the decay repeated over the key
+        # channels: the same products, bit for bit
+        g = np.broadcast_to(np.asarray(g, dtype=np.float32)[..., None], (*g.shape, k.shape[-1]))
+        return delta_channel_step(q, k, v, g, beta, state)
 
     def gated_delta_channel_chunked(self, q, k, v, g, beta, state, chunk_size):
         return delta_channel_chunked(q, k, v, g, beta, state, chunk_size)
