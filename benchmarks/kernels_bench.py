@@ -5,7 +5,10 @@ kernel calls follow each other); ``--interleave`` alternates formats with numpy'
 call by call, which shows what two thread pools (OpenMP and OpenBLAS) on two cores cost
 each other. Medians and spreads (max - min over rounds) are reported.
 
-    python benchmarks/kernels_bench.py [--rounds 15] [--size 4096] [--interleave]
+    python benchmarks/kernels_bench.py [--rounds 15] [--size 4096] [--interleave] [--formats int4-gs64,ct-int4-g32]
+
+The minimum over rounds is printed beside the median: on a shared machine it is the
+better estimate of what a kernel costs uncontended.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import numpy as np
 from colibri_core.backends.cpu.backend import CpuBackend
 from colibri_core.formats.base import QuantTensor, f32_to_bf16
 from colibri_core.formats.integer import MXFP4, Int4GS64, Int8Row
+from colibri_core.testing.compressed_tensors import quantize_int4
+from colibri_core.testing.mxfp4 import quantize_mxfp4
 
 
 def weights(n: int, k: int, rng) -> dict:
@@ -31,6 +36,11 @@ def weights(n: int, k: int, rng) -> dict:
     codes = rng.integers(0, 0x7F, (n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k), dtype=np.uint8) << 7)
     out["fp8-e4m3-b128"] = QuantTensor("fp8", codes, rng.random((-(-n // 128), -(-k // 128))).astype(np.float32), (n, k))
     out["bf16"] = QuantTensor("bf16", f32_to_bf16(w), None, (n, k))
+    # the checkpoint layouts read natively: compressed-tensors int4 (Kimi K2.5) and gpt-oss MXFP4
+    packed, scales, _ = quantize_int4(w)
+    out["ct-int4-g32"] = QuantTensor("q4g32", packed.view(np.uint8).reshape(n, -1), scales, (n, k))
+    blocks, exponents, _ = quantize_mxfp4(w)
+    out["mxfp4-hub"] = QuantTensor("mxfp4pair", blocks.reshape(n, -1), exponents, (n, k))
     return out
 
 
@@ -40,10 +50,14 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--rows", default="1,32")
     p.add_argument("--interleave", action="store_true")
+    p.add_argument("--formats", default="", help="comma-separated formats to run (besides float32 numpy); default all")
     a = p.parse_args(argv)
     rng = np.random.default_rng(0)
     backend = CpuBackend()
     ws = weights(a.size, a.size, rng)
+    if a.formats:
+        wanted = set(a.formats.split(","))
+        ws = {name: w for name, w in ws.items() if name in wanted or name.startswith("f32")}
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')}, cores {os.cpu_count()}")
     for rows in map(int, a.rows.split(",")):
         x = rng.standard_normal((rows, a.size)).astype(np.float32)
@@ -66,10 +80,11 @@ def main(argv=None):
                     measure(name, w)
         base = statistics.median(times["f32 (numpy BLAS)"])
         print(f"\n{a.size}x{a.size}, {rows} row(s): median ms (spread), speed vs float32 numpy")
-        print("| format | ms | spread | vs f32 numpy |\n|---|---|---|---|")
+        print("| format | ms | min ms | spread | vs f32 numpy | weight GB/s |\n|---|---|---|---|---|---|")
         for name, t in times.items():
             med = statistics.median(t)
-            print(f"| {name} | {med:.3f} | {max(t) - min(t):.3f} | {base / med:.2f}x |")
+            print(f"| {name} | {med:.3f} | {min(t):.3f} | {max(t) - min(t):.3f} | {base / med:.2f}x | "
+                  f"{ws[name].nbytes / med / 1e6:.1f} |")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,38 @@ class DecayAfterTheRead(ReferenceBackend):
         return np.stack(outs), state
 
 
+class BiasProfileReversed(ReferenceBackend):
+    def attention_relative_bias(self, q, k, v, start, scale, rel, table, window=None):  # distance counted from the far end
+        return super().attention_relative_bias(q, k, v, start, scale, rel, np.ascontiguousarray(table[:, ::-1]), window)
+
+
+class WindowOneTooWide(ReferenceBackend):
+    def attention_relative_bias(self, q, k, v, start, scale, rel, table, window=None):
+        return super().attention_relative_bias(q, k, v, start, scale, rel, table, None if window is None else window + 1)
+
+
+class SinksIgnored(ReferenceBackend):
+    def windowed_attention(self, q, k, v, start, scale, window=None, sinks=None):
+        return super().windowed_attention(q, k, v, start, scale, window, None)
+
+
+class WindowOneWider(ReferenceBackend):
+    def windowed_attention(self, q, k, v, start, scale, window=None, sinks=None):
+        return super().windowed_attention(q, k, v, start, scale, None if window is None else window + 1, sinks)
+
+
+class OneSidedClamps(ReferenceBackend):  # gate unclamped, up clamped above only
+    def gated_activation(self, gate, up, act):
+        if act.limit is None:
+            return super().gated_activation(gate, up, act)
+        return super().gated_activation(gate, np.minimum(up, np.float32(act.limit)), type(act)(act.alpha, None, act.up_offset))
+
+
+class DownBiasDropped(ReferenceBackend):
+    def glu_expert(self, x, w, act, interleaved=False):
+        return super().glu_expert(x, {r: a for r, a in w.arrays.items() if r != "down_bias"}, act, interleaved)
+
+
 class Kit(BackendConformanceSuite):  # not collected: the checks are called directly below
     pass
 
@@ -124,6 +156,17 @@ class Kit(BackendConformanceSuite):  # not collected: the checks are called dire
     (FetchPerToken, "test_routed_experts", {"kind": "f32", "tokens": 3}, "each expert once, ascending"),
     (ChannelDecayIgnored, "test_gated_delta_channel_chunked", {"chunk": 5, "rep": 1}, "gated_delta_channel_chunked"),
     (DecayAfterTheRead, "test_gated_delta_channel_step_equals_chunked", {"rep": 1}, "gated_delta_channel_step"),
+    (SinksIgnored, "test_windowed_attention", {"group": 4, "step": "chunk", "window": None, "sinks": True},
+     "windowed_attention"),
+    (WindowOneWider, "test_windowed_attention", {"group": 1, "step": "prefill", "window": 3, "sinks": False},
+     "windowed_attention"),
+    (OneSidedClamps, "test_gated_activation", {}, "gated_activation"),
+    (DownBiasDropped, "test_routed_glu_experts", {"kind": "f32", "tokens": 5, "layout": "interleaved"},
+     "routed_glu_experts"),
+    (BiasProfileReversed, "test_attention_relative_bias", {"group": 1, "step": "chunk", "window": None},
+     "attention_relative_bias"),
+    (WindowOneTooWide, "test_attention_relative_bias", {"group": 4, "step": "decode", "window": 3},
+     "attention_relative_bias"),
 ])
 def test_the_kit_fails_a_broken_backend(broken, check, args, message):
     getattr(Kit(), check)(ReferenceBackend(), **args)  # the check passes on the reference

@@ -222,6 +222,7 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: l
     total, done_bytes = sum(files.values()), 0
     result = ConvertResult(out, 0, 0, 0, total, 0, notes=list(notes))
     weight_map: dict[str, str] = {}
+    keeps_config = False  # whether a copied tensor still needs quantization_config (fp8, compressed-tensors, MXFP4 blocks)
     for shard, sf in sorted(checkpoint.files.items()):
         tensors = sorted(sf.tensors.values(), key=lambda t: t.offset)
         specs, stamps = [], {}
@@ -231,14 +232,16 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: l
             target = plan.get(t.name)
             if target is None:
                 specs.append((t.name, t.dtype, t.shape))
+                keeps_config = keeps_config or getattr(resolver.claimant(t), "from_quantization_config", False)
                 stamp = stamp_of(checkpoint, t)
                 if stamp is not None:  # a quantised tensor copied as it is keeps its stamp
                     stamps[t.name] = dict(stamp)
             else:
                 shape = resolver.logical_shape(t)
-                specs.extend(_target_specs(target, t.name, shape))
+                # written under its unpacked name (compressed-tensors X.weight_packed -> X.weight)
+                specs.extend(_target_specs(target, resolver.logical_name(t), shape))
                 if target in FORMATS:
-                    stamps[t.name] = {"fmt": target, "shape": list(shape)}
+                    stamps[resolver.logical_name(t)] = {"fmt": target, "shape": list(shape)}
         for name, _, _ in specs:
             weight_map[name] = shard
         target_path = out / shard
@@ -261,7 +264,7 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: l
                 else:
                     raw = checkpoint.read_many(resolver.with_companions([t]))
                     weight = resolver.decode_all([t], {k: v for k, v in raw.items()})[t.name]
-                    for name, value in _encode(target, t.name, weight).items():
+                    for name, value in _encode(target, resolver.logical_name(t), weight).items():
                         writer.write(name, value)
                     result.tensors_converted += 1
                 done_bytes += t.nbytes
@@ -272,11 +275,12 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: l
         _write_json(out / MANIFEST, manifest)
         result.shards_written += 1
         result.bytes_out += size
-    _finish(bp, out, weight_map, result, manifest)
+    _finish(bp, out, weight_map, result, manifest, keeps_config)
     return result
 
 
-def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, manifest: dict) -> None:
+def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, manifest: dict,
+            keeps_config: bool = False) -> None:
     index = {"metadata": {"total_size": result.bytes_out, "colibri_convert": {k: manifest[k] for k in ("experts", "dense")}},
              "weight_map": dict(sorted(weight_map.items()))}
     _write_json(out / INDEX_NAME, index)
@@ -288,8 +292,10 @@ def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, ma
             continue
         if item.name == "config.json":
             config = json.loads(item.read_text())
-            if "quantization_config" in config and not any(n.endswith("_scale_inv") for n in weight_map):
-                del config["quantization_config"]  # no fp8 tensor is left
+            if not keeps_config:  # no tensor the config describes is left
+                for holder in (config, config.get("text_config")):
+                    if isinstance(holder, dict):
+                        holder.pop("quantization_config", None)
             _write_json(out / item.name, config)
         else:
             shutil.copyfile(item, out / item.name)

@@ -264,13 +264,17 @@ def measure_expert_timing(bp: Blueprint, repeats: int = 15, window_s: float = 0.
     finally:
         disk.close()
     weights = host.prepared(backend)
-    hidden = bp.resolver.logical_shape(matrices["gate"])[-1]
+    decl = bp.moe[0]
+    hidden = bp.lm.embed.weight.shape[-1]
     x = backend.asarray(np.random.default_rng(0).standard_normal((1, hidden), dtype=np.float32))
     k = max(1, bp.top_k)
 
     def layer(n):
         indices = np.arange(n, dtype=np.int64)[None, :]
         scale = np.full((1, n), 1 / n, dtype=np.float32)
+        if decl.glu:  # biases, a fused gate_up or another activation (gpt-oss)
+            return lambda: backend.to_host(backend.routed_glu_experts(x, indices, scale, lambda e: weights,
+                                                                      decl.activation, decl.interleaved))
         return lambda: backend.to_host(backend.routed_experts(x, indices, scale, lambda e: weights))
 
     one, top_k = layer(1), layer(k)
@@ -422,7 +426,7 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
         "backend": bp.backend.name, "device_memory": bp.backend.device_memory(),
         "unified_memory": placement.unified, "dense_in": placement.dense_in,
         "dense_bytes": bp.dense_bytes, "dense_disk_bytes": bp.dense_disk_bytes,
-        "kv_bytes_per_token": kv_per_token, "context_length": context, "kv_bytes_at_context": kv_per_token * context,
+        "kv_bytes_per_token": kv_per_token, "context_length": context, "kv_bytes_at_context": bp.kv_bytes_for(context),
         "moe_layers": moe_layers, "experts_per_layer": experts, "top_k": top_k,
         "expert_bytes": bp.expert_bytes, "expert_disk_bytes": bp.expert_disk_bytes,
         "experts_total_bytes": bp.expert_bytes * experts * moe_layers,

@@ -46,6 +46,7 @@ its own way names its own ``DeviceTier`` subclass in ``device_tier``.
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -104,7 +105,10 @@ class Backend(abc.ABC):
     # -- weights -----------------------------------------------------------------------
     def has_kernel(self, kind: str) -> bool:
         """Whether the backend computes with weights of this packed kind ("q8", "q4",
-        "mxfp4", "fp8", "bf16": ``QuantTensor.kind``) without decoding them to float32 first."""
+        "mxfp4", "fp8", "bf16", and the checkpoint layouts "q4g32" (compressed-tensors
+        int4) and "mxfp4pair" (gpt-oss MXFP4): ``QuantTensor.kind``) without decoding them
+        to float32 first. A backend without one gets such weights decoded
+        (``colibri_core.formats.reference.dequantize``)."""
         return False
 
     def keeps_stored(self, kind: str, use: str) -> bool:
@@ -286,6 +290,63 @@ class Backend(abc.ABC):
             out = self.add_rows(out, rows, self.swiglu_expert(self.take_rows(x, rows), w["gate"], w["up"], w["down"]), scale)
         return out
 
+    # -- attention with a sliding window and attention sinks (gpt-oss) ----------------
+    def windowed_attention(self, q: Array, k: Array, v: Array, start: int, scale: float, window: int | None = None,
+                           sinks: Array | None = None) -> Array:
+        """``attention`` with two options: ``window`` (query t, at position start + t of the
+        S keys, sees only keys s with start + t - window < s <= start + t: the last
+        ``window`` positions, itself included) and ``sinks`` (an (Hq,) array: one extra
+        logit per query head that takes part in the softmax and adds no value, as
+        gpt-oss's learned attention sinks). With both None it is ``attention``. The
+        reference computes on the host (numpy); a backend may replace it."""
+        if window is None and sinks is None:
+            return self.attention(q, k, v, start, scale)
+        host_sinks = None if sinks is None else self.to_host(sinks)
+        out = windowed_attention(self.to_host(q), self.to_host(k), self.to_host(v), start, scale, window, host_sinks)
+        return self.asarray(out, self.activation_dtype)
+
+    # -- routed experts with biases and another gated activation (gpt-oss) -------------
+    def gated_activation(self, gate: Array, up: Array, act: "GatedActivation") -> Array:
+        """``act`` applied elementwise: g * sigmoid(alpha * g) * (u + up_offset), where
+        g = min(gate, limit) and u = clip(up, limit) when ``act.limit`` is set, else
+        g = gate and u = up. The plain ``GatedActivation()`` is ``silu_mul``. The reference
+        computes other activations on the host (numpy); a backend may replace it."""
+        if act.plain:
+            return self.silu_mul(gate, up)
+        return self.asarray(gated_activation(self.to_host(gate), self.to_host(up), act), self.activation_dtype)
+
+    def glu_expert(self, x: Array, w, act: "GatedActivation", interleaved: bool = False) -> Array:
+        """One expert of ``routed_glu_experts``: down(act(gate(x) + gate_bias, up(x) +
+        up_bias)) + down_bias. ``w`` holds ``gate`` and ``up`` (out, in), or one fused
+        ``gate_up`` (2 * inter, in) whose first half of rows is gate and second up (with
+        ``interleaved``: rows alternate gate, up, gate, ...), and ``down``; the biases
+        (``gate_bias``/``up_bias`` or ``gate_up_bias``, ``down_bias``) are optional."""
+        arrays = w.arrays if hasattr(w, "arrays") else w
+        if "gate_up" in arrays:
+            gu = self.linear(x, arrays["gate_up"], arrays.get("gate_up_bias"))
+            half = gu.shape[-1] // 2
+            if interleaved:  # de-interleave on the host: strided views are not in the array protocol
+                host = self.to_host(gu)
+                gate, up = self.asarray(np.ascontiguousarray(host[:, 0::2])), self.asarray(np.ascontiguousarray(host[:, 1::2]))
+            else:
+                gate, up = gu[:, :half], gu[:, half:]
+        else:
+            gate = self.linear(x, arrays["gate"], arrays.get("gate_bias"))
+            up = self.linear(x, arrays["up"], arrays.get("up_bias"))
+        return self.linear(self.gated_activation(gate, up, act), arrays["down"], arrays.get("down_bias"))
+
+    def routed_glu_experts(self, x: Array, indices: np.ndarray, weights: np.ndarray, fetch: Callable,
+                           act: "GatedActivation", interleaved: bool = False, window: int = 8,
+                           ready: Callable | None = None) -> Array:
+        """``routed_experts`` for experts computed by ``glu_expert``: biases, a fused
+        gate_up, another ``GatedActivation``. Same batch-union fetching, ascending expert
+        order of the sum and ``window`` / ``ready`` as ``routed_experts``."""
+        out = self.zeros(tuple(x.shape), self.activation_dtype)
+        for e, rows, scale in expert_groups(indices, weights):
+            w = fetch(e)
+            out = self.add_rows(out, rows, self.glu_expert(self.take_rows(x, rows), w, act, interleaved), scale)
+        return out
+
     # -- multi-head latent attention and DSA (DeepSeek V3 / V3.2, Kimi K2, GLM) -------
     @abc.abstractmethod
     def mla_expand(self, q_nope: Array, q_rot: Array, latent: Array, k_rot: Array, kv_b: Array,
@@ -377,6 +438,37 @@ class Backend(abc.ABC):
         host = [self.to_host(a) for a in (q, k, v, g, beta, state)]
         out, new_state = delta_channel_step(*host)
         return self.asarray(out), self.asarray(new_state)
+
+    # -- attention with a relative position bias (Inkling) -----------------------------
+    def attention_relative_bias(self, q: Array, k: Array, v: Array, start: int, scale: float, rel: Array,
+                                table: Array, window: int | None = None) -> Array:
+        """``attention`` plus a per-query, per-head bias by distance: q (T, Hq, D), k, v
+        (Hkv, S, D / Dv) with the T queries at rows start..start+T-1 of the S keys; the
+        bias is bias[t, h] = rel[t, h] @ table, rel (T, Hq, R) mixing the R rows of
+        ``table`` (R, E, a prepared "array" weight), one bias per distance 0..E-1. Query t,
+        head h, key s at distance d = start + t - s scores scale * q . k + bias[t, h, d]
+        (no bias where d >= E); it sees keys with 0 <= d (and d < ``window`` when given:
+        the last ``window`` positions, itself included). Returns (T, Hq, Dv). The
+        reference computes on the host (numpy); a backend may replace it."""
+        host = [self.to_host(a) for a in (q, k, v, rel, table)]
+        out = relative_bias_attention(host[0], host[1], host[2], start, scale, host[3], host[4], window)
+        return self.asarray(out, self.activation_dtype)
+
+
+@dataclass(frozen=True)
+class GatedActivation:
+    """The gated activation of an expert (``Backend.gated_activation``): g * sigmoid(alpha
+    * g) * (u + up_offset), with g = min(gate, limit) and u = clip(up, limit) when
+    ``limit`` is set. ``GatedActivation()`` is SiLU-SwiGLU; gpt-oss's clamped SwiGLU is
+    ``GatedActivation(alpha=1.702, limit=swiglu_limit, up_offset=1.0)``."""
+
+    alpha: float = 1.0
+    limit: float | None = None
+    up_offset: float = 0.0
+
+    @property
+    def plain(self) -> bool:
+        return self.alpha == 1.0 and self.limit is None and self.up_offset == 0.0
 
 
 # -- host-side reference helpers (numpy), shared by the reference implementations -------
@@ -499,3 +591,64 @@ def delta_channel_chunked(q, k, v, g, beta, state, chunk_size):
         s = s * np.exp(last)[:, :, None] + (k[:, i] * np.exp(last[:, None, :] - ci)).swapaxes(-1, -2) @ v_new
     out = out.reshape(h, n * c, dv)[:, :t]
     return np.ascontiguousarray(out.transpose(1, 0, 2)), s
+
+
+def windowed_attention(q, k, v, start, scale, window=None, sinks=None):
+    """``Backend.windowed_attention`` on host float32 arrays (transformers' eager gpt-oss
+    attention: the sink joins the softmax after the max is taken over keys and sink)."""
+    q, k, v = (np.asarray(a, dtype=np.float32) for a in (q, k, v))
+    t, hq, d = q.shape
+    hkv, s, _ = k.shape
+    group = hq // hkv
+    qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
+    scores = np.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # (Hkv, G, T, S)
+    pos = start + np.arange(t)[:, None]
+    visible = np.arange(s)[None, :] <= pos
+    if window is not None:
+        visible &= np.arange(s)[None, :] > pos - int(window)
+    scores = np.where(visible, scores, np.float32(-np.inf))
+    if sinks is not None:
+        sink = np.broadcast_to(np.asarray(sinks, dtype=np.float32).reshape(hkv, group, 1, 1), (hkv, group, t, 1))
+        scores = np.concatenate([scores, sink], axis=-1)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores)
+    probs = e / e.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    out = np.matmul(probs, v[:, None])  # (Hkv, G, T, Dv)
+    return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1]), dtype=np.float32)
+
+
+def gated_activation(gate, up, act: GatedActivation):
+    """``Backend.gated_activation`` on host float32 arrays."""
+    gate, up = np.asarray(gate, dtype=np.float32), np.asarray(up, dtype=np.float32)
+    if act.limit is not None:
+        limit = np.float32(act.limit)
+        gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
+    with np.errstate(over="ignore"):
+        glu = gate / (np.float32(1.0) + np.exp(-gate * np.float32(act.alpha)))
+    return (glu * (up + np.float32(act.up_offset))).astype(np.float32, copy=False)
+
+
+def relative_bias_attention(q, k, v, start, scale, rel, table, window=None):
+    """``Backend.attention_relative_bias`` on host float32 arrays (transformers' eager
+    Inkling attention: scores * scale, then the bias, then the mask)."""
+    q, k, v, rel, table = (np.asarray(a, dtype=np.float32) for a in (q, k, v, rel, table))
+    bias = np.matmul(rel, table)  # (T, Hq, E)
+    t, hq, d = q.shape
+    hkv, s, _ = k.shape
+    group, extent = hq // hkv, bias.shape[-1]
+    qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
+    scores = np.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # (Hkv, G, T, S)
+    distance = (start + np.arange(t))[:, None] - np.arange(s)[None, :]  # (T, S)
+    by_head = bias.reshape(t, hkv, group, extent).transpose(1, 2, 0, 3)  # (Hkv, G, T, E)
+    index = np.broadcast_to(np.clip(distance, 0, extent - 1), (hkv, group, t, s))
+    gathered = np.take_along_axis(by_head, index, axis=-1)
+    scores = scores + np.where((distance >= 0) & (distance < extent), gathered, np.float32(0.0))
+    visible = distance >= 0
+    if window is not None:
+        visible &= distance < int(window)
+    scores = np.where(visible, scores, np.float32(-np.inf))
+    probs = softmax(scores)
+    out = np.matmul(probs, v[:, None])  # (Hkv, G, T, Dv)
+    return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1]), dtype=np.float32)

@@ -74,3 +74,16 @@ class RowInvariantOps:
         pieces = _chunks(t, rows)
         return self._concat([be.routed_experts(x[a:b], indices[a:b], weights[a:b], fetched.__getitem__, window, None)
                              for a, b in pieces])
+
+    def routed_glu_experts(self, x, indices, weights, fetch, act, interleaved=False, window=8, ready=None):
+        be = self.backend
+        t = indices.shape[0]
+        if t == 1:
+            return be.routed_glu_experts(x, indices, weights, fetch, act, interleaved, window, ready)
+        fetched = {e: fetch(e) for e in np.unique(indices).tolist()}
+        # every product of these experts (their matrices are multiplied by ``linear``)
+        rows = be.batch_invariant_rows("linear", [a for w in fetched.values() for a in w.arrays.values()
+                                                 if len(a.shape) == 2])
+        return self._concat([be.routed_glu_experts(x[a:b], indices[a:b], weights[a:b], fetched.__getitem__, act,
+                                                   interleaved, window, None)
+                             for a, b in _chunks(t, rows)])

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import (Backend, delta_channel_chunked, delta_channel_step, softmax_top_k,
-                                         top_k_indices)
+from colibri_core.engine.backend import (Backend, delta_channel_chunked, delta_channel_step, relative_bias_attention,
+                                         softmax_top_k, top_k_indices)
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 
@@ -283,3 +283,6 @@ class ReferenceBackend(Backend):
 
     def gated_delta_channel_step(self, q, k, v, g, beta, state):
         return delta_channel_step(q, k, v, g, beta, state)
+
+    def attention_relative_bias(self, q, k, v, start, scale, rel, table, window=None):
+        return relative_bias_attention(q, k, v, start, scale, rel, table, window)

@@ -17,6 +17,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from colibri_core.errors import ColibriError
 from colibri_core.io.safetensors import TensorInfo, as_array
 from colibri_core.warn import warn
@@ -40,7 +42,9 @@ class ExpertWeights:
     def prepared(self, backend) -> "ExpertWeights":
         """The matrices as ``backend.prepare_weight`` makes them; itself when preparing
         changes nothing (the CPU computes with host forms), so what was derived stays."""
-        arrays = {role: backend.prepare_weight(a, "linear") for role, a in self.arrays.items()}
+        # biases (``*_bias``: gpt-oss's experts) are added as arrays, never multiplied
+        arrays = {role: backend.prepare_weight(a, "array" if role.endswith("_bias") else "linear")
+                  for role, a in self.arrays.items()}
         if all(arrays[role] is a for role, a in self.arrays.items()):
             return self
         return ExpertWeights(arrays, sum(backend.nbytes(a) for a in arrays.values()))
@@ -91,7 +95,10 @@ class DiskTier:
         arrays = {}
         for role, info in matrices.items():
             companions = {t.name: typed[t.name] for t in self.resolver.companions(info)}
-            arrays[role] = self.resolver.host_form(info, typed[info.name], companions, self.backend, "linear")
+            # roles an expert declaration reads otherwise (biases, transformed layouts): ExpertMatrices.forms
+            use, transform = getattr(matrices, "forms", {}).get(role, ("linear", None))
+            host = self.resolver.host_form(info, typed[info.name], companions, self.backend, use)
+            arrays[role] = host if transform is None else np.ascontiguousarray(transform(host), dtype=np.float32)
         with self._lock:
             self.seconds += time.perf_counter() - started
             self.loads += 1

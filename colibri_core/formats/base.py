@@ -17,7 +17,8 @@ from colibri_core.io.safetensors import TensorInfo
 @dataclass
 class QuantTensor:
     """A weight kept in its stored (quantised) form for a backend kernel: ``kind`` names
-    the kernel ("q8", "q4", "mxfp4", "fp8", "bf16"), ``shape`` the logical (rows, cols)."""
+    the kernel ("q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair"), ``shape`` the
+    logical (rows, cols)."""
 
     kind: str
     data: np.ndarray
@@ -53,6 +54,16 @@ class QuantFormat:
     def companions(self, info: TensorInfo, lookup) -> list[TensorInfo]:
         """Extra tensors (scales) this weight needs, found with ``lookup(name)``."""
         return []
+
+    def stored_name(self, name: str, context: "FormatContext") -> str | None:
+        """The name this format stores the tensor a family asks for as ``name`` under,
+        when the checkpoint holds it so (compressed-tensors: ``X.weight_packed`` for
+        ``X.weight``); None when it does not."""
+        return None
+
+    def logical_name(self, info: TensorInfo) -> str:
+        """The name the tensor has unpacked (what ``colibri convert`` writes it as)."""
+        return info.name
 
     def logical_shape(self, info: TensorInfo, context: "FormatContext") -> tuple[int, ...]:
         """The shape the model sees (packed formats store another)."""
@@ -167,6 +178,26 @@ class FormatResolver:
 
     def logical_shape(self, info: TensorInfo) -> tuple[int, ...]:
         return tuple(self.format_for(info).logical_shape(info, self._context))
+
+    def stored_name(self, name: str) -> str:
+        """The checkpoint's name for the tensor a family asks for as ``name`` (a format
+        may store it under another, ``QuantFormat.stored_name``); ``name`` itself otherwise."""
+        checkpoint = self._context.checkpoint
+        if checkpoint is None or name in checkpoint.tensors:
+            return name
+        for fmt in self._formats:
+            stored = fmt.stored_name(name, self._context)
+            if stored is not None:
+                return stored
+        return name
+
+    def logical_name(self, info: TensorInfo) -> str:
+        return self.format_for(info).logical_name(info)
+
+    def claimant(self, info: TensorInfo) -> QuantFormat | None:
+        """The format that claims ``info`` from checkpoint evidence, None when only its
+        dtype would decide."""
+        return next((f for f in self._formats if f.matches(info, self._context)), None)
 
     def host_form(self, info: TensorInfo, raw: np.ndarray, companions: dict[str, np.ndarray], backend, use: str):
         """A weight in host memory as the backend wants it handed over: its stored form

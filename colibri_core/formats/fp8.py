@@ -98,6 +98,7 @@ class FP8E4M3Block(QuantFormat):
 
     name = "fp8-e4m3-b128"
     kernel = "fp8"
+    from_quantization_config = True  # ``colibri convert`` keeps the config while such tensors remain
 
     def __init__(self):
         self._blocks: dict[str, tuple[int, int]] = {}

@@ -11,7 +11,9 @@ import numpy as np
 
 from colibri_core.formats.base import QuantTensor, bf16_to_f32
 from colibri_core.formats.fp8 import dequantize as fp8_blocks, e4m3_to_f32
+from colibri_core.formats.compressed_tensors import decode_pairs
 from colibri_core.formats.integer import decode_mxfp4, decode_q4, decode_q8
+from colibri_core.formats.mxfp4_hub import decode_blocks
 
 
 def dequantize(w: QuantTensor) -> np.ndarray:
@@ -25,6 +27,10 @@ def dequantize(w: QuantTensor) -> np.ndarray:
         return np.ascontiguousarray(decode_q4(w.data, w.scales, k))
     if w.kind == "mxfp4":
         return np.ascontiguousarray(decode_mxfp4(w.data, w.scales, k))
+    if w.kind == "q4g32":
+        return np.ascontiguousarray(decode_pairs(w.data, w.scales, k))
+    if w.kind == "mxfp4pair":
+        return np.ascontiguousarray(decode_blocks(w.data.reshape(n, -1, 16), w.scales)[:, :k])
     if w.kind == "fp8":
         return fp8_blocks(e4m3_to_f32(w.data), np.asarray(w.scales, dtype=np.float32), w.block)
     raise ValueError(f"no reference decode for packed kind {w.kind!r}")

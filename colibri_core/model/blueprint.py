@@ -58,7 +58,8 @@ class Blueprint:
         return self.expert_host_bytes if self.backend.device_memory() is not None else self.expert_bytes
 
     def _expert_nbytes(self, nbytes) -> int:
-        return max((sum(nbytes(i, self.backend, "linear") for i in d.matrices[0].values()) for d in self.moe), default=0)
+        return max((sum(nbytes(i, self.backend, getattr(d.matrices[0], "forms", {}).get(role, ("linear",))[0]) for role, i in d.matrices[0].items())
+                    for d in self.moe), default=0)
 
     def placement(self, *, ram: int | None, cap: int | None, pin_share: float = 0.0, prefetch_slots: int = 0,
                   vram: int | None = None) -> Placement:
@@ -94,6 +95,11 @@ class Blueprint:
 
     def kv_bytes_per_token(self) -> int:
         return self.lm.new_cache(self.backend).bytes_per_token()  # states allocate nothing until used
+
+    def kv_bytes_for(self, tokens: int) -> int:
+        """One sequence's KV / latent / recurrent state at ``tokens`` positions (a sliding
+        window's layers hold at most their window)."""
+        return self.lm.new_cache(self.backend).bytes_for(tokens)
 
     def close(self) -> None:
         self.checkpoint.close()

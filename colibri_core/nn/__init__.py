@@ -1,6 +1,7 @@
 """Shared neural-network building blocks for families."""
 
-from colibri_core.nn.cache import Cache, KVCache, RecurrentState
+from colibri_core.engine.backend import GatedActivation
+from colibri_core.nn.cache import Cache, KVCache, RecurrentState, SlidingKVCache
 from colibri_core.nn.deltanet import GatedDeltaNet, LowRank
 from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
 from colibri_core.nn.layers import (
@@ -20,7 +21,7 @@ from colibri_core.nn.mla import MLACache, MLAttention, mla_softmax_scale
 from colibri_core.nn.norms import GatedRMSNorm
 from colibri_core.nn.rope import RoPE, build_rope, rope_parameters
 from colibri_core.nn.routers import SigmoidGroupedTopKRouter
-from colibri_core.nn.weights import ExpertDecl, Param, Weights
+from colibri_core.nn.weights import ExpertDecl, ExpertMatrices, Param, Weights
 
 __all__ = [
     "Attention", "Cache", "CausalLM", "DecoderLayer", "Embedding", "ExpertDecl", "KVCache", "Linear", "Param",
@@ -31,4 +32,6 @@ __all__ = [
     # MLA, DSA and the sigmoid grouped router (DeepSeek V3/V3.2, Kimi K2, GLM)
     "LayerNorm", "LightningIndexer", "MLACache", "MLAttention", "SharedIndexer", "SigmoidGroupedTopKRouter",
     "mla_softmax_scale",
+    # sliding-window attention with sinks, experts with biases and another activation (gpt-oss)
+    "ExpertMatrices", "GatedActivation", "SlidingKVCache",
 ]

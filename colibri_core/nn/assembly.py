@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from colibri_core.nn.layers import CausalLM, DecoderLayer, Embedding, Linear
+from colibri_core.nn.layers import CausalLM, DecoderLayer, DividedInput, Embedding, Linear, NormedEmbedding
 
 if TYPE_CHECKING:
     from colibri_core.nn.weights import Weights
@@ -50,11 +50,17 @@ class Names:
 
 def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock, names: Names = Names(), *,
                   offset_norms: bool = False, refused_tokens: dict[int, str] | None = None,
-                  embedded_as: dict[int, int] | None = None) -> CausalLM:
+                  embedded_as: dict[int, int] | None = None, post: Callable[[int, str], tuple] | None = None,
+                  embed_norm: bool = False, head_divisor: float = 1.0, head_rows: int | None = None) -> CausalLM:
     """Embeddings, ``a.num_hidden_layers`` layers x + mixer(norm(x)), h + mlp(norm(h)),
     the final norm and the LM head (``lm_head``, or the embeddings when
     ``a.tie_word_embeddings``). ``offset_norms``: the RMSNorms scale by (1 + w).
-    ``refused_tokens`` goes to ``CausalLM``, ``embedded_as`` to the ``Embedding``."""
+    ``refused_tokens`` goes to ``CausalLM``, ``embedded_as`` to the ``Embedding``.
+    ``post(i, prefix)``: (attn_post, mlp_post) of layer i (see ``DecoderLayer``);
+    ``embed_norm``: the embeddings RMS-normalised by ``embed_tokens.embed_norm``;
+    ``head_divisor``: the LM head sees the final hidden states divided by it (muP);
+    ``head_rows``: only the LM head's first rows give logits (a head padded beyond the
+    vocabulary)."""
     hidden = a.hidden_size
 
     def norm(prefix: str):
@@ -63,8 +69,31 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     layers = []
     for i in range(a.num_hidden_layers):
         p = names.layer(i)
-        layers.append(DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p)))
-    embed = Embedding(w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden)), embedded_as)
-    lm_head = Linear(embed.weight) if a.tie_word_embeddings else w.linear(names.lm_head, a.vocab_size, hidden)
+        layers.append(DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p),
+                                   *(post(i, p) if post is not None else ())))
+    table = w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden))
+    if embed_norm:
+        embed = NormedEmbedding(table, norm(f"{names.model}embed_tokens.embed_norm"), embedded_as)
+    else:
+        embed = Embedding(table, embedded_as)
+    vocab = a.vocab_size
+    if a.tie_word_embeddings:
+        lm_head = Linear(embed.weight)
+    elif head_rows is not None and head_rows < vocab:
+        lm_head, vocab = Linear(w.param(f"{names.lm_head}.weight", (vocab, hidden), _first_rows(head_rows))), head_rows
+    else:
+        lm_head = w.linear(names.lm_head, vocab, hidden)
+    if head_divisor != 1.0:
+        lm_head = DividedInput(lm_head, head_divisor)
     return CausalLM(embed=embed, layers=layers, norm=norm(f"{names.model}norm"), lm_head=lm_head,
-                    vocab_size=a.vocab_size, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
+                    vocab_size=vocab, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
+
+
+def _first_rows(n: int):
+    """Load transform: a matrix's first ``n`` rows."""
+    import numpy as np
+
+    def first(m):
+        return np.ascontiguousarray(m[:n])
+
+    return first

@@ -3,7 +3,8 @@
 Attention layers keep a ``KVCache``, which grows with every position; recurrent layers
 (linear attention, state-space models) keep a ``RecurrentState``, whose size is fixed.
 Any layer may bring its own state object: ``Cache`` only asks each for ``nbytes`` and
-``bytes_per_token()``."""
+``bytes_per_token()`` (and, for a state bounded otherwise, ``bytes_for(tokens)``,
+as a sliding window's ``SlidingKVCache``)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,61 @@ class KVCache:
     def snapshot(self):
         """Nothing: the rows of earlier positions never change, so any prefix can be copied."""
         return None
+
+
+class SlidingKVCache:
+    """Keys and values of a sliding-window attention layer: only the last ``window - 1``
+    positions are kept between steps (each new position sees itself and those), so its
+    size is bounded by the window, not the sequence. ``append`` returns the kept
+    positions followed by the new ones; ``offset`` is how many of them precede the new
+    ones (the ``start`` of the attention op). No prefix reuse: earlier positions are gone."""
+
+    def __init__(self, backend, n_kv_heads: int, k_dim: int, v_dim: int, window: int):
+        if window < 1:
+            raise ValueError(f"sliding window must be >= 1, got {window}")
+        self.backend = backend
+        self.shape = (n_kv_heads, k_dim, v_dim)
+        self.window = int(window)
+        self.length = 0  # positions seen
+        self.kept = 0  # positions held at the front of the buffers
+        self.offset = 0
+        self._k = self._v = None
+
+    def append(self, k, v):
+        """Add (T, heads, dim) keys and values; return (heads, kept + T, dim) keys and values."""
+        keep = min(self.kept, self.window - 1)
+        if keep < self.kept:  # drop what the previous step's queries needed and no later one will
+            a = self.kept - keep
+            self._k[:, :keep] = self._k[:, a : self.kept] * 1.0  # * 1.0: a copy, the ranges may overlap
+            self._v[:, :keep] = self._v[:, a : self.kept] * 1.0
+        t = k.shape[0]
+        end = keep + t
+        capacity = 0 if self._k is None else self._k.shape[1]
+        if end > capacity:
+            h, dk, dv = self.shape
+            dtype = self.backend.cache_dtype
+            new_k, new_v = self.backend.zeros((h, end, dk), dtype), self.backend.zeros((h, end, dv), dtype)
+            if keep:
+                new_k[:, :keep], new_v[:, :keep] = self._k[:, :keep], self._v[:, :keep]
+            self._k, self._v = new_k, new_v
+        self._k[:, keep:end] = k.transpose(1, 0, 2)
+        self._v[:, keep:end] = v.transpose(1, 0, 2)
+        self.offset, self.kept = keep, end
+        self.length += t
+        return self._k[:, :end], self._v[:, :end]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._k is None else self.backend.nbytes(self._k) + self.backend.nbytes(self._v)
+
+    def bytes_per_token(self) -> int:
+        """Per position while the sequence is shorter than the window (an upper bound)."""
+        h, dk, dv = self.shape
+        return h * (dk + dv) * ITEMSIZE[self.backend.cache_dtype]
+
+    def bytes_for(self, tokens: int) -> int:
+        """What the layer holds while decoding after ``tokens`` positions: at most the window."""
+        return min(tokens, self.window) * self.bytes_per_token()
 
 
 class RecurrentState:
@@ -123,9 +179,25 @@ class Cache:
     def bytes_per_token(self) -> int:
         return sum(layer.bytes_per_token() for layer in self.layers if layer is not None)
 
+    def bytes_for(self, tokens: int) -> int:
+        """What the state of a sequence of ``tokens`` positions takes: per layer its
+        ``bytes_for`` when it has one (a sliding window's bounded cache), else
+        ``bytes_per_token() * tokens`` plus its fixed size."""
+        total = 0
+        for layer in self.layers:
+            if layer is None:
+                continue
+            if hasattr(layer, "bytes_for"):
+                total += layer.bytes_for(tokens)
+            elif layer.bytes_per_token():
+                total += layer.bytes_per_token() * tokens
+            else:  # a fixed-size state (recurrent)
+                total += getattr(layer, "nbytes", 0)
+        return total
+
     def reusable(self) -> bool:
         """Whether every layer's state can give a prefix to another cache (prefix reuse)."""
-        return all(layer is None or (hasattr(layer, "copy_prefix") and hasattr(layer, "snapshot")) for layer in self.layers)
+        return all(layer is None or _reusable(layer) for layer in self.layers)
 
     def snapshot(self) -> list:
         """Per layer, what ``copy_prefix`` needs to resume at the current length later
@@ -139,3 +211,44 @@ class Cache:
             if src is not None:
                 src.copy_prefix(into, n, None if snapshot is None else snapshot[i])
         dst.length = n
+
+
+def _reusable(state) -> bool:
+    """Whether a layer's state can give a prefix to another (``copy_prefix`` and ``snapshot``;
+    a composite asks its parts)."""
+    if hasattr(state, "reusable"):
+        return state.reusable()
+    return hasattr(state, "copy_prefix") and hasattr(state, "snapshot")
+
+
+class LayerStates:
+    """The state of a layer whose blocks each keep their own (Inkling: the KV cache of its
+    attention beside the states of four short convolutions), by name: a block reads
+    ``step.cache.layers[i][name]``. Sizes, snapshots and prefix copies are its parts'."""
+
+    def __init__(self, parts: dict):
+        self.parts = dict(parts)
+
+    def __getitem__(self, name: str):
+        return self.parts[name]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(part, "nbytes", 0) for part in self.parts.values())
+
+    def bytes_per_token(self) -> int:
+        return sum(part.bytes_per_token() for part in self.parts.values())
+
+    def bytes_for(self, tokens: int) -> int:
+        """As ``Cache.bytes_for``, part by part."""
+        return Cache([*self.parts.values()]).bytes_for(tokens)
+
+    def reusable(self) -> bool:
+        return all(_reusable(part) for part in self.parts.values())
+
+    def snapshot(self) -> dict:
+        return {name: part.snapshot() for name, part in self.parts.items()}
+
+    def copy_prefix(self, dst: "LayerStates", n: int, snapshot: dict | None = None) -> None:
+        for name, part in self.parts.items():
+            part.copy_prefix(dst.parts[name], n, None if snapshot is None else snapshot[name])

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from colibri_core.nn.cache import Cache, KVCache
+from colibri_core.nn.cache import Cache, KVCache, LayerStates, SlidingKVCache
 from colibri_core.nn.rope import RoPE
 
 if TYPE_CHECKING:  # annotations only: weights.py builds these blocks, so it imports this module
@@ -102,7 +102,10 @@ class Attention:
     """Multi-head attention with grouped KV heads, RoPE and the common options:
     q/k RMSNorm over the whole projection (OLMoE) or per head (Qwen3), clipping, and an
     output gate (Qwen3-Next: q_proj yields per head [query, gate]; the attention output
-    is multiplied by sigmoid(gate) before o_proj)."""
+    is multiplied by sigmoid(gate) before o_proj), a sliding ``window`` (each query sees
+    the last ``window`` positions, itself included; the layer's cache keeps only those:
+    ``SlidingKVCache``) and learned attention ``sinks`` (one logit per query head that
+    joins the softmax, gpt-oss); the last two go through ``ops.windowed_attention``."""
 
     def __init__(
         self,
@@ -122,6 +125,8 @@ class Attention:
         clip_qkv: float | None = None,
         scale: float | None = None,
         output_gate: bool = False,
+        window: int | None = None,
+        sinks: Param | None = None,
     ):
         self.layer = layer
         self.q, self.k, self.v, self.o = q, k, v, o
@@ -131,8 +136,13 @@ class Attention:
         self.clip_qkv = clip_qkv
         self.scale = head_dim**-0.5 if scale is None else scale
         self.output_gate = output_gate
+        if window is not None and window < 1:
+            raise ValueError(f"attention window must be >= 1, got {window}")
+        self.window, self.sinks = window, sinks
 
-    def new_state(self, backend, max_len: int) -> KVCache:
+    def new_state(self, backend, max_len: int) -> KVCache | SlidingKVCache:
+        if self.window is not None and self.window < max_len:
+            return SlidingKVCache(backend, self.n_kv_heads, self.head_dim, self.head_dim, self.window)
         return KVCache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len)
 
     def __call__(self, x, step: Step):
@@ -170,8 +180,14 @@ class Attention:
             cos, sin = rope_tables(self.rope, step)
             q = ops.rope(q, cos, sin, self.rope.rotary_dim)
             k = ops.rope(k, cos, sin, self.rope.rotary_dim)
-        keys, values = step.cache.layers[self.layer].append(k, v)
-        out = ops.attention(q, keys, values, step.start, self.scale).reshape(t, self.n_heads * self.head_dim)
+        state = step.cache.layers[self.layer]
+        keys, values = state.append(k, v)
+        if self.window is None and self.sinks is None:
+            out = ops.attention(q, keys, values, step.start, self.scale)
+        else:  # a sliding cache holds the last positions only: its offset is where this step starts
+            start = state.offset if isinstance(state, SlidingKVCache) else step.start
+            out = ops.windowed_attention(q, keys, values, start, self.scale, self.window, _v(self.sinks))
+        out = out.reshape(t, self.n_heads * self.head_dim)
         if gate is not None:
             out = out * ops.sigmoid(gate)
         return out
@@ -199,7 +215,10 @@ class SoftmaxTopKRouter:
 
 
 class RoutedExperts:
-    """The routed experts of one MoE layer, served by the expert store."""
+    """The routed experts of one MoE layer, served by the expert store: SiLU-SwiGLU
+    experts through ``ops.routed_experts``; experts with biases, a fused gate_up or
+    another ``GatedActivation`` (``decl.activation``, ``decl.interleaved``) through
+    ``ops.routed_glu_experts``."""
 
     def __init__(self, decl: ExpertDecl):
         self.decl = decl
@@ -213,8 +232,16 @@ class RoutedExperts:
         # a token's k experts are distinct: sorting them is enough (np.unique costs more)
         experts = np.sort(indices[0]) if indices.shape[0] == 1 else np.unique(indices)
         at_hand = store.request(layer, experts)  # the misses are read together
-        out = step.ops.routed_experts(x, indices, weights, lambda e: store.get(layer, e), store.io_window,
-                                      None if at_hand else lambda e: store.ready(layer, e))
+        def fetch(e):
+            return store.get(layer, e)
+
+        ready = None if at_hand else lambda e: store.ready(layer, e)
+        decl = self.decl
+        if decl.glu:
+            out = step.ops.routed_glu_experts(x, indices, weights, fetch, decl.activation, decl.interleaved,
+                                              store.io_window, ready)
+        else:
+            out = step.ops.routed_experts(x, indices, weights, fetch, store.io_window, ready)
         store.end_layer(layer, indices, experts)
         return out
 
@@ -239,27 +266,62 @@ class SparseMoE:
 
 class DecoderLayer:
     """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h)). ``attn`` is any
-    token mixer with ``new_state`` (attention, a recurrent layer such as GatedDeltaNet)."""
+    token mixer with ``new_state`` (attention, a recurrent layer such as GatedDeltaNet).
+    ``attn_post`` / ``mlp_post``, when given, transform a branch's output before it joins
+    the residual (Inkling's short convolutions). Blocks keeping named parts of the layer's
+    state declare them in ``state_slots`` (the mixer then has no ``new_state``): the
+    layer's state is one ``LayerStates`` of all their slots."""
 
-    def __init__(self, attn_norm: RMSNorm, attn: Attention, mlp_norm: RMSNorm, mlp):
+    def __init__(self, attn_norm: RMSNorm, attn: Attention, mlp_norm: RMSNorm, mlp, attn_post=None, mlp_post=None):
         self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
+        self.attn_post, self.mlp_post = attn_post, mlp_post
 
     def new_state(self, backend, max_len: int):
-        return self.attn.new_state(backend, max_len)
+        slotted = [b for b in (self.attn, self.attn_post, self.mlp, self.mlp_post) if hasattr(b, "state_slots")]
+        if not slotted:
+            return self.attn.new_state(backend, max_len)
+        slots: dict = {}
+        for block in slotted:
+            slots.update(block.state_slots(backend, max_len))
+        return LayerStates(slots)
 
     def __call__(self, x, step: Step):
         if step.segments is None:
-            h = x + self.attn(self.attn_norm(x, step), step)
+            mixed = self.attn(self.attn_norm(x, step), step)
         else:  # each sequence's tokens through the mixer with that sequence's state
             normed = self.attn_norm(x, step)
             if hasattr(self.attn, "batched"):  # its projections on all rows at once
-                h = x + self.attn.batched(normed, step)
+                mixed = self.attn.batched(normed, step)
             else:
-                mixed = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
-                h = x + (mixed[0] if len(mixed) == 1 else step.ops.concat(mixed, 0))
+                parts = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
+                mixed = parts[0] if len(parts) == 1 else step.ops.concat(parts, 0)
+        h = x + (mixed if self.attn_post is None else self.attn_post(mixed, step))
         if step.prefetcher is not None:
             step.prefetcher.after_attention(self, h, step)
-        return h + self.mlp(self.mlp_norm(h, step), step)
+        out = self.mlp(self.mlp_norm(h, step), step)
+        return h + (out if self.mlp_post is None else self.mlp_post(out, step))
+
+
+class NormedEmbedding(Embedding):
+    """Embeddings RMS-normalised (Inkling's ``embed_tokens.embed_norm``)."""
+
+    def __init__(self, weight: Param, norm: RMSNorm, embedded_as: dict[int, int] | None = None):
+        super().__init__(weight, embedded_as)
+        self.norm = norm
+
+    def __call__(self, ids: np.ndarray, step: Step):
+        return self.norm(super().__call__(ids, step), step)
+
+
+class DividedInput:
+    """``block`` applied to x / divisor (Inkling's muP output: the final hidden states
+    divided by ``logits_mup_width_multiplier`` before the LM head)."""
+
+    def __init__(self, block, divisor: float):
+        self.block, self.divisor = block, float(divisor)
+
+    def __call__(self, x, step: Step):
+        return self.block(x / self.divisor, step)
 
 
 class CausalLM:

@@ -17,6 +17,7 @@ from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.io.buffers import huge_buffer
 from colibri_core.errors import ModelFormatError
 from colibri_core.io.safetensors import TensorInfo
+from colibri_core.engine.backend import GatedActivation
 from colibri_core.nn.layers import Linear, RMSNorm, RoutedExperts, SwiGLU
 
 
@@ -62,14 +63,41 @@ class Param:
         return self.role
 
 
+class ExpertMatrices(dict):
+    """One expert's tensors by role (role -> ``TensorInfo``), and for roles the blocks do
+    not only multiply as stored, ``forms``: role -> (use, transform). Such a role is
+    decoded to float32 ("array") and, when a transform is given, mapped by it on the host
+    once per read (a transpose of a (hidden, out) slice; a bias left unpacked)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.forms: dict[str, tuple[str, Callable | None]] = {}
+
+    def use_of(self, role: str) -> str:
+        return self.forms.get(role, ("linear", None))[0]
+
+    def transform_of(self, role: str) -> Callable | None:
+        return self.forms.get(role, ("linear", None))[1]
+
+
 @dataclass
 class ExpertDecl:
-    """The routed experts of one MoE layer, located on disk."""
+    """The routed experts of one MoE layer, located on disk. ``activation`` and
+    ``interleaved`` say how ``RoutedExperts`` computes them: plain SiLU-SwiGLU on
+    gate/up/down without biases goes through ``ops.routed_experts``; anything else
+    (biases, a fused ``gate_up`` role, another activation) through ``ops.routed_glu_experts``."""
 
     layer: int  # decoder layer index
     count: int
-    matrices: list[dict[str, TensorInfo]]  # per expert: role -> tensor
+    matrices: list[ExpertMatrices]  # per expert: role -> tensor
     moe_index: int = -1  # index among MoE layers, set when the store is built
+    activation: GatedActivation = field(default_factory=GatedActivation)
+    interleaved: bool = False  # a fused gate_up alternates gate and up rows
+
+    @property
+    def glu(self) -> bool:
+        """Whether these experts need ``routed_glu_experts``."""
+        return not self.activation.plain or set(self.matrices[0]) != {"gate", "up", "down"}
 
 
 @dataclass
@@ -87,10 +115,17 @@ class Weights:
         """The config file's path, for error messages of ModelArgs.from_dict and build_rope."""
         return str(self.checkpoint.model_dir / "config.json")
 
+    def stored_name(self, name: str) -> str:
+        """The checkpoint's name for the tensor a family asks for as ``name``: a packed
+        format may store it under another (compressed-tensors ``X.weight_packed`` for
+        ``X.weight``, gpt-oss's ``X_blocks`` for ``X``)."""
+        return self.resolver.stored_name(name) if self.resolver is not None else name
+
     def _lookup(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
-        if name not in self.checkpoint:
+        stored = self.stored_name(name)
+        if stored not in self.checkpoint:
             raise ModelFormatError(f"{self.checkpoint.model_dir}: missing tensor {name!r}")
-        info = self.checkpoint.info(name)
+        info = self.checkpoint.info(stored)
         if self.shape_of(info) != tuple(shape):
             raise ModelFormatError(
                 f"{info.path}: tensor {name!r} has shape {list(self.shape_of(info))}, but config.json implies {list(shape)}"
@@ -107,10 +142,17 @@ class Weights:
             raise ValueError(f"tensor {name!r} is declared with two different load transforms")
         return self.params[name]
 
-    def optional(self, name: str, shape: tuple[int, ...]) -> Param | None:
-        return self.param(name, shape) if name in self.checkpoint else None
+    def has(self, name: str) -> bool:
+        """Whether the checkpoint holds a tensor of this name (to choose between layouts),
+        under this name or the one a packed format stores it under (``stored_name``)."""
+        return self.stored_name(name) in self.checkpoint
 
-    def expert_layer(self, layer: int, count: int, matrices: dict[str, tuple]) -> ExpertDecl:
+    def optional(self, name: str, shape: tuple[int, ...]) -> Param | None:
+        return self.param(name, shape) if self.has(name) else None
+
+    def expert_layer(self, layer: int, count: int, matrices: dict[str, tuple], *,
+                     activation: GatedActivation | None = None, interleaved: bool = False,
+                     transforms: dict[str, Callable] | None = None) -> ExpertDecl:
         """Locate ``count`` experts of one layer. ``matrices`` maps a role to (name
         template with ``{e}`` for the expert index, expected shape of one expert's matrix).
 
@@ -118,8 +160,20 @@ class Weights:
         slice e is one contiguous byte range (the layout transformers 5 uses). A third
         item ``(part, parts)`` reads a fused tensor packing ``parts`` matrices along their
         first axis, (count, parts * shape[0], *shape[1:]): the role is part ``part`` of each
-        expert's slice (``gate_up_proj``: gate is part 0 of 2, up part 1)."""
-        per_expert: list[dict[str, TensorInfo]] = [dict() for _ in range(count)]
+        expert's slice (``gate_up_proj``: gate is part 0 of 2, up part 1).
+
+        Roles are ``gate``, ``up`` and ``down`` (out, in) or one fused ``gate_up`` (2 *
+        inter, in; with ``interleaved`` its rows alternate gate, up, ...: gpt-oss), plus
+        optional biases ``gate_bias``, ``up_bias`` / ``gate_up_bias``, ``down_bias`` (1-D).
+        ``transforms``: role -> a host function applied to the decoded float32 slice at
+        each read (e.g. ``numpy.transpose`` for a (in, out) layout); the shape given is the
+        stored slice's. Biases and transformed roles reach the backend as float32.
+        ``activation``: the experts' ``GatedActivation`` (default SiLU-SwiGLU)."""
+        transforms = dict(transforms or {})
+        unknown = set(transforms) - set(matrices)
+        if unknown:
+            raise ValueError(f"transforms for undeclared roles: {sorted(unknown)}")
+        per_expert: list[ExpertMatrices] = [ExpertMatrices() for _ in range(count)]
         for role, (template, shape, *packed) in matrices.items():
             part, parts = packed[0] if packed else (0, 1)
             if "{e}" in template:
@@ -132,10 +186,17 @@ class Weights:
                 stride = fused.nbytes // count
                 piece = stride // parts
                 suffix = f"[{part}/{parts}]" if parts > 1 else ""
+                # the slice as stored (a packed format's slice is packed too; its format
+                # finds the matching slice of its scales from the name)
+                stored_shape = (fused.shape[1] // parts, *fused.shape[2:])
                 for e in range(count):
-                    per_expert[e][role] = TensorInfo(f"{template}[{e}]{suffix}", fused.path, fused.dtype, tuple(shape),
+                    per_expert[e][role] = TensorInfo(f"{fused.name}[{e}]{suffix}", fused.path, fused.dtype, stored_shape,
                                                      fused.offset + e * stride + part * piece, piece)
-        decl = ExpertDecl(layer, count, per_expert)
+        for m in per_expert:
+            for role in m:
+                if role in transforms or role.endswith("_bias"):
+                    m.forms[role] = ("array", transforms.get(role))
+        decl = ExpertDecl(layer, count, per_expert, activation=activation or GatedActivation(), interleaved=interleaved)
         self.experts.append(decl)
         return decl
 
@@ -164,14 +225,14 @@ class Weights:
         ``prefix.{e}.{w1,w3,w2}.weight``), or fused as transformers 5 keeps
         them, ``prefix.gate_up_proj`` (count, 2 * inter, hidden; gate rows first) and
         ``prefix.down_proj`` (count, hidden, inter). Returns the ``RoutedExperts`` block."""
-        if f"{prefix}.gate_up_proj" not in self.checkpoint and f"{prefix}.0.w1.weight" in self.checkpoint:
+        if not self.has(f"{prefix}.gate_up_proj") and self.has(f"{prefix}.0.w1.weight"):
             # Mixtral's naming (Kimi Linear's checkpoints): w1 gate, w3 up, w2 down
             matrices = {
                 "gate": (f"{prefix}.{{e}}.w1.weight", (intermediate, hidden)),
                 "up": (f"{prefix}.{{e}}.w3.weight", (intermediate, hidden)),
                 "down": (f"{prefix}.{{e}}.w2.weight", (hidden, intermediate)),
             }
-        elif f"{prefix}.gate_up_proj" in self.checkpoint:
+        elif self.has(f"{prefix}.gate_up_proj"):
             matrices = {
                 "gate": (f"{prefix}.gate_up_proj", (intermediate, hidden), (0, 2)),
                 "up": (f"{prefix}.gate_up_proj", (intermediate, hidden), (1, 2)),

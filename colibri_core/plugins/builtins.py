@@ -20,6 +20,12 @@ def colibri_register_quants(register):
                        storage="U8 + <name>.qs BF16 (F32 read too)"))
     register(QuantSpec("mxfp4", "colibri_core.formats.integer:MXFP4", "e2m1 values, one UE8M0 exponent per 32 inputs "
                        "(colibri container)", storage="U8 + <name>.qs U8"))
+    register(QuantSpec("ct-int4-g32", "colibri_core.formats.compressed_tensors:CompressedTensorsInt4",
+                       "compressed-tensors pack-quantized int4, one scale per 32 inputs (Kimi K2.5 / K2-Thinking "
+                       "experts), read natively", storage="<name>_packed I32 + <name>_scale BF16 + <name>_shape"))
+    register(QuantSpec("mxfp4-hub", "colibri_core.formats.mxfp4_hub:MXFP4Hub",
+                       "MXFP4 as gpt-oss ships it (e2m1 pairs, one exponent per 32 inputs), read natively",
+                       storage="<name>_blocks U8 + <name>_scales U8"))
 
 
 @hookimpl

@@ -19,6 +19,9 @@ FAMILY_DISTRIBUTIONS: dict[str, str] = {
     "glm4_moe": "colibri-glm",
     "glm4_moe_lite": "colibri-glm",
     "glm_moe_dsa": "colibri-glm",
+    "inkling_text": "colibri-inkling",
+    "inkling_mm_model": "colibri-inkling",
+    "gpt_oss": "colibri-gpt-oss",
 }
 
 

@@ -32,7 +32,10 @@ backend arrays and Python numbers); embedding; linear / linears with biases for 
 handed over as the core hands them (``prepare_weight`` of the stored ``QuantTensor``
 when ``keeps_stored``, else of its float32 decode), against ``x @ dequantize(w).T``;
 norms; both RoPE layouts with a partial rotary part; attention with 1, 2 and 4 query
-heads per KV head, prefill and decode; sparse and latent (MLA) attention with DSA
+heads per KV head, prefill and decode; windowed attention (a sliding window, sink logits,
+and both reducing to attention); the clamped gated activation and the routed GLU experts
+(biases, split / fused / interleaved gate_up); attention with a relative bias by distance
+(shorter than the keys, optionally windowed; with a zero bias it is attention); sparse and latent (MLA) attention with DSA
 selections that causality partly masks; the MLA expansion and absorption and the
 identity that both forms attend alike; the DSA indexer's scores; top-k and both routers
 (ties go to the lower index); one expert and the routed experts of a layer (each expert
@@ -51,8 +54,9 @@ Tolerances, declared by the subclass as class attributes:
 - ``packed_tolerance``: the same, per packed kind, for products with packed weights
   (linear, linears, embedding, experts). The defaults allow what the CPU kernels do:
   int8 activations for int4 and int8 weights (q4 2e-2, q8 1e-4; measured 1.2e-2 and
-  2.7e-5), exact decodes with float32 products for mxfp4, fp8 and bf16 (1e-5; measured
-  6e-7).
+  2.7e-5; q4g32, compressed-tensors int4 in 32-input groups, 3e-2: measured 2.3e-2 on
+  the routed experts check), exact decodes with float32 products for mxfp4, mxfp4pair,
+  fp8 and bf16 (1e-5; measured 6e-7).
 
 A backend whose activations are float16 or bfloat16 (``activation_dtype``) is held to at
 least 2e-3 or 2e-2 whatever it declares. Integer results (indices, routing choices) must
@@ -67,17 +71,17 @@ import zlib
 import numpy as np
 import pytest
 
-from colibri_core.engine.backend import Backend
+from colibri_core.engine.backend import Backend, GatedActivation
 from colibri_core.engine.reference import ReferenceBackend
 from colibri_core.experts.tiers import ExpertWeights
-from colibri_core.formats.base import QuantTensor, f32_to_bf16
+from colibri_core.formats.base import QuantTensor, bf16_to_f32, f32_to_bf16
 from colibri_core.formats.fp8 import E4M3_TO_F32
-from colibri_core.formats.integer import MXFP4, Int4GS64, Int8Row
+from colibri_core.formats.integer import MXFP4, Int4GS64, Int8Row, nibble_codes
 from colibri_core.formats.reference import dequantize
 from colibri_core.io.container import SCALES_SUFFIX
 from colibri_core.nn.rope import build_rope
 
-PACKED_KINDS = ("q8", "q4", "mxfp4", "fp8", "bf16")
+PACKED_KINDS = ("q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair")
 WEIGHT_KINDS = ("f32",) + PACKED_KINDS  # "f32": a float32 array, never packed
 ROWS = (1, 3, 70)  # one token, a few, and past the CPU kernels' switch to BLAS at 64
 FP8_BLOCK = (32, 64)  # small blocks, so the test weights have several, some partial
@@ -105,9 +109,32 @@ def pack(kind: str, w: np.ndarray) -> QuantTensor:
         return QuantTensor("bf16", f32_to_bf16(w), None, (n, k))
     if kind == "fp8":
         return _fp8_blocks(w, FP8_BLOCK)
+    if kind in ("q4g32", "mxfp4pair"):
+        return _pair_packed(kind, w)
     fmt = {"q8": Int8Row, "q4": Int4GS64, "mxfp4": MXFP4}[kind]()
     tensors = fmt.encode("w", w)
     return QuantTensor(fmt.kernel, tensors["w"][1], tensors["w" + SCALES_SUFFIX][1], (n, k))
+
+
+def _pair_packed(kind: str, w: np.ndarray) -> QuantTensor:
+    """The checkpoint layouts with 32-input groups whose byte j holds inputs 2j (low
+    nibble) and 2j + 1 (high): q4g32 (compressed-tensors int4, (code - 8) * bfloat16
+    scale) and mxfp4pair (gpt-oss MXFP4), codes chosen as colibri's encoders choose them."""
+    n, k = w.shape
+    g = -(-k // 32)
+    if kind == "mxfp4pair":
+        tensors = MXFP4().encode("w", w)
+        codes, scales = nibble_codes(tensors["w"][1], g, 32), tensors["w" + SCALES_SUFFIX][1]
+    else:
+        padded = np.zeros((n, g * 32), dtype=np.float32)
+        padded[:, :k] = w
+        groups = padded.reshape(n, g, 32)
+        extreme = np.take_along_axis(groups, np.abs(groups).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+        scales = f32_to_bf16((extreme / -8.0).astype(np.float32))
+        s = bf16_to_f32(scales)[..., None]
+        codes = np.where(s != 0, np.clip(np.rint(groups / np.where(s != 0, s, 1)) + 8, 0, 15), 8).astype(np.uint8)
+    data = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8).reshape(n, g * 16)
+    return QuantTensor(kind, data, scales, (n, k))
 
 
 def _fp8_blocks(w: np.ndarray, block: tuple[int, int]) -> QuantTensor:
@@ -178,7 +205,8 @@ class BackendConformanceSuite:
     module docstring); pytest collects every check."""
 
     tolerance: float = 1e-5
-    packed_tolerance: dict[str, float] = {"q8": 1e-4, "q4": 2e-2, "mxfp4": 1e-5, "fp8": 1e-5, "bf16": 1e-5}
+    packed_tolerance: dict[str, float] = {"q8": 1e-4, "q4": 2e-2, "mxfp4": 1e-5, "fp8": 1e-5, "bf16": 1e-5,
+                                          "q4g32": 3e-2, "mxfp4pair": 1e-5}
 
     def make_backend(self) -> Backend:
         raise NotImplementedError("a BackendConformanceSuite subclass defines make_backend()")
@@ -395,6 +423,98 @@ class BackendConformanceSuite:
         got = backend.sparse_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3,
                                        backend.asarray(chosen, "int64"))
         self.check(backend, got, self.ref.sparse_attention(q, k, v, start, 0.3, chosen), "sparse_attention")
+
+    @pytest.mark.parametrize("window", [None, 3], ids=["unwindowed", "window3"])
+    @pytest.mark.parametrize("step", list(STEPS))
+    @pytest.mark.parametrize("group", [1, 4], ids=["mha", "gqa4"])
+    def test_attention_relative_bias(self, backend, group, step, window):
+        """A bias per query, head and distance (3 profiles mixed) over fewer distances (5)
+        than most of the keys, so that farther keys get none; with and without a window."""
+        rng, t, start, _, q, k, v = self._attention_inputs("relative bias", group, step)
+        rel, table = normal(rng, t, q.shape[1], 3), normal(rng, 3, 5, scale=2.0)
+        got = backend.attention_relative_bias(self.act(backend, q), self.cached(backend, k), self.cached(backend, v),
+                                              start, 0.3, self.act(backend, rel), backend.prepare_weight(table, "array"),
+                                              window)
+        want = self.ref.attention_relative_bias(q, k, v, start, 0.3, rel, table, window)
+        self.check(backend, got, want, f"attention_relative_bias, window {window}")
+
+    def test_attention_relative_bias_without_bias_or_window_is_attention(self, backend):
+        _, t, start, _, q, k, v = self._attention_inputs("relative bias zero", 2, "chunk")
+        rel, zero = normal(seeded("relative bias zero"), t, q.shape[1], 2), np.zeros((2, 3), np.float32)
+        got = backend.attention_relative_bias(self.act(backend, q), self.cached(backend, k), self.cached(backend, v),
+                                              start, 0.3, self.act(backend, rel), backend.prepare_weight(zero, "array"))
+        self.check(backend, got, self.ref.attention(q, k, v, start, 0.3), "attention_relative_bias with a zero bias")
+
+    @pytest.mark.parametrize("sinks", [False, True], ids=["nosinks", "sinks"])
+    @pytest.mark.parametrize("window", [None, 3], ids=["unwindowed", "window3"])
+    @pytest.mark.parametrize("step", list(STEPS))
+    @pytest.mark.parametrize("group", [1, 4], ids=["mha", "gqa4"])
+    def test_windowed_attention(self, backend, group, step, window, sinks):
+        """A sliding window (3, shorter than most keys) and sink logits per query head
+        (large enough to take much of the softmax)."""
+        rng, _, start, _, q, k, v = self._attention_inputs("windowed", group, step)
+        sink = normal(rng, q.shape[1], scale=2.0) if sinks else None
+        got = backend.windowed_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3,
+                                         window, None if sink is None else self.act(backend, sink))
+        want = self.ref.windowed_attention(q, k, v, start, 0.3, window, sink)
+        self.check(backend, got, want, f"windowed_attention, window {window}, sinks {sinks}")
+
+    def test_windowed_attention_reduces_to_attention(self, backend):
+        """No sinks and a window covering every key is attention; sinks of -1e30 weigh nothing."""
+        _, t, start, s, q, k, v = self._attention_inputs("windowed wide", 2, "chunk")
+        want = self.ref.attention(q, k, v, start, 0.3)
+        dev = self.act(backend, q), self.cached(backend, k), self.cached(backend, v)
+        self.check(backend, backend.windowed_attention(*dev, start, 0.3, s), want, "windowed_attention, window >= keys")
+        far = self.act(backend, np.full(q.shape[1], -1e30, np.float32))
+        self.check(backend, backend.windowed_attention(*dev, start, 0.3, None, far), want,
+                   "windowed_attention, sinks of -1e30")
+
+    # -- routed experts with biases, a fused gate_up and another activation (gpt-oss) ------------
+    CLAMPED = GatedActivation(alpha=1.702, limit=1.5, up_offset=1.0)
+
+    def test_gated_activation(self, backend):
+        rng = seeded("gated activation")
+        gate, up = normal(rng, 9, 40, scale=3.0), normal(rng, 9, 40, scale=3.0)  # many beyond the limit
+        got = backend.gated_activation(self.act(backend, gate), self.act(backend, up), self.CLAMPED)
+        self.check(backend, got, self.ref.gated_activation(gate, up, self.CLAMPED), "gated_activation (clamped)")
+        plain = backend.gated_activation(self.act(backend, gate), self.act(backend, up), GatedActivation())
+        self.check(backend, plain, self.ref.silu_mul(gate, up), "gated_activation() against silu_mul")
+
+    def _glu_expert(self, backend, kind, rng, layout, hidden=96, inter=24):
+        """(prepared, truth) expert weights of a layout: "split" (gate, up and their biases),
+        "fused" (gate_up, gate rows first) or "interleaved" (gate_up, rows alternating)."""
+        shapes = {"down": (hidden, inter)}
+        if layout == "split":
+            shapes.update(gate=(inter, hidden), up=(inter, hidden))
+        else:
+            shapes.update(gate_up=(2 * inter, hidden))
+        mats = {role: self.weight(backend, kind, shape, rng) for role, shape in shapes.items()}
+        prepared, truth = {r: m[0] for r, m in mats.items()}, {r: m[1] for r, m in mats.items()}
+        for role in [r for r in shapes if r != "down"] + ["down"]:
+            bias = normal(rng, shapes[role][0], scale=0.5)
+            prepared[f"{role}_bias"], truth[f"{role}_bias"] = backend.prepare_weight(bias, "array"), bias
+        return ExpertWeights(prepared, 0), truth
+
+    @pytest.mark.parametrize("layout", ["split", "fused", "interleaved"])
+    @pytest.mark.parametrize("tokens", (1, 5))
+    @pytest.mark.parametrize("kind", ("f32", "mxfp4"))
+    def test_routed_glu_experts(self, backend, kind, tokens, layout):
+        rng = seeded("routed glu", kind, tokens, layout)
+        n_experts, k = 6, 2
+        experts, truths = zip(*(self._glu_expert(backend, kind, rng, layout) for _ in range(n_experts)))
+        x = normal(rng, tokens, 96)
+        indices = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :k].astype(np.int64)
+        weights = rng.random((tokens, k)).astype(np.float32)
+        interleaved = layout == "interleaved"
+        want = self.ref.routed_glu_experts(x, indices, weights, lambda e: truths[e], self.CLAMPED, interleaved)
+        used = sorted(set(indices.ravel().tolist()))
+        for window in (1, 8):
+            fetch = _Fetcher(list(experts))
+            out = backend.routed_glu_experts(self.act(backend, x), indices, weights, fetch, self.CLAMPED, interleaved, window)
+            label = f"routed_glu_experts {kind}, {layout}, {tokens} tokens, window {window}"
+            assert fetch.order == used, f"{label}: fetched {fetch.order}; each expert once, ascending: {used}"
+            assert fetch.most_held <= window, f"{label}: held {fetch.most_held} fetched experts at once"
+            self.check(backend, out, want, label, kind)
 
     # -- MLA and DSA ---------------------------------------------------------------------------
     MLA = dict(h=4, nope=8, rope=4, v=6, rank=16)

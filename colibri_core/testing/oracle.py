@@ -370,6 +370,13 @@ def fuse_experts(src: Path, dst: Path) -> int:
 
 def _state_pairs(a, b, ops) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Host arrays of two per-layer states of the same kind, by name."""
+    if hasattr(a, "parts"):  # LayerStates: each part's, under its slot name
+        return {f"{slot}.{name}": pair for slot in a.parts
+                for name, pair in _state_pairs(a.parts[slot], b.parts[slot], ops).items()}
+    if hasattr(a, "window") and hasattr(a, "kept"):  # SlidingKVCache: the positions a later query still sees
+        n = min(a.kept, b.kept, a.window - 1)
+        return {"keys": (ops.to_host(a._k[:, a.kept - n : a.kept]), ops.to_host(b._k[:, b.kept - n : b.kept])),
+                "values": (ops.to_host(a._v[:, a.kept - n : a.kept]), ops.to_host(b._v[:, b.kept - n : b.kept]))}
     if hasattr(a, "arrays"):  # RecurrentState
         return {name: (ops.to_host(a[name]), ops.to_host(b[name])) for name in a.arrays}
     if hasattr(a, "_k"):  # KVCache

@@ -14,6 +14,11 @@
  *          byte j of group g holds input 32g+j (low nibble) and 32g+j+16 (high nibble)
  *   fp8    uint8 e4m3 [N, K], float32 scales [ceil(N/bm), ceil(K/bn)]  w = e4m3 * s[n/bm, k/bn]
  *   bf16   uint16 [N, K]                                                w = bf16
+ *   q4g32      uint8 [N, G*16], G = ceil(K/32), scales [N, G] (bf16 bits or float32)
+ *              w = (nibble - 8) * s; byte j of group g holds input 32g+2j (low nibble)
+ *              and 32g+2j+1 (high): compressed-tensors pack-quantized int4 read as bytes
+ *   mxfp4pair  uint8 [N, G*16], uint8 E8M0 exponents [N, G]            w = e2m1 * 2^(E-127)
+ *              with the same pair order (gpt-oss's *_blocks / *_scales)
  * Padding inputs of a last partial group are stored as zeros.
  *
  * weight(kind, data, scales, n, k[, bm, bn]) checks a packed weight once and returns its
@@ -69,14 +74,14 @@ static inline float e8m0_to_float(uint8_t e) {
 
 /* ---- a weight, and output rows [n0, n1) of x @ W^T for a few x rows ---- */
 
-enum { K_Q8, K_Q4, K_MXFP4, K_FP8, K_BF16, K_KINDS };
-static const char *KIND_NAMES[K_KINDS] = {"q8", "q4", "mxfp4", "fp8", "bf16"};
+enum { K_Q8, K_Q4, K_MXFP4, K_FP8, K_BF16, K_Q4G32, K_MXFP4P, K_KINDS };
+static const char *KIND_NAMES[K_KINDS] = {"q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair"};
 
 typedef struct {
     int kind;
     const void *data, *scales;
     int64_t N, K, bm, bn;
-    int bf16_scales;  /* q4: scales are bfloat16 bits (uint16), not float32 */
+    int bf16_scales;  /* q4, q4g32: scales are bfloat16 bits (uint16), not float32 */
 } Weight;
 
 #define MAX_Q4_GROUPS 2048  /* q4 rows with bf16 scales: at most this many groups (131072 inputs) */
@@ -163,6 +168,31 @@ CLONES static void rows_fp8(const Weight *W, const float *x, int64_t M, float *o
 
 /* e2m1 values times 2, as int8: the nibble indexes this table (sign bit = 8). */
 static const int8_t E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* The pair-order 4-bit kinds (q4g32, mxfp4pair): nibble -> int8 value, and the factor
+ * that makes it the weight together with the group's scale (e2m1 values are stored
+ * times 2). Group g's 16 bytes hold inputs 32g+2j (low nibble) and 32g+2j+1 (high). */
+static const int8_t Q4_MINUS8[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+static inline const int8_t *pair4_table(const Weight *W) { return W->kind == K_MXFP4P ? E2M1_X2 : Q4_MINUS8; }
+
+/* row n's group factors as float32 into buf (G floats): q4g32 its scales, mxfp4pair
+ * 2^(E-127) / 2 */
+static inline const float *pair4_row_scales(const Weight *W, int64_t n, int64_t G, float *buf) {
+    if (W->kind == K_Q4G32) return q4_row_scales(W, n, G, buf);
+    const uint8_t *e = (const uint8_t *)W->scales + n * G;
+    for (int64_t g = 0; g < G; g++) buf[g] = 0.5f * e8m0_to_float(e[g]);
+    return buf;
+}
+
+/* one pair-order group as float32 values (unscaled) */
+static inline void pair4_group(const int8_t *table, const uint8_t *b, float *dst) {
+    for (int j = 0; j < 16; j++) {
+        dst[2 * j] = (float)table[b[j] & 15];
+        dst[2 * j + 1] = (float)table[b[j] >> 4];
+    }
+}
+
 
 /* Decode one 32-input MXFP4 group (16 bytes) times ``scale`` into dst[0..31]. The AVX2
  * version looks the nibbles up with a byte shuffle, which compilers do not derive from C. */
@@ -277,9 +307,11 @@ typedef struct {
     int16_t *q16;    /* M x G*64: int16 form */
     float *scale16;  /* M x G */
     Scratch mem;     /* where the arrays above live */
+    int8_t *qp;      /* M x G*64: the int8 form in pair order, for q4g32 (scale and offset as q's): per
+                        64 inputs the even inputs of the first 32, of the second 32, then their odd inputs */
 } QuantX;
 
-enum { QX8 = 1, QX16 = 2 };  /* the forms a weight wants */
+enum { QX8 = 1, QX16 = 2, QX8P = 4 };  /* the forms a weight wants (QX8P goes with QX8) */
 
 static int use_vnni = 0;  /* AVX-512 VNNI int4 path, set at import */
 
@@ -290,10 +322,12 @@ static void quantx_free(QuantX *X) { scratch_put(&X->mem); }
 /* room for M rows of K activations in the given forms, in scratch slot ``slot`` (the
  * contents are undefined until quantize_rows or quantx_copy_row fill them) */
 static int quantx_alloc(int64_t M, int64_t K, int forms, int slot, QuantX *out) {
-    const size_t cells = (size_t)(M * groups64(K)), q8 = forms & QX8 ? cells * 72 : 0, q16 = forms & QX16 ? cells * 132 : 0;
+    const size_t cells = (size_t)(M * groups64(K)), q8 = forms & QX8 ? cells * 72 : 0, q16 = forms & QX16 ? cells * 132 : 0,
+                 q8p = forms & QX8P ? cells * 64 : 0;
     memset(out, 0, sizeof(*out));
-    char *p = scratch_get(slot, q8 + q16, &out->mem);  /* per group: 64 values + 2 floats (int8), 64 + 1 float (int16) */
+    char *p = scratch_get(slot, q8 + q16 + q8p, &out->mem);  /* per group: 64 values + 2 floats (int8), 64 + 1 float (int16) */
     if (p == NULL) return -1;
+    if (forms & QX8P) out->qp = (int8_t *)(p + q8 + q16);
     if (forms & QX16) {  /* the int16 values first: they need 2-byte alignment */
         out->q16 = (int16_t *)p; out->scale16 = (float *)(p + cells * 128);
         p += q16;
@@ -310,6 +344,7 @@ static QuantX quantx_at(const QuantX *X, int64_t row, int64_t K) {
     QuantX v = {X->q ? X->q + row * G * 64 : NULL, X->scale ? X->scale + row * G : NULL,
                 X->offset ? X->offset + row * G : NULL, X->q16 ? X->q16 + row * G * 64 : NULL,
                 X->scale16 ? X->scale16 + row * G : NULL};
+    v.qp = X->qp ? X->qp + row * G * 64 : NULL;
     return v;
 }
 
@@ -321,6 +356,7 @@ static void quantx_copy_row(const QuantX *X, int64_t from, QuantX *Y, int64_t to
         memcpy(Y->scale + to * G, X->scale + from * G, sizeof(float) * G);
         memcpy(Y->offset + to * G, X->offset + from * G, sizeof(float) * G);
     }
+    if (X->qp) memcpy(Y->qp + to * G * 64, X->qp + from * G * 64, (size_t)(G * 64));
     if (X->q16) {
         memcpy(Y->q16 + to * G * 64, X->q16 + from * G * 64, sizeof(int16_t) * G * 64);
         memcpy(Y->scale16 + to * G, X->scale16 + from * G, sizeof(float) * G);
@@ -348,6 +384,13 @@ static void quantize_rows(const float *x, int64_t r0, int64_t r1, int64_t K, Qua
                 for (int64_t j = width; j < 64; j++) qg[j] = 0;  /* the kernels read whole groups */
                 out->scale[m * G + g] = d;
                 out->offset[m * G + g] = 8.f * d * (float)total;
+                if (out->qp) {
+                    int8_t *pg = out->qp + (m * G + g) * 64;
+                    for (int j = 0; j < 16; j++) {
+                        pg[j] = qg[2 * j]; pg[16 + j] = qg[32 + 2 * j];
+                        pg[32 + j] = qg[2 * j + 1]; pg[48 + j] = qg[32 + 2 * j + 1];
+                    }
+                }
             }
             if (out->q16) {
                 const float inv = amax > 0.f ? 32767.f / amax : 0.f;
@@ -533,6 +576,99 @@ AVX2_FN static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, fl
     BY_ROWS(M, q4_rows_m, W, X, out, ld, n0, n1);
 }
 
+/* q4g32 times int8 activations (as q4), two 32-input groups per step: 32 bytes are
+ * the two groups' nibbles, each lane one group, low nibbles its even inputs and high
+ * nibbles its odd ones; the activations come in the matching pair order (QuantX.qp), so
+ * no shuffle is needed. The nibbles become int8 (code - 8) and the weight's sign moves
+ * onto the activations, so vpmaddubsw can take |w| as its unsigned operand (as
+ * llama.cpp does for Q4_0); each lane's sums then take its own group's scale. */
+AVX2_INLINE void pair4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t ld, int64_t n0, int64_t n1,
+                              const int M) {
+    const uint8_t *q = W->data; const int64_t K = W->K, G = (K + 31) / 32, G64 = groups64(K);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    float buf[MAX_Q4_GROUPS + 1];
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = q + n * G * 16;
+        const float *sc = pair4_row_scales(W, n, G, buf);
+        if (G & 1 && sc != buf) { memcpy(buf, sc, sizeof(float) * G); sc = buf; }
+        buf[G] = 0.f;  /* an odd group count: the missing second group's scale */
+        __m256 acc[MAX_ROWS][2];
+        for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        for (int64_t g2 = 0; g2 < G64; g2++) {
+            const __m256i v = 2 * g2 + 1 < G ? _mm256_loadu_si256((const __m256i *)(row + g2 * 32))
+                                             : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(row + g2 * 32)));
+            const __m256i we = _mm256_sub_epi8(_mm256_and_si256(v, low4), eight);
+            const __m256i wo = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), eight);
+            const __m256i ae = _mm256_abs_epi8(we), ao = _mm256_abs_epi8(wo);
+            const __m256 s2 = _mm256_set_m128(_mm_set1_ps(sc[2 * g2 + 1]), _mm_set1_ps(sc[2 * g2]));
+            for (int m = 0; m < M; m++) {
+                const int64_t cell = m * G64 + g2;
+                const int8_t *xq = X->qp + cell * 64;
+                const __m256i xe = _mm256_loadu_si256((const __m256i *)xq), xo = _mm256_loadu_si256((const __m256i *)(xq + 32));
+                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ae, _mm256_sign_epi8(xe, we)),
+                                                   _mm256_maddubs_epi16(ao, _mm256_sign_epi8(xo, wo)));
+                acc[m][g2 & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)),
+                                                 _mm256_mul_ps(s2, _mm256_set1_ps(X->scale[cell])), acc[m][g2 & 1]);
+            }
+        }
+        for (int m = 0; m < M; m++) out[m * ld + n] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
+    }
+}
+
+AVX2_FN static void rows_pair4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0,
+                                    int64_t n1) {
+    BY_ROWS(M, pair4_rows_m, W, X, out, ld, n0, n1);
+}
+
+/* mxfp4pair in float32 (the activations are not rounded: gpt-oss-style checkpoints then
+ * compute exactly the products transformers computes from the same blocks): the shuffle
+ * and unpack of the integer path give 32 int8 values (2 * e2m1) in input order, widened
+ * to float and scaled once per group for all x rows. A last partial group (K not a
+ * multiple of 32) takes the scalar path. */
+AVX2_INLINE void mxfp4p_rows_m(const Weight *W, const float *x, float *out, int64_t ld, int64_t n0, int64_t n1,
+                               const int M) {
+    const uint8_t *q = W->data; const int64_t K = W->K, G = (K + 31) / 32, Gw = K / 32;
+    const __m128i lut = _mm_loadu_si128((const __m128i *)E2M1_X2), low4 = _mm_set1_epi8(0x0F);
+    float buf[MAX_Q4_GROUPS];
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = q + n * G * 16;
+        const float *sc = pair4_row_scales(W, n, G, buf);
+        __m256 acc[MAX_ROWS][2];
+        for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < Gw; g++) {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(row + g * 16));
+            const __m128i even = _mm_shuffle_epi8(lut, _mm_and_si128(bytes, low4));
+            const __m128i odd = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
+            const __m128i a = _mm_unpacklo_epi8(even, odd), b = _mm_unpackhi_epi8(even, odd);
+            const __m256 s = _mm256_set1_ps(sc[g]);
+            const __m256 w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), s);
+            const __m256 w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), s);
+            const __m256 w2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+            const __m256 w3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), s);
+            for (int m = 0; m < M; m++) {
+                const float *xm = x + m * K + g * 32;
+                acc[m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xm), acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xm + 8), acc[m][1]);
+                acc[m][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xm + 16), acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xm + 24), acc[m][1]);
+            }
+        }
+        float tail[MAX_ROWS] = {0};
+        if (Gw < G) {
+            float tmp[32];
+            pair4_group(E2M1_X2, row + Gw * 16, tmp);
+            for (int m = 0; m < M; m++)
+                for (int64_t k = Gw * 32; k < K; k++) tail[m] += tmp[k - Gw * 32] * x[m * K + k];
+        }
+        for (int m = 0; m < M; m++) out[m * ld + n] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1])) + tail[m] * (Gw < G ? sc[Gw] : 0.f);
+    }
+}
+
+AVX2_FN static void rows_mxfp4p_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0,
+                                     int64_t n1) {
+    BY_ROWS(M, mxfp4p_rows_m, W, x, out, ld, n0, n1);
+}
+
 
 #define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"
 #define VNNI_INLINE __attribute__((target(VNNI_TARGET), always_inline)) static inline
@@ -611,6 +747,12 @@ static void rows_q4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out
 static void rows_q4_vnni(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
     (void)W; (void)X; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
 }
+static void rows_pair4_avx2(const Weight *W, const QuantX *X, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    (void)W; (void)X; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
+}
+static void rows_mxfp4p_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    (void)W; (void)x; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
+}
 static void rows_q8i_avx2(const Weight *W, const QuantX *X, const float *xf, int64_t M, float *out, int64_t ld, int64_t n0,
                           int64_t n1) {
     (void)W; (void)X; (void)xf; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
@@ -656,7 +798,24 @@ static void rows_mxfp4(const Weight *W, const float *x, int64_t M, float *out, i
     }
 }
 
-static const rows_fn ROWS[K_KINDS] = {rows_q8, rows_q4, rows_mxfp4, rows_fp8, rows_bf16};
+static void rows_pair4(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    const uint8_t *q = W->data; const int64_t K = W->K, G = (K + 31) / 32;
+    const int8_t *table = pair4_table(W);
+    float buf[MAX_Q4_GROUPS];
+    for (int64_t n = n0; n < n1; n++) {
+        const float *sc = pair4_row_scales(W, n, G, buf);
+        float acc[MAX_ROWS] = {0};
+        float tmp[32];
+        for (int64_t g = 0; g < G; g++) {
+            pair4_group(table, q + (n * G + g) * 16, tmp);
+            const int64_t base = g * 32, width = K - base < 32 ? K - base : 32;
+            for (int64_t m = 0; m < M; m++) acc[m] += dot_f32(tmp, x + m * K + base, width) * sc[g];
+        }
+        for (int64_t m = 0; m < M; m++) out[m * ld + n] = acc[m];
+    }
+}
+
+static const rows_fn ROWS[K_KINDS] = {rows_q8, rows_q4, rows_mxfp4, rows_fp8, rows_bf16, rows_pair4, rows_pair4};
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -683,12 +842,14 @@ static void weight_rows(const Weight *W, const float *x, const QuantX *qx, int64
     else if (W->kind == K_Q8 && qx != NULL && use_vnni) rows_q8i_vnni(W, qx, x, M, out, ld, n0, n1);
     else if (W->kind == K_Q8 && qx != NULL) rows_q8i_avx2(W, qx, x, M, out, ld, n0, n1);
     else if (W->kind == K_FP8 && use_avx2) rows_fp8_avx2(W, x, M, out, ld, n0, n1);
+    else if (W->kind == K_Q4G32 && qx != NULL) rows_pair4_avx2(W, qx, M, out, ld, n0, n1);
+    else if (W->kind == K_MXFP4P && use_avx2) rows_mxfp4p_avx2(W, x, M, out, ld, n0, n1);
     else ROWS[W->kind](W, x, M, out, ld, n0, n1);
 }
 
 static int wants_qx(const Weight *W) {
     if (!use_avx2) return 0;
-    return W->kind == K_Q4 ? QX8 : W->kind == K_Q8 ? QX16 : 0;
+    return W->kind == K_Q4 ? QX8 : W->kind == K_Q4G32 ? QX8 | QX8P : W->kind == K_Q8 ? QX16 : 0;
 }
 
 /* out_i = x @ W_i^T for several weights taking the same x (e.g. the q, k and v
@@ -950,6 +1111,20 @@ static void dq_mxfp4(const uint8_t *q, const uint8_t *e, float *w, int64_t N, in
         }
 }
 
+static void dq_pair4(const Weight *W, float *w) {
+    const uint8_t *q = W->data; const int64_t N = W->N, K = W->K, G = (K + 31) / 32;
+    const int8_t *table = pair4_table(W);
+    float buf[MAX_Q4_GROUPS], tmp[32];
+    for (int64_t n = 0; n < N; n++) {
+        const float *s = pair4_row_scales(W, n, G, buf);
+        for (int64_t g = 0; g < G; g++) {
+            pair4_group(table, q + (n * G + g) * 16, tmp);
+            const int64_t base = g * 32, width = K - base < 32 ? K - base : 32;
+            for (int64_t j = 0; j < width; j++) w[n * K + base + j] = tmp[j] * s[g];
+        }
+    }
+}
+
 CLONES static void dq_fp8(const uint8_t *q, const float *s, float *w, int64_t N, int64_t K, int64_t bm, int64_t bn) {
     const int64_t KB = (K + bn - 1) / bn;
     for (int64_t n = 0; n < N; n++)
@@ -1005,6 +1180,8 @@ static Py_ssize_t weight_bytes(int kind, int64_t N, int64_t K, int64_t bm, int64
     case K_Q4: { int64_t G = (K + 63) / 64; *scale_bytes = N * G * 4; return N * G * 32; }
     case K_MXFP4: { int64_t G = (K + 31) / 32; *scale_bytes = N * G; return N * G * 16; }
     case K_FP8: *scale_bytes = ((N + bm - 1) / bm) * ((K + bn - 1) / bn) * 4; return N * K;
+    case K_Q4G32: { int64_t G = (K + 31) / 32; *scale_bytes = N * G * 4; return N * G * 16; }
+    case K_MXFP4P: { int64_t G = (K + 31) / 32; *scale_bytes = N * G; return N * G * 16; }
     default: *scale_bytes = 0; return N * K * 2;
     }
 }
@@ -1019,17 +1196,23 @@ static int parse_weight(const char *kind_name, PyObject *data, PyObject *scales,
     Py_ssize_t sbytes, wbytes = weight_bytes(W->kind, n, k, bm, bn, &sbytes);
     if (get_buf(data, &bufs[0], 0, wbytes, "weight")) return -1;
     W->bf16_scales = 0;
-    if (W->kind == K_Q4) {
+    if (W->kind == K_MXFP4P && (k + 31) / 32 > MAX_Q4_GROUPS) {
+        PyErr_Format(PyExc_ValueError, "mxfp4pair rows take at most %d inputs", MAX_Q4_GROUPS * 32);
+        return -1;
+    }
+    if (W->kind == K_Q4 || W->kind == K_Q4G32) {
+        const int64_t group = W->kind == K_Q4 ? 64 : 32;
         if (PyObject_GetBuffer(scales, &bufs[1].b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return -1;
         bufs[1].held = 1;
         W->bf16_scales = format_is(&bufs[1].b, 'H');
         if (!W->bf16_scales && !format_is(&bufs[1].b, 'f')) {
-            PyErr_SetString(PyExc_ValueError, "q4 scales must be float32 or bfloat16 bits (uint16)");
+            PyErr_Format(PyExc_ValueError, "%s scales must be float32 or bfloat16 bits (uint16)", kind_name);
             return -1;
         }
         if (W->bf16_scales) sbytes /= 2;
-        if (W->bf16_scales && (k + 63) / 64 > MAX_Q4_GROUPS) {
-            PyErr_Format(PyExc_ValueError, "q4 rows with bfloat16 scales take at most %d inputs", MAX_Q4_GROUPS * 64);
+        if ((W->bf16_scales || W->kind == K_Q4G32) && (k + group - 1) / group > MAX_Q4_GROUPS) {
+            PyErr_Format(PyExc_ValueError, "%s rows with bfloat16 scales take at most %lld inputs", kind_name,
+                         (long long)(MAX_Q4_GROUPS * group));
             return -1;
         }
         if (bufs[1].b.len < sbytes) {
@@ -1338,6 +1521,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     case K_Q4: dq_q4(&W, out); break;
     case K_MXFP4: dq_mxfp4(W.data, W.scales, out, n, k); break;
     case K_FP8: dq_fp8(W.data, W.scales, out, n, k, bm, bn); break;
+    case K_Q4G32: case K_MXFP4P: dq_pair4(&W, out); break;
     default: dq_bf16(W.data, out, n, k);
     }
     Py_END_ALLOW_THREADS

@@ -1,6 +1,7 @@
 """The CPU backend: numpy float32 activations, BLAS matmuls for float32 weights, and
 colibri's compiled kernels (``colibri_core.backends.cpu._kernels``) for weights kept in a packed form
-(int8, int4, MXFP4, fp8, bf16). Without the compiled kernels every weight is decoded to
+(int8, int4, MXFP4, fp8, bf16, and the
+compressed-tensors int4 and gpt-oss MXFP4 layouts as checkpoints store them). Without the compiled kernels every weight is decoded to
 float32 at load and the backend is pure numpy."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ try:
 except ImportError:  # built without a C compiler: pure numpy
     _kernels = None
 
-KERNEL_KINDS = frozenset({"q8", "q4", "mxfp4", "fp8", "bf16"})
+KERNEL_KINDS = frozenset({"q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair"})
 DEQUANT_ROWS = 512  # prefill dequantises this many weight rows at a time into a reused buffer
 KERNEL_ROW_LIMIT = 64  # up to this many activation rows, the kernels take them a few at a time:
 # passes over the packed weight are cheaper than dequantising it for BLAS

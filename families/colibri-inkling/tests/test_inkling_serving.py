@@ -1,0 +1,94 @@
+"""Inkling in the batched serving engine: the short convolutions' states and the KV
+caches (bounded ones on sliding layers) are per sequence, so a request's tokens among
+others equal its tokens alone and Model.generate's; with only full-attention layers the
+conv states are snapshotted at chunk boundaries and prefix reuse gives cold tokens."""
+
+import numpy as np
+
+import colibri_core
+from colibri_core.engine import generation
+from colibri_core.engine.batching import RowInvariantOps
+from colibri_core.engine.scheduler import Request, Scheduler
+from colibri_core.testing.oracle import OracleCase, oracle_fixture
+
+import test_inkling_oracle as suites
+from test_inkling_oracle import VOCAB, inkling, prompt
+
+FULL_ONLY = OracleCase(inkling(num_hidden_layers=2, layer_types=["hybrid", "hybrid"], log_scaling_n_floor=2), seed=5)
+
+
+def run_all(sched, reqs):
+    handles = [sched.submit(r) for r in reqs]
+    for h in handles:
+        assert h.wait(120)
+    return handles
+
+
+def test_tokens_among_others_equal_tokens_alone_and_model_generate(tmp_path_factory):
+    fx = suites.TestInklingOracle.oracle("hybrid", tmp_path_factory)
+    with colibri_core.load(fx.path, history=False) as model:
+        ps = [list(prompt(n, step=s)) for n, s in ((9, 5), (3, 7), (14, 3), (6, 11))]
+        lengths = [10, 4, 7, 12]
+        expected = [model.generate(token_ids=p, max_tokens=n, ignore_eos=True).token_ids for p, n in zip(ps, lengths)]
+        with Scheduler(model, slots=4) as busy:
+            handles = run_all(busy, [Request(p, n) for p, n in zip(ps, lengths)])
+            assert busy.stats()["steps"] < sum(lengths)  # decode steps really carried several sequences
+    assert [h.token_ids for h in handles] == expected
+
+
+def test_a_batched_step_gives_each_row_the_bits_of_a_one_row_step(tmp_path_factory):
+    fx = suites.TestInklingOracle.oracle("hybrid", tmp_path_factory)
+    with colibri_core.load(fx.path, history=False) as model:
+        lm, ops = model.lm, model.backend
+        alone, batched = [], []
+        for n in (4, 9, 13):
+            for caches in (alone, batched):
+                cache = lm.new_cache(ops)
+                lm.forward(np.asarray(prompt(n)), cache, ops)
+                caches.append(cache)
+        feed = [(np.asarray([t]), c) for t, c in zip((10, 20, 30), batched)]
+        for _ in range(3):
+            rows = lm.forward_batch(feed, RowInvariantOps(ops))
+            for (ids, _), cache, row in zip(feed, alone, rows):
+                assert np.array_equal(lm.forward(ids, cache, ops), row)
+            feed = [(np.asarray([int(np.argmax(r))]), c) for r, (_, c) in zip(rows, feed)]
+
+
+def test_prefix_reuse_resumes_the_conv_states_from_snapshots(tmp_path_factory, monkeypatch):
+    root = tmp_path_factory.getbasetemp() / "oracles"
+    root.mkdir(exist_ok=True)
+    fx = oracle_fixture("InklingServing", "full-only", FULL_ONLY, "InklingForCausalLM", root)
+    with colibri_core.load(fx.path, history=False) as model:
+        lm, ops = model.lm, model.backend
+        assert lm.new_cache(ops).reusable()
+        # a prefix copied from a snapshot resumes exactly where a cold prefill would be
+        ids = np.asarray(prompt(20))
+        source, cold, resumed = lm.new_cache(ops), lm.new_cache(ops), lm.new_cache(ops)
+        lm.forward(ids[:12], source, ops)
+        snapshot = source.snapshot()
+        lm.forward(ids[12:16], source, ops)  # the source moves on: its conv states are replaced
+        source.copy_prefix(resumed, 12, snapshot)
+        lm.forward(ids[:12], cold, ops)
+        assert np.array_equal(lm.forward(ids[12:], resumed, ops, all_logits=True),
+                              lm.forward(ids[12:], cold, ops, all_logits=True))
+        first = [(3 + 7 * i) % VOCAB for i in range(13)]
+        with Scheduler(model, prefill_chunk=4) as sched:
+            turn1 = run_all(sched, [Request(first, 6)])[0]
+            second = first + turn1.token_ids + [9, 8, 7]
+            turn2 = run_all(sched, [Request(second, 8)])[0]
+            assert turn2.usage["cached_tokens"] == 12
+        with Scheduler(model, prefill_chunk=4, prefix_reuse=False) as cold:
+            cold2 = run_all(cold, [Request(second, 8)])[0]
+            assert cold2.usage["cached_tokens"] == 0
+        monkeypatch.setattr(generation, "PREFILL_CHUNK", 4)
+        expected = model.generate(token_ids=second, max_tokens=8, ignore_eos=True).token_ids
+    assert turn2.token_ids == cold2.token_ids == expected
+
+
+def test_sliding_layers_leave_prefix_reuse_off(tmp_path_factory):
+    fx = suites.TestInklingOracle.oracle("hybrid", tmp_path_factory)
+    with colibri_core.load(fx.path, history=False) as model:
+        assert not model.lm.new_cache(model.backend).reusable()  # a sliding cache has dropped its early positions
+        with Scheduler(model, prefill_chunk=4) as sched:
+            a, b = run_all(sched, [Request(list(prompt(13)), 3), Request(list(prompt(13)) + [1, 2], 3)])
+            assert b.usage["cached_tokens"] == 0

@@ -1,0 +1,22 @@
+"""colibri-gpt-oss: OpenAI's gpt-oss (Hugging Face model_type ``gpt_oss``).
+
+Imports only colibri_core's light modules: the architecture loads when a model runs.
+"""
+
+from colibri_core import hookimpl
+from colibri_core.plugins.registry import FamilySpec
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def colibri_register_families(register):
+    register(
+        FamilySpec(
+            name="gpt_oss",
+            model_types=("gpt_oss",),
+            architectures=("GptOssForCausalLM",),
+            impl="colibri_gpt_oss.model:GptOss",
+            description="gpt-oss: sliding and full attention with learned sinks, biased router and experts, clamped SwiGLU",
+        )
+    )
