@@ -118,6 +118,14 @@ class SlidingKVCache:
         return min(tokens, self.window) * self.bytes_per_token()
 
 
+def attention_cache(backend, n_kv_heads: int, k_dim: int, v_dim: int, max_len: int, window: int | None = None):
+    """An attention layer's KV cache: a ``SlidingKVCache`` when its ``window`` is shorter
+    than the context, else a ``KVCache`` for the whole context."""
+    if window is not None and window < max_len:
+        return SlidingKVCache(backend, n_kv_heads, k_dim, v_dim, window)
+    return KVCache(backend, n_kv_heads, k_dim, v_dim, max_len)
+
+
 class RecurrentState:
     """The fixed-size state of one recurrent layer: named arrays (e.g. a convolution's
     last inputs and a recurrent matrix per head), zeros at the start of a sequence and

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from colibri_core.nn.cache import Cache, KVCache, LayerStates, SlidingKVCache
+from colibri_core.nn.cache import Cache, KVCache, LayerStates, SlidingKVCache, attention_cache
 from colibri_core.nn.rope import RoPE
 
 if TYPE_CHECKING:  # annotations only: weights.py builds these blocks, so it imports this module
@@ -141,9 +141,7 @@ class Attention:
         self.window, self.sinks = window, sinks
 
     def new_state(self, backend, max_len: int) -> KVCache | SlidingKVCache:
-        if self.window is not None and self.window < max_len:
-            return SlidingKVCache(backend, self.n_kv_heads, self.head_dim, self.head_dim, self.window)
-        return KVCache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len)
+        return attention_cache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len, self.window)
 
     def __call__(self, x, step: Step):
         ops = step.ops

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.nn.cache import KVCache, SlidingKVCache
+from colibri_core.nn.cache import SlidingKVCache, attention_cache
 from colibri_core.nn.layers import Linear, RMSNorm, Step
 from colibri_core.nn.shortconv import ShortConv
 from colibri_core.nn.weights import Param
@@ -43,11 +43,7 @@ class RelativeBiasAttention:
         self.window, self.log_scaling = window, log_scaling
 
     def state_slots(self, backend, max_len: int) -> dict:
-        if self.window is not None and self.window < max_len:
-            kv = SlidingKVCache(backend, self.n_kv_heads, self.head_dim, self.head_dim, self.window)
-        else:
-            kv = KVCache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len)
-        slots = {"kv": kv}
+        slots = {"kv": attention_cache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len, self.window)}
         for conv in (self.k_conv, self.v_conv):
             if conv is not None:
                 slots.update(conv.state_slots(backend, max_len))
