@@ -119,16 +119,18 @@ def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int)
     t0 = time.perf_counter()
     llm.eval(ids)
     prefill_s = time.perf_counter() - t0
-    times = []
+    times, generated = [], []
     for _ in range(tokens):
         token = sampler(np.asarray(llm.scores[llm.n_tokens - 1]))  # temperature 1, as the colibri runs
         times.append(time.perf_counter())
+        generated.append(int(token))
         if len(times) == tokens:
             break
         llm.eval([token])
     decode = (len(times) - 1) / (times[-1] - times[0])
     return {"engine": "llama.cpp", "load_s": load_s, "prefill_s": prefill_s, "decode_tok_s": decode,
-            "disk_read_bytes": _io_read_bytes() - before, "peak_rss_bytes": _peak_rss()}
+            "disk_read_bytes": _io_read_bytes() - before, "peak_rss_bytes": _peak_rss(),
+            "distinct_tokens": len(set(generated))}
 
 
 def cmd_run(a) -> None:

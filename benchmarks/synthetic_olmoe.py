@@ -8,6 +8,13 @@ share few experts). ``--skew S`` adds a per-expert bias of -S * log(rank) throug
 direction all embeddings share, so some experts are hot (Zipf-like popularity, S=1
 being Zipf's law) — what makes a routing history and a pinned set worth having.
 
+``--residual-mix M`` sets how much each layer's output (attention's o_proj, the experts'
+down_proj: weights N(0, (M / sqrt(fan-in))^2)) changes the residual stream, and so how
+predictable the next MoE layer's routing is from the hidden state before it (what
+``--prefetch`` predicts from). The default 0.02 leaves the embedding dominant: prefetch
+precision ~99%; trained MoEs are nearer 75-80%. ``benchmarks/prefetch_calibrate.py``
+measures precision and recall on a written checkpoint, to choose M for a target.
+
 Shards are written one at a time (memory bounded by one shard), bf16, with an index.
 
     python benchmarks/synthetic_olmoe.py --out /data/olmoe-syn --layers 12 --hidden 1024 \\
@@ -83,8 +90,9 @@ class Generator:
                 router += (bias / along).astype(np.float32)[:, None] * self.common[None, :]
             return router
         if "o_proj" in name or "down_proj" in name:
-            # small writes into the residual stream keep each token's embedding dominant
-            return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02 / np.sqrt(shape[1]))
+            # small writes into the residual stream keep each token's embedding dominant (and
+            # the next layer's routing predictable); --residual-mix makes them larger
+            return rng.standard_normal(shape, dtype=np.float32) * np.float32(a.residual_mix / np.sqrt(shape[1]))
         return rng.standard_normal(shape, dtype=np.float32) * np.float32(1 / np.sqrt(shape[1]))
 
 
@@ -100,9 +108,14 @@ def main(argv=None):
     parser.add_argument("--intermediate", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--skew", type=float, default=0.0, help="Zipf exponent of expert popularity (0: none)")
+    parser.add_argument("--residual-mix", type=float, default=0.02,
+                        help="scale of each layer's writes into the residual stream (larger: next-layer routing "
+                             "less predictable; see benchmarks/prefetch_calibrate.py)")
     parser.add_argument("--shard-gb", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     a = parser.parse_args(argv)
+    if not a.residual_mix > 0:
+        parser.error(f"--residual-mix must be above 0, got {a.residual_mix}")
     if a.full_size:
         for k, v in FULL_SIZE.items():
             setattr(a, k, v)
@@ -144,7 +157,7 @@ def main(argv=None):
         "norm_topk_prob": False, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "hidden_act": "silu",
         "tie_word_embeddings": False, "eos_token_id": None, "torch_dtype": "bfloat16",
-        "colibri_synthetic": {"skew": a.skew, "seed": a.seed},
+        "colibri_synthetic": {"skew": a.skew, "seed": a.seed, "residual_mix": a.residual_mix},
     }
     (a.out / "config.json").write_text(json.dumps(config, indent=2))
     print(f"{a.out}: {written / 1e9:.2f} GB in {index} shards (estimated {n_shards_est})", file=sys.stderr)

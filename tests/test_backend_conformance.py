@@ -141,8 +141,8 @@ class OneSidedClamps(ReferenceBackend):  # gate unclamped, up clamped above only
 
 
 class DownBiasDropped(ReferenceBackend):
-    def glu_expert(self, x, w, act, interleaved=False):
-        return super().glu_expert(x, {r: a for r, a in w.arrays.items() if r != "down_bias"}, act, interleaved)
+    def glu_expert(self, x, w, act):
+        return super().glu_expert(x, {r: a for r, a in w.arrays.items() if r != "down_bias"}, act)
 
 
 class Kit(BackendConformanceSuite):  # not collected: the checks are called directly below
@@ -161,7 +161,7 @@ class Kit(BackendConformanceSuite):  # not collected: the checks are called dire
     (WindowOneWider, "test_windowed_attention", {"group": 1, "step": "prefill", "window": 3, "sinks": False},
      "windowed_attention"),
     (OneSidedClamps, "test_gated_activation", {}, "gated_activation"),
-    (DownBiasDropped, "test_routed_glu_experts", {"kind": "f32", "tokens": 5, "layout": "interleaved"},
+    (DownBiasDropped, "test_routed_glu_experts", {"kind": "f32", "tokens": 5, "layout": "fused"},
      "routed_glu_experts"),
     (BiasProfileReversed, "test_attention_relative_bias", {"group": 1, "step": "chunk", "window": None},
      "attention_relative_bias"),

@@ -1,7 +1,8 @@
 """Real models on "boxed", the backend that offers the contract and nothing more
 (``boxed_backend.py``): OLMoE (attention + softmax router), a Qwen3-Next hybrid (Gated
-DeltaNet + gated attention + shared experts) and DeepSeek-V3.2 (MLA + DSA + the
-grouped sigmoid router) give transformers' tokens through every test of their family's
+DeltaNet + gated attention + shared experts), DeepSeek-V3.2 (MLA + DSA + the grouped
+sigmoid router) and DeepSeek-V4 (hyper-connections, window and compressed attention with
+sinks, hash routing) give transformers' tokens through every test of their family's
 oracle suite. That the core runs on these boxes proves it uses only the contract.
 
 Each suite is its family's own, restricted to one case and to the boxed backend.
@@ -23,6 +24,7 @@ for family in ("colibri-olmoe", "colibri-qwen", "colibri-deepseek"):
 
 pytest.importorskip("transformers")
 import test_deepseek_v32_oracle as deepseek  # noqa: E402
+import test_deepseek_v4_oracle as deepseek_v4  # noqa: E402
 import test_olmoe_oracle as olmoe  # noqa: E402
 import test_qwen_oracle as qwen  # noqa: E402
 
@@ -45,3 +47,5 @@ TestOlmoeOnBoxed = on_boxed(olmoe.TestOlmoeOracle, "sharded_gqa_norm_topk")
 TestQwen3NextOnBoxed = on_boxed(qwen.TestQwen3NextOracle, "hybrid_dense_layer")
 # each query sees only its 4 best keys; sigmoid router with a correction bias
 TestDeepseekV32OnBoxed = on_boxed(deepseek.TestDeepseekV32Oracle, "sparse_top4")
+# hyper-connections, window + CSA + HCA attention with sinks, hash and sqrt-softplus routers
+TestDeepseekV4OnBoxed = on_boxed(deepseek_v4.TestDeepseekV4Oracle, "mixed")

@@ -216,3 +216,35 @@ def test_convert_writes_an_integrity_manifest_of_what_it_wrote(source, tmp_path)
     shard.write_bytes(bytes(raw))
     with Checkpoint(out) as checkpoint:
         assert len(integrity.mismatches(checkpoint, integrity.Manifest.read(checkpoint))) == 1
+
+
+@pytest.mark.parametrize("experts", ["int4", "int8", "mxfp4", "f32"])
+def test_fused_experts_convert_as_the_same_experts_stored_apart(source, tmp_path, experts):
+    """Experts stored fused ((experts, 2 * inter, hidden) gate_up and (experts, hidden,
+    inter) down, as transformers 5 and some published checkpoints keep them) convert one
+    expert at a time into fused tensors of the target format: the model computes exactly
+    what the same experts stored one tensor per expert compute after converting them, and
+    each expert's slice is read on its own (one cached expert per layer)."""
+    from colibri_core.testing.oracle import fuse_experts
+
+    fused = tmp_path / "fused"
+    assert fuse_experts(source, fused) == SPEC.num_hidden_layers
+    apart, together = tmp_path / "apart", tmp_path / "together"
+    convert(source, apart, experts=experts)
+    result = convert(fused, together, experts=experts)
+    assert result.tensors_converted == 2 * SPEC.num_hidden_layers
+    stamped = {}
+    for shard in together.glob("*.safetensors"):
+        stamped.update(json.loads(SafetensorsFile(shard).metadata.get("colibri.tensors", "{}")))
+    fmt = {"int4": "int4-gs64", "int8": "int8-row", "mxfp4": "mxfp4"}.get(experts)
+    if fmt:
+        h, i, n = SPEC.hidden_size, SPEC.intermediate_size, SPEC.num_experts
+        assert stamped["model.layers.1.mlp.experts.gate_up_proj"] == {"fmt": fmt, "shape": [n, 2 * i, h]}
+        assert stamped["model.layers.1.mlp.experts.down_proj"] == {"fmt": fmt, "shape": [n, h, i]}
+    runs = []
+    for path in (apart, together):
+        with colibri_core.load(path, cap=1, history=False) as model:
+            runs.append(model.generate("Once upon a time", max_tokens=8, ignore_eos=True, return_logits=True))
+    assert runs[0].token_ids == runs[1].token_ids
+    assert all((a == b).all() for a, b in zip(runs[0].logits, runs[1].logits))
+

@@ -107,6 +107,34 @@ def test_the_cpu_kernel_computes_with_the_packed_bytes(tmp_path, m):
     assert np.abs(cpu.linear(x, packed) - want).max() <= 1e-5 * np.abs(want).max()  # float32 products: no rounding
 
 
+@pytest.mark.parametrize("k", [100, 160, 4144])
+def test_the_cpu_kernel_computes_partial_groups_long_rows_and_extreme_exponents(k):
+    """Rows longer than one of the AVX-512 path's K chunks, a partial last group, and
+    exponents outside the range where the scale is added to the table's exponent bits
+    (those rows multiply instead); each row is compared at its own magnitude."""
+    from colibri_core.backends.cpu import _kernels
+
+    n, g = 19, -(-k // 32)
+    rng = np.random.default_rng(k)
+    codes = rng.integers(0, 16, (n, g * 32)).astype(np.uint8)
+    codes[:, k:] = 0  # padding inputs of the last group are stored as zeros
+    exponents = rng.integers(110, 140, (n, g)).astype(np.uint8)
+    exponents[1, 0], exponents[2, -1], exponents[3, g // 2], exponents[5] = 0, 1, 2, 200
+    codes[4], codes[4, 0], exponents[4, 0] = 0, 7, 252  # 6 * 2^125: the largest the exponent add takes
+    magnitude = np.array(E2M1, np.float64)[codes & 7] * np.where(codes & 8, -1.0, 1.0)
+    weight = (magnitude * np.repeat(2.0 ** (exponents.astype(np.float64) - 127), 32, axis=1))[:, :k]
+    blocks = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    w = _kernels.weight("mxfp4pair", blocks, exponents, n, k)
+    for m in (1, 2, 3, 5, 8, 9):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[:, 0] = 0.25  # row 4's product stays finite
+        out = np.empty((m, n), np.float32)
+        _kernels.matmul(x, w, out)
+        want = x.astype(np.float64) @ weight.T
+        scale = np.abs(x).astype(np.float64) @ np.abs(weight).T  # each row's own magnitude
+        assert (np.abs(out - want) <= 1e-6 * scale).all(), (m, np.abs(out - want).max())
+
+
 def bad_cases():
     blocks, scales, _ = example((2, 8, 64))
     yield "missing scales", {NAME + "_blocks": blocks}, QC, NAME + "_scales"
@@ -133,14 +161,18 @@ def test_blocks_without_an_mxfp4_config_are_not_claimed(tmp_path):
             resolver.format_for(ck.info(NAME + "_blocks"))
 
 
-def test_the_portable_kernel_path_passes_the_kernel_tests_too():
-    """This machine's best path ran above; the portable C loops run here in a child
-    process held to them (COLIBRI_KERNEL_PATH)."""
+@pytest.mark.parametrize("level", ["avx2", "portable"])
+def test_the_lower_kernel_paths_pass_the_kernel_tests_too(level):
+    """This machine's best path ran above (AVX-512 where it has VBMI); the AVX2 and
+    portable paths run here in child processes held to them (COLIBRI_KERNEL_PATH)."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "COLIBRI_KERNEL_PATH": "portable"}
+    env = {**os.environ, "COLIBRI_KERNEL_PATH": level}
+    probe = subprocess.run([sys.executable, "-c", "from colibri_core.backends.cpu import _kernels; print(_kernels.MXFP4PAIR_PATH)"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == ("float" if level == "portable" else "avx2")
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
                           "kernel_computes"], env=env, capture_output=True, text=True)
-    assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.returncode == 0 and "6 passed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]

@@ -43,7 +43,8 @@ def time_dispatch(n: int = 2000) -> None:
     ctx = backend.ctx
     x, y = backend.asarray(np.ones(16, np.float32)), backend.asarray(np.ones(16, np.float32))
     out = backend._new((16,))
-    push = device.pack("iiif6i6i6i6iiii", 16, 1, 1, 0.0, 16, *[0] * 5, 1, *[0] * 5, 1, *[0] * 5, 1, *[0] * 5, 0, 0, 0)
+    push = device.pack("iifff6i6i6i6iiii", 16, 1 | (1 << 8), 0.0, 0.0, 0.0,  # n, op "+" on 1 dimension, scalars
+                       16, *[0] * 5, 1, *[0] * 5, 1, *[0] * 5, 1, *[0] * 5, 0, 0, 0)
     buffers = [out.alloc, x.alloc, y.alloc]
     backend.to_host(backend._eltwise(ELTWISE["+"], out, x, y))
     cached = device.CACHED_SETS

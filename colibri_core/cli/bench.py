@@ -129,6 +129,49 @@ def _peak_rss() -> int:
     return 0
 
 
+def measured_generation(model, ids: list[int], tokens: int, *, temperature: float = 0.0, seed: int = 0):
+    """Generate ``tokens`` after ``ids`` (eos ignored) and measure what the decode alone did:
+    (result, measures). The store's counters and the routing history are read when the
+    first token is sampled and at the end, so the prompt's prefill (one batch, whose
+    prediction the ``slots`` bound cuts short) is left out of
+
+    - ``decode_prefetch_precision`` / ``decode_prefetch_recall``: predicted experts that
+      the next layer used / predicted, used experts that were predicted (None without
+      prefetch or without a decode step);
+    - ``expert_coverage``: per MoE layer, distinct experts the generated tokens were routed
+      to / experts (None without a routing history), with its mean and minimum: a workload
+      that loops over a few tokens touches few experts and flatters every cache;
+    - ``distinct_tokens``: distinct token ids generated."""
+    store = model.store
+    history = store.history if store is not None else None
+    generation = model.stream(token_ids=ids, max_tokens=tokens, ignore_eos=True, temperature=temperature, seed=seed)
+    at_first = session_first = None
+    for _ in generation:
+        if at_first is None:
+            at_first = store.stats.snapshot() if store is not None else {}
+            session_first = history.session.copy() if history is not None else None
+    result = generation.result()
+    measures = {"distinct_tokens": len(set(result.token_ids)), "decode_prefetch_precision": None,
+                "decode_prefetch_recall": None, "expert_coverage": None, "expert_coverage_mean": None,
+                "expert_coverage_min": None}
+    if store is not None and at_first is not None:
+        end = store.stats.snapshot()
+        predicted = end["predicted"] - at_first["predicted"]
+        used = end["used"] - at_first["used"]
+        hit = end["predicted_used"] - at_first["predicted_used"]
+        if predicted:
+            measures["decode_prefetch_precision"] = hit / predicted
+        if used:
+            measures["decode_prefetch_recall"] = hit / used
+    if history is not None and session_first is not None and len(result.token_ids) > 1:
+        touched = (history.session - session_first) > 0  # the last token is sampled, never run
+        coverage = touched.sum(axis=1) / touched.shape[1]
+        measures["expert_coverage"] = [round(float(c), 4) for c in coverage]
+        measures["expert_coverage_mean"] = float(coverage.mean())
+        measures["expert_coverage_min"] = float(coverage.min())
+    return result, measures
+
+
 def _child_colibri(spec: dict) -> dict:
     import colibri_core
 
@@ -138,15 +181,18 @@ def _child_colibri(spec: dict) -> dict:
         load_s = time.perf_counter() - started
         ids = prompt_ids(model.lm.vocab_size, spec["prompt_tokens"], spec.get("seed", 0))
         before = _io_read_bytes()
-        result = model.generate(token_ids=ids, max_tokens=spec["tokens"], ignore_eos=True,
-                                temperature=spec.get("temperature", 0.0), seed=spec.get("seed", 0))
+        result, measures = measured_generation(model, ids, spec["tokens"], temperature=spec.get("temperature", 0.0),
+                                               seed=spec.get("seed", 0))
         disk = _io_read_bytes() - before
         s = result.stats
         return {"engine": "colibri", "load_s": load_s, "prefill_s": s.prefill_s, "ttft_s": s.ttft_s,
                 "decode_tok_s": s.decode_tok_s, "generated": s.generated_tokens, "hit_rate": s.hit_rate,
                 "disk_read_bytes": disk, "bytes_read": s.bytes_read, "peak_rss_bytes": _peak_rss(),
                 "decode_bytes_per_token": s.decode_bytes_read / max(s.generated_tokens - 1, 1),
-                "token_ids": result.token_ids}
+                # over the whole generation, prefill included (as colibri run reports them)
+                "prefetch_precision": s.prefetch_precision if options.get("prefetch") else None,
+                "prefetch_recall": s.prefetch_recall if options.get("prefetch") else None,
+                **measures, "token_ids": result.token_ids, "compute": s.compute}
 
 
 def _child_transformers(spec: dict, offload: bool) -> dict:
@@ -197,7 +243,8 @@ def _run_transformers(spec: dict, offload_folder: str | None) -> dict:
     decode = (len(tokens) - 1) / (times[-1] - times[0]) if len(tokens) > 1 else 0.0
     return {"engine": "accelerate-offload" if offload else "transformers", "load_s": load_s, "prefill_s": prefill_s,
             "ttft_s": times[0] - t0, "decode_tok_s": decode, "generated": len(tokens),
-            "disk_read_bytes": _io_read_bytes() - before, "peak_rss_bytes": _peak_rss(), "token_ids": tokens}
+            "disk_read_bytes": _io_read_bytes() - before, "peak_rss_bytes": _peak_rss(),
+            "distinct_tokens": len(set(tokens)), "token_ids": tokens}
 
 
 def _child(engine: str, spec: dict) -> None:
@@ -256,9 +303,17 @@ def bench(model: str | Path, *, tokens: int = 32, prompt_tokens: int = 32, repea
         summary[engine]["runs"] = len(ok)
         if any(x.get("cgroup_peak_bytes") for x in ok):
             summary[engine]["cgroup_peak_bytes"] = med("cgroup_peak_bytes")
+        if any(x.get("distinct_tokens") is not None for x in ok):
+            summary[engine]["distinct_tokens"] = med("distinct_tokens")
         if engine == "colibri":
             summary[engine]["hit_rate"] = med("hit_rate")
             summary[engine]["decode_bytes_per_token"] = med("decode_bytes_per_token")
+            if any(x.get("compute") for x in ok):  # a compute tier's counters (e.g. per Ray worker): the last run's
+                summary[engine]["compute"] = ok[-1]["compute"]
+            for k in ("prefetch_precision", "prefetch_recall", "decode_prefetch_precision", "decode_prefetch_recall",
+                      "expert_coverage_mean", "expert_coverage_min"):
+                if any(x.get(k) is not None for x in ok):
+                    summary[engine][k] = med(k)
     ratios = {}
     base = summary.get("colibri", {})
     for engine in vs:

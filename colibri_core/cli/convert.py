@@ -1,7 +1,8 @@
 """``colibri convert``: rewrite a model's weights into a colibri container.
 
 Routed experts and/or the dense linear weights are quantised (int4-gs64, int8-row,
-mxfp4) or recast (bf16, f32); everything else (embeddings, norms, routers, tensors a
+mxfp4) or recast (bf16, f32), experts stored fused (one (experts, rows, cols) tensor)
+one expert at a time into a fused tensor of the target format; everything else (embeddings, norms, routers, tensors a
 block reads as arrays) is copied byte for byte. The work goes shard by shard, tensor by
 tensor, so memory holds one tensor, and every output shard is written atomically. A
 manifest (``colibri-convert.json``) records the source, the choices and the finished
@@ -37,7 +38,7 @@ from colibri_core.io.container import metadata as container_metadata, stamp_of
 from colibri_core.errors import ResourceError, UnsupportedModelError, UsageError
 from colibri_core.formats.base import f32_to_bf16
 from colibri_core.formats.integer import FORMATS, StampedFormat
-from colibri_core.io.safetensors import StreamWriter
+from colibri_core.io.safetensors import StreamWriter, TensorInfo
 from colibri_core.warn import warn
 
 MANIFEST = "colibri-convert.json"
@@ -137,8 +138,9 @@ def _only_writer(out: Path):
 def _plan(bp, experts: str, dense: str, notes: list[str] | None = None) -> dict[str, str]:
     """tensor name -> target (a format name, "bf16", "f32" or "keep"). A tensor already
     stored in its target format is left out (copied as it is, stamp and all): decoding
-    and encoding it again could only lose precision. One stored in another of colibri's
-    quantised formats is requantised, and ``notes`` says so."""
+    and encoding it again could only lose precision. One stored in another quantised
+    format (colibri's, or a checkpoint's own: fp8, MXFP4, int4) is requantised, and
+    ``notes`` says so."""
     plan: dict[str, str] = {}
     same: dict[str, int] = {}
     requantised: dict[tuple[str, str], int] = {}
@@ -148,19 +150,26 @@ def _plan(bp, experts: str, dense: str, notes: list[str] | None = None) -> dict[
         if stored.name == target:
             same[what] = same.get(what, 0) + 1
             return
-        if isinstance(stored, StampedFormat):
+        if isinstance(stored, StampedFormat) or getattr(stored, "from_quantization_config", False):
             requantised[(what, stored.name)] = requantised.get((what, stored.name), 0) + 1
         plan[info.name] = target
 
     if experts != "keep":
+        arrays: set[str] = set()
+        seen: set[str] = set()
         for decl in bp.moe:
             for matrices in decl.matrices:
-                for info in matrices.values():
-                    if info.name not in bp.checkpoint.tensors:
-                        raise UnsupportedModelError(
-                            f"{info.path}: experts are stored fused ({info.name.split('[')[0]!r}); converting fused "
-                            "experts is not supported yet (use --experts keep)")
-                    choose(info, experts, "expert")
+                for role, info in matrices.items():
+                    # a fused tensor (experts, rows, cols) is converted whole, one expert at a time
+                    whole = bp.checkpoint.tensors.get(info.name) or bp.checkpoint.tensors[info.name.split("[")[0]]
+                    if matrices.use_of(role) != "linear":  # biases, transposed slices: read as arrays, copied
+                        arrays.add(whole.name)
+                    elif whole.name not in seen:
+                        seen.add(whole.name)
+                        choose(whole, experts, "expert")
+        if arrays and notes is not None:
+            notes.append(f"{len(arrays)} expert tensors are read as arrays (biases, or stored transposed): copied "
+                         "unchanged")
     if dense != "keep":
         for p in bp.weights.params.values():
             if p.role == "linear" and len(p.shape) == 2:
@@ -261,6 +270,9 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: l
                 target = plan.get(t.name)
                 if target is None:
                     writer.write(t.name, (t.dtype, checkpoint.read_many([t])[t.name]))
+                elif len(resolver.logical_shape(t)) == 3:
+                    _write_fused(writer, resolver, checkpoint, t, target)
+                    result.tensors_converted += 1
                 else:
                     raw = checkpoint.read_many(resolver.with_companions([t]))
                     weight = resolver.decode_all([t], {k: v for k, v in raw.items()})[t.name]
@@ -277,6 +289,32 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: l
         result.bytes_out += size
     _finish(bp, out, weight_map, result, manifest, keeps_config)
     return result
+
+
+def _write_fused(writer: StreamWriter, resolver, checkpoint, t, target: str) -> None:
+    """Experts stored fused, (experts, rows, cols): each expert's slice decoded and encoded
+    on its own (memory holds one expert), the packed rows written as they come and the
+    scales (1/16 of them or less) after them."""
+    count = resolver.logical_shape(t)[0]
+    stride = t.nbytes // count
+    name = resolver.logical_name(t)
+    held: dict[str, list] = {}
+
+    def pieces():
+        for e in range(count):
+            piece = TensorInfo(f"{t.name}[{e}]", t.path, t.dtype, t.shape[1:], t.offset + e * stride, stride)
+            raw = checkpoint.read_many(resolver.with_companions([piece]))
+            weight = resolver.decode_all([piece], raw)[piece.name]
+            # each piece one expert along the fused tensor's first axis
+            encoded = {key: (dtype, array[None]) for key, (dtype, array) in _encode(target, name, weight).items()}
+            for other, value in encoded.items():
+                if other != name:
+                    held.setdefault(other, []).append(value)
+            yield encoded[name]
+
+    writer.write_parts(name, pieces())
+    for other, values in held.items():
+        writer.write_parts(other, values)
 
 
 def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, manifest: dict,

@@ -274,7 +274,7 @@ def measure_expert_timing(bp: Blueprint, repeats: int = 15, window_s: float = 0.
         scale = np.full((1, n), 1 / n, dtype=np.float32)
         if decl.glu:  # biases, a fused gate_up or another activation (gpt-oss)
             return lambda: backend.to_host(backend.routed_glu_experts(x, indices, scale, lambda e: weights,
-                                                                      decl.activation, decl.interleaved))
+                                                                      decl.activation))
         return lambda: backend.to_host(backend.routed_experts(x, indices, scale, lambda e: weights))
 
     one, top_k = layer(1), layer(k)

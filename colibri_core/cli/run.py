@@ -84,12 +84,31 @@ def stats_table(stats, model):
         if p.prefetch_slots:
             table.add_row("prefetch", f"{s.prefetch_issued} read ahead ({s.prefetch_unused} unused), "
                                       f"precision {s.prefetch_precision:.0%}, recall {s.prefetch_recall:.0%}")
+    for label, text in compute_rows(s.compute):
+        table.add_row(label, text)
     table.add_row("resident weights", f"{format_bytes(s.resident_bytes)} (dense {format_bytes(p.dense_bytes)} in {p.dense_in}"
                                       + (f"; {format_bytes(s.device_resident_bytes)} in device memory" if p.device else "") + ")")
     if p.device is not None:
         table.add_row("host syncs", f"{s.host_syncs_per_token:.1f} per token")
     table.add_row("KV cache", f"{format_bytes(s.kv_bytes)} ({format_bytes(s.kv_bytes_per_token)}/token)")
     return table
+
+
+def compute_rows(counters: dict) -> list[tuple[str, str]]:
+    """A compute tier's counters (GenerationStats.compute) as table rows: its own
+    counters on one row, then one row per dict of them (e.g. per worker)."""
+    def line(d):
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in d.items() if not isinstance(v, dict))
+
+    if not counters:
+        return []
+    name = counters.get("tier", "compute")
+    rows = [(f"{name} tier", line({k: v for k, v in counters.items() if k != "tier"}))]
+    for key, value in counters.items():
+        if isinstance(value, dict):
+            for sub, d in value.items():
+                rows.append((f"  {sub}", line(d) if isinstance(d, dict) else str(d)))
+    return rows
 
 
 def stream_to_terminal(generation, model, *, show_ids: bool) -> None:
@@ -135,7 +154,15 @@ def placement_options(f):
         click.option("--history-decay", type=float, default=1.0, show_default=True, help="Multiply saved routing counts by this at each save."),
         click.option("--preload", is_flag=True, help="Fill the expert caches before generating."),
         *BACKEND_OPTIONS,
+        *_plugin_decorators(),
     ])
+
+
+def _plugin_decorators() -> list:
+    """The options plugins add to the commands that load a model (cli/extend.py)."""
+    from colibri_core.cli.extend import plugin_options
+
+    return [option for obj, _ in plugin_options() for option in obj.options()]
 
 
 BACKEND_OPTIONS = [
@@ -151,10 +178,15 @@ def backend_options(f):
 
 
 def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_io, mirrors, history, history_decay,
-                     preload, backend, vram, verify=False) -> dict:
+                     preload, backend, vram, verify=False, **plugin_values) -> dict:
+    from colibri_core.cli.extend import plugin_load_kwargs, split_plugin_values
+
+    rest, values = split_plugin_values(plugin_values)
+    if rest:
+        raise TypeError(f"placement_kwargs() got unexpected options {sorted(rest)}")
     return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
                 direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,
-                preload=preload, backend=backend, vram=vram, verify=verify)
+                preload=preload, backend=backend, vram=vram, verify=verify, **plugin_load_kwargs(values))
 
 
 def sampling_options(f):

@@ -209,12 +209,8 @@ class __CLASS__Args(ModelArgs):
         if self.hidden_size % self.num_attention_heads:
             raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by "
                                    f"num_attention_heads {self.num_attention_heads}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ModelFormatError(f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of "
-                                   f"num_key_value_heads {self.num_key_value_heads}")
-        if self.num_experts_per_tok > self.num_experts:
-            raise ModelFormatError(f"{source}: num_experts_per_tok {self.num_experts_per_tok} exceeds "
-                                   f"num_experts {self.num_experts}")
+        self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
+        self.require_at_most(source, "num_experts_per_tok", "num_experts")
         if self.hidden_act != "silu":
             raise UnsupportedModelError(f"{source}: hidden_act {self.hidden_act!r} is not supported by the "
                                         "__NAME__ family (only 'silu')")

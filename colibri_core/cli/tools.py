@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from colibri_core.cli.extend import add_plugin_options
 from colibri_core.cli.run import backend_options
 from colibri_core.errors import Interrupted, UsageError
 from colibri_core.units import format_bytes, parse_size
@@ -29,16 +30,20 @@ from colibri_core.units import format_bytes, parse_size
 @click.option("--disk-bw", default=None, help="Disk bandwidth per second, e.g. 1.2G (default: measured).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @backend_options
+@add_plugin_options
 def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, prompt_tokens, tokens, preload, disk_bw, as_json,
-         backend, vram):
+         backend, vram, **plugin_values):
     """Show how a model would be placed, tier by tier (device memory, RAM, disk), the
     expert hit rate per tier a run from empty caches would see (and after warm-up), the
     decode speed and the bottleneck."""
     from colibri_core.cli.plan import make_plan
     from colibri_core.engine.api import check_load_options, open_backend
+    from colibri_core.cli.extend import plugin_load_kwargs, plugin_plan_rows, split_plugin_values
     from colibri_core.model.blueprint import inspect_model
 
     check_load_options(cap=cap, pin=pin, pin_share=pin_share)
+    _, plugin_vals = split_plugin_values(plugin_values)
+    plugin_load_kwargs(plugin_vals)  # bad plugin options fail before the model is read
     backend_obj, vram_budget = open_backend(backend, vram)
     ram_budget = parse_size(ram) if ram else None
     disk_budget = float(parse_size(disk_bw)) if disk_bw else None
@@ -47,6 +52,7 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, prompt_tokens, 
         report = make_plan(bp, ram=ram_budget, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch,
                            context=context, disk_bw=disk_budget, vram=vram_budget, prompt_tokens=prompt_tokens,
                            tokens=tokens, preload=preload)
+        extra_rows = plugin_plan_rows(bp, report.data, plugin_vals)
     finally:
         bp.close()
     d = report.data
@@ -104,7 +110,7 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, prompt_tokens, 
         ("projected decode", (f"{d['projected_decode_tok_s']:.2f} tok/s over the run" if d["projected_decode_tok_s"] else "?")
          + (f", {d['steady_decode_tok_s']:.2f} tok/s once warm" if d["steady_decode_tok_s"] else "")),
     ]
-    for row in rows:
+    for row in rows + extra_rows:
         table.add_row(*row)
     console = Console(highlight=False)
     console.print(table)
@@ -121,7 +127,8 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, prompt_tokens, 
 @click.option("--write-manifest", is_flag=True,
               help="With --deep: write the integrity manifest (colibri-integrity.json) that mirror reads and --verify check.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of checks.")
-def doctor(model_dir, ram, deep, write_manifest, as_json):
+@add_plugin_options
+def doctor(model_dir, ram, deep, write_manifest, as_json, **plugin_values):
     """Readiness checks of a model directory; exits 1 if any check fails. Nothing is
     written unless --write-manifest asks for the integrity manifest."""
     from colibri_core.cli.doctor import run_checks
@@ -129,7 +136,13 @@ def doctor(model_dir, ram, deep, write_manifest, as_json):
 
     if write_manifest and not deep:
         raise UsageError("--write-manifest reads every tensor: give it with --deep")
+    from colibri_core.cli.doctor import Check
+    from colibri_core.cli.extend import plugin_doctor_checks, plugin_load_kwargs, split_plugin_values
+
+    plugin_vals = split_plugin_values(plugin_values)[1]
+    plugin_load_kwargs(plugin_vals)  # bad plugin options fail before anything is checked
     checks = run_checks(model_dir, ram=parse_size(ram) if ram else None, deep=deep, write_manifest=write_manifest)
+    checks += [Check(*c) for c in plugin_doctor_checks(model_dir, plugin_vals)]
     failed = any(c.status == "fail" for c in checks)
     if as_json:
         click.echo(json.dumps({"ok": not failed, "checks": [c.as_dict() for c in checks]}, indent=2))
@@ -218,8 +231,9 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
 @click.option("--peer-model", default=None, help="Run the --vs engines on this checkpoint instead (e.g. the bf16 source).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @backend_options
+@add_plugin_options
 def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, preload, direct_io,
-          verify, peer_model, as_json, backend, vram):
+          verify, peer_model, as_json, backend, vram, **plugin_values):
     """Measure prefill and decode speed, time to first token, disk reads and peak memory,
     beside transformers (resident) or transformers + accelerate disk offload."""
     from rich.console import Console
@@ -244,6 +258,9 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
         options["cap"] = cap
     if vram is not None:
         options["vram"] = vram
+    from colibri_core.cli.extend import plugin_load_kwargs, split_plugin_values
+
+    options.update(plugin_load_kwargs(split_plugin_values(plugin_values)[1]))
 
     def report(engine, r, result):
         if not as_json:
@@ -258,16 +275,25 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     table = Table(title=f"bench {model_dir}: {prompt_tokens}-token prompt, {tokens} tokens, {data['cache']} cache"
                         + (f", cgroup {format_bytes(data['cgroup_bytes'])}" if data["cgroup_bytes"] else ""),
                   title_justify="left")
-    for column in ("engine", "decode tok/s (median)", "prefill s", "TTFT s", "disk/token", "peak RSS", "hit rate"):
+    columns = ("engine", "decode tok/s (median)", "prefill s", "TTFT s", "disk/token", "peak RSS", "hit rate",
+               "distinct tokens", "expert coverage", "prefetch P / R (decode)")
+    for column in columns:
         table.add_column(column)
+    pct = lambda v: f"{v:.1%}" if v is not None else "-"  # noqa: E731
     for engine, s in data["summary"].items():
         if "error" in s:
-            table.add_row(engine, f"[red]{s['error']}[/]", "", "", "", "", "")
+            table.add_row(engine, f"[red]{s['error']}[/]", *[""] * (len(columns) - 2))
             continue
         peak = s.get("cgroup_peak_bytes") or s.get("peak_rss_bytes", 0)
+        # coverage: distinct experts the generated tokens touched / experts, mean (min) over the MoE layers
+        coverage = (f"{s['expert_coverage_mean']:.0%} (min {s['expert_coverage_min']:.0%})"
+                    if s.get("expert_coverage_mean") is not None else "")
+        prefetch = (f"{pct(s.get('decode_prefetch_precision'))} / {pct(s.get('decode_prefetch_recall'))}"
+                    if "decode_prefetch_precision" in s or "decode_prefetch_recall" in s else "")
+        distinct = f"{s['distinct_tokens']:g} / {tokens}" if s.get("distinct_tokens") is not None else ""
         table.add_row(engine, f"{s['decode_tok_s']:.2f} (±{s['decode_spread'] / 2:.2f})", f"{s['prefill_s']:.2f}",
                       f"{s['ttft_s']:.2f}", format_bytes(s["disk_bytes_per_token"]), format_bytes(peak),
-                      f"{s['hit_rate']:.1%}" if "hit_rate" in s else "")
+                      f"{s['hit_rate']:.1%}" if "hit_rate" in s else "", distinct, coverage, prefetch)
     console = Console(highlight=False)
     console.print(table)
     for engine, r in data["ratios"].items():

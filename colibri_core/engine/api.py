@@ -92,8 +92,9 @@ class Model:
         if self.store is None:
             return {"bytes_by_drive": {}, **syncs}
         disk = self.store.disk
+        compute = self.store.compute.counters() if self.store.compute is not None else {}
         return {**self.store.stats.snapshot(), "bytes_by_drive": {d.name: d.bytes_read for d in disk.drives},
-                "reads": disk.reads, **syncs}
+                "reads": disk.reads, **syncs, "compute": compute}
 
     # -- text ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -211,7 +212,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          vram: int | str | None = None, preload: bool = False, progress: LoadProgress | None = None,
          direct_io: bool = False, mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5,
          prefetch: bool = False, prefetch_slots: int | None = None, history: bool | str = True,
-         history_decay: float = 1.0, verify: bool = False) -> Model:
+         history_decay: float = 1.0, verify: bool = False, compute: str | None = None,
+         compute_options: dict | None = None) -> Model:
     """Load a Hugging Face model directory.
 
     ram: RAM budget for weights (bytes or "4G"); dense weights (on a backend computing
@@ -234,11 +236,15 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          reads it, False ignores it; history_decay multiplies the saved counts at each save.
     verify: check every read from the model directory against the integrity manifest
          (colibri-integrity.json; reads from mirrors are checked whenever it exists).
+    compute: a compute tier (``colibri list-tiers``, role "compute") computing the routed
+         experts instead of the backend, e.g. on other machines; compute_options are its
+         options. The local store still serves every expert, for the tier to fall back on.
     """
     check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots, history=history,
                        history_decay=history_decay)
     started = time.perf_counter()
     registry = get_registry()
+    compute_tier = _compute_tier(registry, compute) if compute is not None else None
     backend_obj, vram_budget = open_backend(backend, vram)
     budget = parse_size(ram) if ram is not None else None
     mirror_specs = [m if isinstance(m, MirrorSpec) else MirrorSpec.parse(str(m)) for m in mirrors]
@@ -281,16 +287,20 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
                                 save_history=history is True, device=device)
             for experts in bp.lm.routed_experts():
                 experts.store = store
+            if compute_tier is not None:
+                store.compute = compute_tier.open(bp.model_dir, bp, backend_obj, store, dict(compute_options or {}))
             if store.pinned_capacity:
                 if progress:
                     progress.start(store.pinned_capacity, "pinned experts", "experts")
                 store.apply_pins(progress=(lambda: progress.advance(1)) if progress else None)
-            if slots_ahead:
+            if slots_ahead and store.compute is None:  # a compute tier reads its experts where it computes them
                 bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead)
             if preload:
                 if progress:
                     progress.start(store.warm_slots * len(moe), "experts", "experts")
                 store.warm(progress=(lambda: progress.advance(1)) if progress else None)
+        elif compute_tier is not None:
+            raise UsageError(f"compute tier {compute!r}: {bp.model_dir} has no routed experts to compute")
         expert_kinds = {bp.resolver.format_for(i).kernel for d in moe for i in d.matrices[0].values()}
         backend_obj.placed(any(isinstance(p.value, QuantTensor) for p in bp.weights.params.values())
                            or any(k is not None and backend_obj.keeps_stored(k, "linear") for k in expert_kinds))
@@ -298,12 +308,23 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
         eos = eos_token_ids(bp.model_dir, bp.config)
     except BaseException:
         if store is not None:
+            if store.compute is not None:
+                store.compute.close()
             store.disk.close()
         bp.close()
         raise
     return Model(model_dir=bp.model_dir, config=bp.config, family=bp.family, lm=bp.lm, backend=backend_obj,
                  checkpoint=bp.checkpoint, store=store, placement=placement, tokenizer=tokenizer, eos_ids=eos,
                  load_seconds=time.perf_counter() - started, dense_bytes_read=dense_read)
+
+
+def _compute_tier(registry, name: str):
+    """The compute tier class registered as ``name`` (role "compute")."""
+    entry = registry.get("tier", name)
+    if entry.spec.role != "compute":
+        computing = ", ".join(e.spec.name for e in registry.all("tier") if e.spec.role == "compute") or "none installed"
+        raise UsageError(f"tier {name!r} plays the role {entry.spec.role!r}, not 'compute' (compute tiers: {computing})")
+    return entry.spec.load()
 
 
 def _device_tier(registry, backend):

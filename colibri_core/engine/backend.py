@@ -196,7 +196,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def sparse_attention(self, q: Array, k: Array, v: Array, start: int, scale: float, selected: Array) -> Array:
         """``attention`` restricted to selected keys: query t sees the key positions in
-        ``selected[t]`` (an integer array (T, K) from ``top_k``) that causality allows."""
+        ``selected[t]`` (an integer array (T, K) of distinct positions, from ``top_k``; -1
+        selects nothing and pads a row of fewer positions) that causality allows."""
 
     @abc.abstractmethod
     def clip(self, x: Array, limit: float) -> Array:
@@ -315,36 +316,32 @@ class Backend(abc.ABC):
             return self.silu_mul(gate, up)
         return self.asarray(gated_activation(self.to_host(gate), self.to_host(up), act), self.activation_dtype)
 
-    def glu_expert(self, x: Array, w, act: "GatedActivation", interleaved: bool = False) -> Array:
+    def glu_expert(self, x: Array, w, act: "GatedActivation") -> Array:
         """One expert of ``routed_glu_experts``: down(act(gate(x) + gate_bias, up(x) +
         up_bias)) + down_bias. ``w`` holds ``gate`` and ``up`` (out, in), or one fused
-        ``gate_up`` (2 * inter, in) whose first half of rows is gate and second up (with
-        ``interleaved``: rows alternate gate, up, gate, ...), and ``down``; the biases
-        (``gate_bias``/``up_bias`` or ``gate_up_bias``, ``down_bias``) are optional."""
+        ``gate_up`` (2 * inter, in) whose first half of rows is gate and second up (a
+        checkpoint's interleaved rows are reordered when the expert is read), and
+        ``down``; the biases (``gate_bias``/``up_bias`` or ``gate_up_bias``,
+        ``down_bias``) are optional."""
         arrays = w.arrays if hasattr(w, "arrays") else w
         if "gate_up" in arrays:
             gu = self.linear(x, arrays["gate_up"], arrays.get("gate_up_bias"))
             half = gu.shape[-1] // 2
-            if interleaved:  # de-interleave on the host: strided views are not in the array protocol
-                host = self.to_host(gu)
-                gate, up = self.asarray(np.ascontiguousarray(host[:, 0::2])), self.asarray(np.ascontiguousarray(host[:, 1::2]))
-            else:
-                gate, up = gu[:, :half], gu[:, half:]
+            gate, up = gu[:, :half], gu[:, half:]
         else:
             gate = self.linear(x, arrays["gate"], arrays.get("gate_bias"))
             up = self.linear(x, arrays["up"], arrays.get("up_bias"))
         return self.linear(self.gated_activation(gate, up, act), arrays["down"], arrays.get("down_bias"))
 
     def routed_glu_experts(self, x: Array, indices: np.ndarray, weights: np.ndarray, fetch: Callable,
-                           act: "GatedActivation", interleaved: bool = False, window: int = 8,
-                           ready: Callable | None = None) -> Array:
+                           act: "GatedActivation", window: int = 8, ready: Callable | None = None) -> Array:
         """``routed_experts`` for experts computed by ``glu_expert``: biases, a fused
         gate_up, another ``GatedActivation``. Same batch-union fetching, ascending expert
         order of the sum and ``window`` / ``ready`` as ``routed_experts``."""
         out = self.zeros(tuple(x.shape), self.activation_dtype)
         for e, rows, scale in expert_groups(indices, weights):
             w = fetch(e)
-            out = self.add_rows(out, rows, self.glu_expert(self.take_rows(x, rows), w, act, interleaved), scale)
+            out = self.add_rows(out, rows, self.glu_expert(self.take_rows(x, rows), w, act), scale)
         return out
 
     # -- multi-head latent attention and DSA (DeepSeek V3 / V3.2, Kimi K2, GLM) -------
@@ -371,8 +368,9 @@ class Backend(abc.ABC):
         (q_lat[t, h] . latent[s] + q_rot[t, h] . k_rot[s]) * scale, softmax over the
         positions query t sees, output sum_s p * latent[s]. q_lat (T, H, rank), q_rot
         (T, H, rope), latent (S, rank), k_rot (S, rope); the T queries sit at positions
-        start..start+T-1. ``selected`` ((T, K) from ``top_k``, or None for all) restricts
-        each query to those key positions (DSA); causality still applies.
+        start..start+T-1. ``selected`` ((T, K) from ``top_k``, or None for all; as in
+        ``sparse_attention``, -1 pads) restricts each query to those key positions (DSA);
+        causality still applies.
         Returns (T, H, rank)."""
 
     @abc.abstractmethod
@@ -438,6 +436,46 @@ class Backend(abc.ABC):
         host = [self.to_host(a) for a in (q, k, v, g, beta, state)]
         out, new_state = delta_channel_step(*host)
         return self.asarray(out), self.asarray(new_state)
+
+    # -- manifold hyper-connections (DeepSeek-V4, GLM-5 Next) -------------------------
+    def sinkhorn(self, x: Array, iters: int, eps: float) -> Array:
+        """Sinkhorn-Knopp normalisation of positive (..., N, N) matrices towards doubly
+        stochastic ones, as transformers' mHC does it: columns first (x / (sum over
+        axis -2 + eps)), then ``iters - 1`` rounds of rows (axis -1) then columns, the
+        ``eps`` added to every sum. The reference computes on the host (numpy); a
+        backend may replace it."""
+        return self.asarray(sinkhorn(self.to_host(x), iters, eps), self.activation_dtype)
+
+    # -- DeepSeek-V4: attention over chosen keys, grouped output, scored routers --------
+    def masked_attention(self, q: Array, k: Array, v: Array, scale: float, visible: np.ndarray,
+                         sinks: Array | None = None) -> Array:
+        """Attention where query t sees exactly the keys s with ``visible[t, s]`` (a host
+        bool array (T, S); DeepSeek-V4: a sliding window of keys followed by compressed
+        entries, visible by the query's position or chosen by its indexer). q (T, Hq, D),
+        k, v (Hkv, S, D / Dv) (k and v may be the same array); ``sinks`` as
+        ``windowed_attention``'s. Every query must see a key or have a sink. Returns
+        (T, Hq, Dv). The reference computes on the host (numpy); a backend may replace it."""
+        host_sinks = None if sinks is None else self.to_host(sinks)
+        out = masked_attention(self.to_host(q), self.to_host(k), self.to_host(v), scale, visible, host_sinks)
+        return self.asarray(out, self.activation_dtype)
+
+    def grouped_linear(self, x: Array, weight: Array, groups: int) -> Array:
+        """A block-diagonal projection (DeepSeek-V4's grouped output projection): x (T, G *
+        C) split into G groups of C features, group g times rows g * R .. g * R + R - 1 of
+        ``weight`` (G * R, C; an "array" weight): (T, G * R). The reference computes on the
+        host (numpy); a backend may replace it."""
+        return self.asarray(grouped_linear(self.to_host(x), self.to_host(weight), groups), self.activation_dtype)
+
+    def scored_top_k(self, x: Array, weight: Weight, bias: np.ndarray | None, k: int, scoring: str, scaling: float,
+                     chosen: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """DeepSeek-V4's router: scores f(x @ weight.T) with f ``scoring`` ("sqrtsoftplus":
+        sqrt(softplus(.)), or "sigmoid"); the k experts of highest score + ``bias`` (a host
+        float32 array, for choosing only), or the given ``chosen`` (host int (T, k): a
+        hash-routed layer's experts, looked up from the token ids); their unbiased scores
+        divided by their sum (+ 1e-20) and multiplied by ``scaling``. Returns host
+        (indices, weights) as ``softmax_top_k``."""
+        logits = self.to_host(self.linear(x, weight)).astype(np.float32, copy=False)
+        return scored_top_k(logits, bias, k, scoring, scaling, chosen)
 
     # -- attention with a relative position bias (Inkling) -----------------------------
     def attention_relative_bias(self, q: Array, k: Array, v: Array, start: int, scale: float, rel: Array,
@@ -591,6 +629,80 @@ def delta_channel_chunked(q, k, v, g, beta, state, chunk_size):
         s = s * np.exp(last)[:, :, None] + (k[:, i] * np.exp(last[:, None, :] - ci)).swapaxes(-1, -2) @ v_new
     out = out.reshape(h, n * c, dv)[:, :t]
     return np.ascontiguousarray(out.transpose(1, 0, 2)), s
+
+
+def sinkhorn(x, iters, eps):
+    """``Backend.sinkhorn`` on a host float32 array."""
+    x = np.asarray(x, dtype=np.float32)
+    eps = np.float32(eps)
+    x = x / (x.sum(axis=-2, keepdims=True) + eps)
+    for _ in range(iters - 1):
+        x = x / (x.sum(axis=-1, keepdims=True) + eps)
+        x = x / (x.sum(axis=-2, keepdims=True) + eps)
+    return x
+
+
+def masked_attention(q, k, v, scale, visible, sinks=None):
+    """``Backend.masked_attention`` on host float32 arrays (transformers' eager DeepSeek-V4
+    attention: the mask added, the sink joined, the max taken over keys and sink)."""
+    q, k, v = (np.asarray(a, dtype=np.float32) for a in (q, k, v))
+    t, hq, d = q.shape
+    hkv, s, _ = k.shape
+    visible = np.asarray(visible, dtype=bool)
+    if visible.shape != (t, s):
+        raise ValueError(f"masked_attention: visible is {visible.shape}, queries and keys are {(t, s)}")
+    group = hq // hkv
+    qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
+    scores = np.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # (Hkv, G, T, S)
+    scores = np.where(visible, scores, np.float32(-np.inf))
+    if sinks is not None:
+        sink = np.broadcast_to(np.asarray(sinks, dtype=np.float32).reshape(hkv, group, 1, 1), (hkv, group, t, 1))
+        scores = np.concatenate([scores, sink], axis=-1)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores)
+    probs = e / e.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    out = np.matmul(probs, v[:, None])  # (Hkv, G, T, Dv)
+    return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1]), dtype=np.float32)
+
+
+def grouped_linear(x, weight, groups):
+    """``Backend.grouped_linear`` on host float32 arrays."""
+    x, weight = np.asarray(x, dtype=np.float32), np.asarray(weight, dtype=np.float32)
+    t, width = x.shape
+    if width % groups or weight.shape[0] % groups or weight.shape[1] * groups != width:
+        raise ValueError(f"grouped_linear: {groups} groups do not fit x {x.shape} and weight {weight.shape}")
+    xs = x.reshape(t, groups, width // groups).transpose(1, 0, 2)  # (G, T, C)
+    ws = weight.reshape(groups, weight.shape[0] // groups, weight.shape[1])  # (G, R, C)
+    out = np.matmul(xs, ws.transpose(0, 2, 1))  # (G, T, R)
+    return np.ascontiguousarray(out.transpose(1, 0, 2).reshape(t, -1), dtype=np.float32)
+
+
+ROUTER_SCORINGS = ("sqrtsoftplus", "sigmoid")
+
+
+def router_scores(logits, scoring):
+    """f(logits) of ``Backend.scored_top_k`` in float32 (softplus as torch: x itself above 20)."""
+    logits = np.asarray(logits, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        if scoring == "sqrtsoftplus":
+            return np.sqrt(np.where(logits > 20, logits, np.log1p(np.exp(logits)))).astype(np.float32)
+        if scoring == "sigmoid":
+            return (np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))).astype(np.float32)
+    raise ValueError(f"router scoring {scoring!r} is not one of {ROUTER_SCORINGS}")
+
+
+def scored_top_k(logits, bias, k, scoring, scaling, chosen=None):
+    """``Backend.scored_top_k`` on host float32 logits."""
+    scores = router_scores(logits, scoring)
+    if chosen is None:
+        indices = top_k_indices(scores if bias is None else scores + bias, k)
+    else:
+        indices = np.asarray(chosen, dtype=np.int64)
+    weights = np.take_along_axis(scores, indices, axis=-1)
+    weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+    return indices, (weights * np.float32(scaling)).astype(np.float32)
 
 
 def windowed_attention(q, k, v, start, scale, window=None, sinks=None):

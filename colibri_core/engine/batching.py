@@ -62,6 +62,18 @@ class RowInvariantOps:
                  for a, b in _chunks(x.shape[0], rows)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
+    def scored_top_k(self, x, weight, bias, k, scoring, scaling, chosen=None):
+        be = self.backend
+        rows = be.batch_invariant_rows("linear", [weight])
+        parts = [be.scored_top_k(x[a:b], weight, bias, k, scoring, scaling, None if chosen is None else chosen[a:b])
+                 for a, b in _chunks(x.shape[0], rows)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def grouped_linear(self, x, weight, groups):
+        be = self.backend
+        pieces = _chunks(x.shape[0], be.batch_invariant_rows("linear", [weight]))
+        return self._concat([be.grouped_linear(x[a:b], weight, groups) for a, b in pieces])
+
     def routed_experts(self, x, indices, weights, fetch, window=8, ready=None):
         be = self.backend
         t = indices.shape[0]
@@ -75,15 +87,15 @@ class RowInvariantOps:
         return self._concat([be.routed_experts(x[a:b], indices[a:b], weights[a:b], fetched.__getitem__, window, None)
                              for a, b in pieces])
 
-    def routed_glu_experts(self, x, indices, weights, fetch, act, interleaved=False, window=8, ready=None):
+    def routed_glu_experts(self, x, indices, weights, fetch, act, window=8, ready=None):
         be = self.backend
         t = indices.shape[0]
         if t == 1:
-            return be.routed_glu_experts(x, indices, weights, fetch, act, interleaved, window, ready)
+            return be.routed_glu_experts(x, indices, weights, fetch, act, window, ready)
         fetched = {e: fetch(e) for e in np.unique(indices).tolist()}
         # every product of these experts (their matrices are multiplied by ``linear``)
         rows = be.batch_invariant_rows("linear", [a for w in fetched.values() for a in w.arrays.values()
                                                  if len(a.shape) == 2])
         return self._concat([be.routed_glu_experts(x[a:b], indices[a:b], weights[a:b], fetched.__getitem__, act,
-                                                   interleaved, window, None)
+                                                   window, None)
                              for a, b in _chunks(t, rows)])

@@ -56,6 +56,8 @@ class GenerationStats:
     kv_bytes_per_token: int = 0
     cache_slots: int = 0  # RAM LRU slots per MoE layer
     device_cache_slots: int = 0  # device LRU slots per MoE layer (0: no device tier)
+    # a compute tier's counters during this generation (ComputeTier.counters; {} without one)
+    compute: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -198,6 +200,7 @@ class Generation:
         s.prefetch_precision = delta.get("predicted_used", 0) / predicted if predicted else 0.0
         s.prefetch_recall = delta.get("predicted_used", 0) / used if used else 0.0
         s.repins = delta.get("repins", 0)
+        s.compute = _counter_delta(after.get("compute", {}), before.get("compute", {}))
         s.host_syncs = delta["host_syncs"]
         decode_syncs = after["host_syncs"] - at_first["host_syncs"] if at_first is not None else 0
         s.host_syncs_per_token = decode_syncs / clock.decode_steps if clock.decode_steps else 0.0
@@ -218,6 +221,19 @@ class Generation:
         text = "".join(self._text) if self.model.tokenizer is not None else None
         return GenerationResult(list(self.token_ids), text, self.stats, self.finish_reason or "length",
                                 self._logits if self.return_logits else None)
+
+
+def _counter_delta(after: dict, before: dict) -> dict:
+    """``after - before`` of nested counters (ints and dicts of them); others as after."""
+    out = {}
+    for key, value in after.items():
+        if isinstance(value, dict):
+            out[key] = _counter_delta(value, before.get(key) or {})
+        elif isinstance(value, int) and not isinstance(value, bool):
+            out[key] = value - before.get(key, 0)
+        else:
+            out[key] = value
+    return out
 
 
 @dataclass

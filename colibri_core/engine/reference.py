@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from colibri_core.engine.backend import (Backend, delta_channel_chunked, delta_channel_step, relative_bias_attention,
-                                         softmax_top_k, top_k_indices)
+                                         sinkhorn, softmax_top_k, top_k_indices)
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 
@@ -180,8 +180,11 @@ class ReferenceBackend(Backend):
         if t > 1 or start + t < s:
             visible = np.arange(s)[None, :] <= (start + np.arange(t))[:, None]
         if selected is not None:
-            chosen = np.zeros((t, s), dtype=bool)
-            np.put_along_axis(chosen, np.asarray(selected, dtype=np.int64), True, axis=-1)
+            # -1 pads a row of fewer positions: it marks a spare column, dropped
+            chosen = np.zeros((t, s + 1), dtype=bool)
+            sel = np.asarray(selected, dtype=np.int64)
+            np.put_along_axis(chosen, np.where(sel < 0, s, sel), True, axis=-1)
+            chosen = chosen[:, :s]
             visible = chosen if visible is None else visible & chosen
         return visible
 
@@ -286,3 +289,6 @@ class ReferenceBackend(Backend):
 
     def attention_relative_bias(self, q, k, v, start, scale, rel, table, window=None):
         return relative_bias_attention(q, k, v, start, scale, rel, table, window)
+
+    def sinkhorn(self, x, iters, eps):
+        return sinkhorn(x, iters, eps)

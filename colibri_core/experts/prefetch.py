@@ -31,6 +31,19 @@ class Prefetcher:
         for (i, _), (j, nxt) in zip(moe_layers, moe_layers[1:]):
             for k in range(i, j):  # every layer from this MoE layer up to the next one predicts it
                 self._next[id(lm.layers[k])] = _Next(nxt.mlp_norm, nxt.mlp.router, nxt.mlp.experts.decl.moe_index, slots)
+        # a first MoE layer routed by token id (DeepSeek-V4's hash layers) is known exactly
+        # from the ids, before any layer runs; later ones are predicted exactly as above
+        self._first = None
+        if moe_layers and hasattr(moe_layers[0][1].mlp.router, "experts_for"):
+            first = moe_layers[0][1].mlp
+            self._first = (first.router, first.experts.decl.moe_index)
+
+    def after_embedding(self, step) -> None:
+        """Start reading the first MoE layer's experts when the token ids alone decide them."""
+        if self._first is None or step.ids is None:
+            return
+        router, moe_index = self._first
+        self.store.prefetch(moe_index, [int(e) for e in np.unique(router.experts_for(step.ids, step.ops))])
 
     def after_attention(self, layer, h, step) -> None:
         nxt = self._next.get(id(layer))

@@ -89,6 +89,8 @@ class ExpertStore:
     save_history: bool = True
     device: DeviceTier | None = None  # prepared experts in the backend's memory, consulted first
     stats: StoreStats = field(default_factory=StoreStats)
+    # a ComputeTier computing the routed experts elsewhere (the store serves its fallback)
+    compute: object = None
 
     def __post_init__(self):
         # without a device tier, the RAM tier keeps what the backend computes with
@@ -345,6 +347,9 @@ class ExpertStore:
         return self.device.resident_bytes if self.device is not None else 0
 
     def close(self) -> None:
+        if self.compute is not None:
+            self.compute.close()
+            self.compute = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from colibri_core.errors import ColibriError
+from colibri_core.formats.base import permute_rows
 from colibri_core.io.safetensors import TensorInfo, as_array
 from colibri_core.warn import warn
 from colibri_core.io.checkpoint import merge_ranges
@@ -98,7 +99,14 @@ class DiskTier:
             # roles an expert declaration reads otherwise (biases, transformed layouts): ExpertMatrices.forms
             use, transform = getattr(matrices, "forms", {}).get(role, ("linear", None))
             host = self.resolver.host_form(info, typed[info.name], companions, self.backend, use)
-            arrays[role] = host if transform is None else np.ascontiguousarray(transform(host), dtype=np.float32)
+            host = host if transform is None else np.ascontiguousarray(transform(host), dtype=np.float32)
+            order = getattr(matrices, "row_orders", {}).get(role)
+            if order is not None:  # e.g. interleaved gate/up rows, once per read rather than per step
+                moved = permute_rows(host, order)
+                if moved is None:  # a packed kind whose scales span rows: reordered as float32
+                    moved = permute_rows(self.resolver.format_for(info).decode(info, typed[info.name], companions), order)
+                host = moved
+            arrays[role] = host
         with self._lock:
             self.seconds += time.perf_counter() - started
             self.loads += 1
@@ -259,3 +267,52 @@ class DeviceTier(CachedTier):
 
     def hold(self, weights: ExpertWeights) -> ExpertWeights:
         return weights.prepared(self.backend)
+
+
+class ComputeTier:
+    """Computes a MoE layer's routed experts instead of the backend: a tier of role
+    "compute" (``TierSpec(..., role="compute")``), chosen by name with
+    ``load(compute=NAME, compute_options={...})`` (a plugin's ``LoadOptions`` turns its
+    command-line options into those). The store still serves every expert locally
+    (``fetch``), for the tier to fall back on.
+
+    The promise of placement holds here too: the output must be bit for bit what
+    ``ops.routed_experts`` / ``ops.routed_glu_experts`` gives: each expert's rows
+    computed by the same backend operation on the same rows, the weighted outputs added
+    with ``ops.add_rows`` into zeros in ascending expert order (``routed_output``)."""
+
+    name = "compute"
+
+    @classmethod
+    def open(cls, model_dir, blueprint, backend, store, options: dict) -> "ComputeTier":
+        """The tier for a model being loaded (``store``: its local expert store);
+        ``options`` are ``load``'s ``compute_options``. A bad option is a UsageError
+        naming it."""
+        raise NotImplementedError
+
+    def routed_experts(self, decl, x, indices: np.ndarray, weights: np.ndarray, ops, fetch) -> object:
+        """The layer's output for ``x`` (T, hidden) routed by ``indices`` / ``weights``
+        (host (T, k)); ``decl`` is the layer's ``ExpertDecl`` (``moe_index``, ``glu``,
+        ``activation``, ``interleaved``), ``ops`` the step's operations (a
+        ``RowInvariantOps`` in a batched decode step), ``fetch(e)`` the local store's
+        expert e."""
+        raise NotImplementedError
+
+    def counters(self) -> dict:
+        """Cumulative counters (ints, or dicts of ints by worker) for the statistics;
+        a generation reports their differences as ``GenerationStats.compute``."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def routed_output(ops, x, groups, outputs):
+    """The routed experts' sum as ``Backend.routed_experts`` forms it: zeros, then each
+    expert's output (``outputs[e]``: a host (rows, hidden) float32 array) times its
+    weights added to its rows, in ascending expert order. ``groups`` are
+    ``expert_groups(indices, weights)``."""
+    out = ops.zeros(tuple(x.shape), ops.activation_dtype)
+    for e, rows, scale in groups:
+        out = ops.add_rows(out, rows, ops.asarray(outputs[e], ops.activation_dtype), scale)
+    return out

@@ -32,6 +32,23 @@ class QuantTensor:
         return int(self.data.nbytes + (self.scales.nbytes if self.scales is not None else 0))
 
 
+# kinds whose rows are independent (per-row or per-row-group scales): their rows can be
+# reordered packed; fp8's scales cover blocks of rows
+ROW_KINDS = frozenset({"q8", "q4", "mxfp4", "bf16", "q4g32", "mxfp4pair"})
+
+
+def permute_rows(host, order: np.ndarray):
+    """A host-form weight (``host_form``: a float array, 1-D bias included, or a
+    ``QuantTensor``) with its rows in ``order``: packed rows move with their scales, so
+    the weight stays packed. None for a packed kind whose scales span rows (fp8)."""
+    if isinstance(host, QuantTensor):
+        if host.kind not in ROW_KINDS:
+            return None
+        scales = None if host.scales is None else np.ascontiguousarray(host.scales[order])
+        return QuantTensor(host.kind, np.ascontiguousarray(host.data[order]), scales, host.shape, host.block)
+    return np.ascontiguousarray(np.asarray(host)[order])
+
+
 class QuantFormat:
     """Base class of weight formats.
 
@@ -109,6 +126,23 @@ class BF16(QuantFormat):
 
     def quantized(self, info, raw, companions):
         return QuantTensor("bf16", np.ascontiguousarray(raw), None, tuple(info.shape))
+
+
+class IndexTable(QuantFormat):
+    """Integer tensors (I64 / I32): index tables such as DeepSeek-V4's ``tid2eid``
+    (token id -> expert ids), decoded to float32, which holds every integer below 2**24
+    exactly; a larger value is refused rather than rounded."""
+
+    name = "index-table"
+    elementwise = True
+
+    def decode(self, info, raw, companions):
+        if raw.size and int(np.abs(raw).max()) >= 1 << 24:
+            from colibri_core.errors import ModelFormatError
+
+            raise ModelFormatError(f"{info.path}: tensor {info.name!r} holds integers beyond 2**24, "
+                                   "which colibri cannot read exactly as an index table")
+        return raw.astype(np.float32)
 
 
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:

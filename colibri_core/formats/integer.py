@@ -20,17 +20,29 @@ with zeros.
              negatives), one UE8M0 exponent per 32 inputs, 2^(floor(log2(absmax)) - 2).
              Byte j of a group holds input j (low) and input j + 16 (high).
 
+A stamp's shape is (rows, cols), or (experts, rows, cols) for experts stored fused
+(``colibri convert`` of a checkpoint that keeps them so): packed bytes (experts, rows,
+...) and scales (experts, rows, groups), one expert's slice (``X[e]``, or a part of it
+``X[e][p/n]``, as ``Weights.expert_layer`` names it) read on its own with the matching
+slice of the scales.
+
 ``decode`` is the numpy reference; the CPU backend computes with the packed form through
 ``colibri_core.backends.cpu._kernels``.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from colibri_core.io.container import SCALES_SUFFIX, stamp_of
 from colibri_core.errors import ModelFormatError
 from colibri_core.formats.base import QuantFormat, QuantTensor, bf16_to_f32, f32_to_bf16
+from colibri_core.io.safetensors import TensorInfo
+
+# one expert's slice of a fused tensor: "<base>[e]" or "<base>[e][p/n]"
+_SLICE = re.compile(r"^(?P<base>.+?)\[(?P<e>\d+)\](?:\[(?P<p>\d+)/(?P<n>\d+)\])?$")
 
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
                        dtype=np.float32)
@@ -45,20 +57,40 @@ class StampedFormat(QuantFormat):
     read_scale_dtypes: tuple[str, ...] = ()  # what is read besides
 
     def __init__(self):
-        self._shapes: dict[str, tuple[int, int]] = {}  # logical shapes of the tensors claimed
+        self._shapes: dict[str, tuple[int, ...]] = {}  # logical shapes of the tensors claimed
+        self._slices: dict[str, tuple[TensorInfo, int, int, int]] = {}  # slice name -> (whole, e, part, parts)
 
     def matches(self, info, context):
         stamp = stamp_of(context.checkpoint, info)
-        if stamp is None or stamp["fmt"] != self.name:
+        if stamp is None:
+            return self._matches_slice(info, context)
+        if stamp["fmt"] != self.name:
             return False
         self._shapes[info.name] = tuple(stamp["shape"])
         return True
 
-    def shape_of(self, info) -> tuple[int, int]:
+    def _matches_slice(self, info, context) -> bool:
+        m = _SLICE.match(info.name)
+        whole = context.checkpoint.tensors.get(m["base"]) if m and context.checkpoint is not None else None
+        if whole is None or not self.matches(whole, context):
+            return False
+        shape = self._shapes[whole.name]
+        e, part, parts = int(m["e"]), int(m["p"] or 0), int(m["n"] or 1)
+        if len(shape) != 3 or e >= shape[0] or part >= parts or shape[1] % parts:
+            raise ModelFormatError(f"{whole.path}: tensor {whole.name!r} of {self.name} shape {list(shape)} has no slice "
+                                   f"{info.name[len(whole.name):]}")
+        self.logical_shape(whole, context)  # the whole tensor and its scales are checked once, here
+        self._shapes[info.name] = (shape[1] // parts, shape[2])
+        self._slices[info.name] = (whole, e, part, parts)
+        return True
+
+    def shape_of(self, info) -> tuple[int, ...]:
         return self._shapes[info.name]
 
     def logical_shape(self, info, context):
         shape = self.shape_of(info)
+        if info.name in self._slices:
+            return shape
         expected = self.packed_shape(shape)
         if info.shape != expected["data"] or info.dtype != self.packed_dtype:
             raise ModelFormatError(f"{info.path}: tensor {info.name!r}: {self.name} of logical shape {list(shape)} must be "
@@ -73,12 +105,23 @@ class StampedFormat(QuantFormat):
         return shape
 
     def companions(self, info, lookup):
-        scales = lookup(info.name + SCALES_SUFFIX)
+        whole = self._slices.get(info.name)
+        base = whole[0] if whole else info
+        scales = lookup(base.name + SCALES_SUFFIX)
         if scales is None:
-            raise ModelFormatError(f"{info.path}: tensor {info.name!r} has no scales {info.name + SCALES_SUFFIX!r}")
-        return [scales]
+            raise ModelFormatError(f"{info.path}: tensor {info.name!r} has no scales {base.name + SCALES_SUFFIX!r}")
+        if whole is None:
+            return [scales]
+        # the same slice of the scales as of the data, named as the slice's own scales
+        _, e, part, parts = whole
+        stride = scales.nbytes // scales.shape[0]
+        piece = stride // parts
+        return [TensorInfo(info.name + SCALES_SUFFIX, scales.path, scales.dtype, (scales.shape[1] // parts, *scales.shape[2:]),
+                           scales.offset + e * stride + part * piece, piece)]
 
     def packed_shape(self, shape) -> dict[str, tuple[int, ...]]:
+        """The stored data's and scales' shapes for a logical (rows, cols) or (experts,
+        rows, cols)."""
         raise NotImplementedError
 
     def specs(self, name: str, shape) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -112,8 +155,8 @@ class Int8Row(StampedFormat):
     packed_dtype = "I8"
 
     def packed_shape(self, shape):
-        n, k = shape
-        return {"data": (n, k), "scales": (n,)}
+        *lead, n, k = shape
+        return {"data": (*lead, n, k), "scales": (*lead, n)}
 
     def encode(self, name, weight):
         w = _as_rows(weight, name)
@@ -131,9 +174,9 @@ class NibbleFormat(StampedFormat):
     zero-padded)."""
 
     def packed_shape(self, shape):
-        n, k = shape
+        *lead, n, k = shape
         g = -(-k // self.group)
-        return {"data": (n, g * self.group // 2), "scales": (n, g)}
+        return {"data": (*lead, n, g * self.group // 2), "scales": (*lead, n, g)}
 
 
 class Int4GS64(NibbleFormat):

@@ -3,7 +3,8 @@
 A converted file carries ``colibri.format`` (the container version) and
 ``colibri.tensors``: a JSON object mapping each quantised tensor's name to its format and
 logical shape, e.g. ``{"model.layers.0.mlp.experts.3.up_proj.weight": {"fmt":
-"int4-gs64", "shape": [1024, 2048]}}``. The packed bytes are stored under the tensor's own
+"int4-gs64", "shape": [1024, 2048]}}`` (three dimensions for experts stored fused,
+(experts, rows, cols)). The packed bytes are stored under the tensor's own
 name and the scales under ``<name>.qs``. A format claims a tensor only through this stamp
 (or, for checkpoints from other tools, through their own evidence), never by guessing
 from byte counts.
@@ -42,7 +43,7 @@ def stamps(checkpoint, path: str) -> dict[str, dict]:
             for name, entry in table.items():
                 shape = entry.get("shape") if isinstance(entry, dict) else None
                 if (not isinstance(entry, dict) or not isinstance(entry.get("fmt"), str) or not isinstance(shape, list)
-                        or len(shape) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
+                        or len(shape) not in (2, 3) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
                     raise ModelFormatError(f"{path}: tensor {name!r}: bad colibri stamp {entry!r}")
             cache[path] = table
     return cache[path]

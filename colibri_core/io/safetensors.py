@@ -295,6 +295,25 @@ class StreamWriter:
         self._file.write(memoryview(array.reshape(-1).view(np.uint8)))
         self._next += 1
 
+    def write_parts(self, name: str, parts: Iterable) -> None:
+        """Write the next tensor from pieces along its first axis (one expert of a fused
+        tensor at a time: memory holds a piece, never the tensor)."""
+        expected, dtype, shape, nbytes = self._pending[self._next]
+        if name != expected:
+            raise ValueError(f"tensor {name!r} written out of order: {expected!r} comes next")
+        rows = 0
+        for value in parts:
+            got_dtype, array = _typed(name, value)
+            if got_dtype != dtype or tuple(array.shape[1:]) != shape[1:] or rows + array.shape[0] > shape[0]:
+                raise ValueError(f"tensor {name!r}: declared {dtype} {list(shape)}, got a piece {got_dtype} "
+                                 f"{list(array.shape)} after {rows} rows")
+            array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+            self._file.write(memoryview(array.reshape(-1).view(np.uint8)))
+            rows += array.shape[0]
+        if rows != shape[0]:
+            raise ValueError(f"tensor {name!r}: declared {shape[0]} rows, got {rows}")
+        self._next += 1
+
     def commit(self) -> int:
         if self._next != len(self._pending):
             raise ValueError(f"{self.path}: {len(self._pending) - self._next} declared tensors were never written")

@@ -90,6 +90,18 @@ class ModelArgs:
     def validate(self, source: str) -> None:
         """Cross-field checks; subclasses extend."""
 
+    def require_multiple(self, source: str, field: str, of: str) -> None:
+        """Field ``field`` a multiple of field ``of`` (query heads of KV heads)."""
+        value, base = getattr(self, field), getattr(self, of)
+        if value % base:
+            raise ModelFormatError(f"{source}: {field} {value} is not a multiple of {of} {base}")
+
+    def require_at_most(self, source: str, field: str, limit: str) -> None:
+        """Field ``field`` no larger than field ``limit`` (experts per token of the experts)."""
+        value, bound = getattr(self, field), getattr(self, limit)
+        if value > bound:
+            raise ModelFormatError(f"{source}: {field} {value} exceeds {limit} {bound}")
+
 
 def _check(source: str, name: str, value: Any, hint: Any, rng: tuple | None) -> Any:
     kinds = _kinds(hint)

@@ -3,7 +3,9 @@
 from colibri_core.engine.backend import GatedActivation
 from colibri_core.nn.cache import Cache, KVCache, RecurrentState, SlidingKVCache
 from colibri_core.nn.deltanet import GatedDeltaNet, LowRank
+from colibri_core.nn.compressed import CompressedAttention, CompressedIndexer, WindowCompressor
 from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
+from colibri_core.nn.hyper import HyperConnection, HyperDecoderLayer, HyperHead
 from colibri_core.nn.layers import (
     Attention,
     CausalLM,
@@ -20,7 +22,7 @@ from colibri_core.nn.layers import (
 from colibri_core.nn.mla import MLACache, MLAttention, mla_softmax_scale
 from colibri_core.nn.norms import GatedRMSNorm
 from colibri_core.nn.rope import RoPE, build_rope, rope_parameters
-from colibri_core.nn.routers import SigmoidGroupedTopKRouter
+from colibri_core.nn.routers import HashRouter, ScoredTopKRouter, SigmoidGroupedTopKRouter
 from colibri_core.nn.weights import ExpertDecl, ExpertMatrices, Param, Weights
 
 __all__ = [
@@ -34,4 +36,8 @@ __all__ = [
     "mla_softmax_scale",
     # sliding-window attention with sinks, experts with biases and another activation (gpt-oss)
     "ExpertMatrices", "GatedActivation", "SlidingKVCache",
+    # DeepSeek-V4's attention (sliding window, sinks, CSA / HCA compressed entries) and routers
+    "CompressedAttention", "CompressedIndexer", "HashRouter", "ScoredTopKRouter", "WindowCompressor",
+    # manifold hyper-connections (DeepSeek-V4, GLM-5 Next)
+    "HyperConnection", "HyperDecoderLayer", "HyperHead",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from colibri_core.nn.hyper import HeadNorm, HyperDecoderLayer, HyperHead, StreamEmbedding
 from colibri_core.nn.layers import CausalLM, DecoderLayer, DividedInput, Embedding, Linear, NormedEmbedding
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ class Names:
 def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock, names: Names = Names(), *,
                   offset_norms: bool = False, refused_tokens: dict[int, str] | None = None,
                   embedded_as: dict[int, int] | None = None, post: Callable[[int, str], tuple] | None = None,
-                  embed_norm: bool = False, head_divisor: float = 1.0, head_rows: int | None = None) -> CausalLM:
+                  embed_norm: bool = False, head_divisor: float = 1.0, head_rows: int | None = None,
+                  hyper: Callable[[int, str], tuple] | None = None, hyper_head: HyperHead | None = None) -> CausalLM:
     """Embeddings, ``a.num_hidden_layers`` layers x + mixer(norm(x)), h + mlp(norm(h)),
     the final norm and the LM head (``lm_head``, or the embeddings when
     ``a.tie_word_embeddings``). ``offset_norms``: the RMSNorms scale by (1 + w).
@@ -60,7 +62,13 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     ``embed_norm``: the embeddings RMS-normalised by ``embed_tokens.embed_norm``;
     ``head_divisor``: the LM head sees the final hidden states divided by it (muP);
     ``head_rows``: only the LM head's first rows give logits (a head padded beyond the
-    vocabulary)."""
+    vocabulary); ``hyper(i, prefix)``: (attn_hc, ffn_hc), the ``nn.hyper.HyperConnection``
+    sites of layer i, whose residual is then ``hyper_head.n`` streams (``HyperDecoderLayer``,
+    embeddings entering as N copies, ``hyper_head`` collapsing them before the final norm)."""
+    if (hyper is None) != (hyper_head is None):
+        raise ValueError("build_decoder takes hyper and hyper_head together")
+    if hyper is not None and (post is not None or embed_norm):
+        raise ValueError("build_decoder: hyper-connections do not combine with post or embed_norm")
     hidden = a.hidden_size
 
     def norm(prefix: str):
@@ -69,10 +77,17 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     layers = []
     for i in range(a.num_hidden_layers):
         p = names.layer(i)
+        if hyper is not None:
+            attn_hc, ffn_hc = hyper(i, p)
+            layers.append(HyperDecoderLayer(attn_hc, norm(f"{p}.input_layernorm"), mixer(i, p), ffn_hc,
+                                            norm(f"{p}.post_attention_layernorm"), mlp(i, p)))
+            continue
         layers.append(DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p),
                                    *(post(i, p) if post is not None else ())))
     table = w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden))
-    if embed_norm:
+    if hyper_head is not None:
+        embed = StreamEmbedding(table, hyper_head.n, embedded_as)
+    elif embed_norm:
         embed = NormedEmbedding(table, norm(f"{names.model}embed_tokens.embed_norm"), embedded_as)
     else:
         embed = Embedding(table, embedded_as)
@@ -85,7 +100,10 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
         lm_head = w.linear(names.lm_head, vocab, hidden)
     if head_divisor != 1.0:
         lm_head = DividedInput(lm_head, head_divisor)
-    return CausalLM(embed=embed, layers=layers, norm=norm(f"{names.model}norm"), lm_head=lm_head,
+    final = norm(f"{names.model}norm")
+    if hyper_head is not None:
+        final = HeadNorm(hyper_head, final)
+    return CausalLM(embed=embed, layers=layers, norm=final, lm_head=lm_head,
                     vocab_size=vocab, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
 
 

@@ -161,17 +161,18 @@ def softmax_moe(w, layer: int, p: str, n_experts: int, top_k: int, norm_topk_pro
     return SparseMoE(router, w.swiglu_experts(layer, f"{p}.experts", n_experts, hidden, inner), **shared)
 
 
-def sigmoid_moe(a: SigmoidMoEArgs, w, layer: int, p: str) -> SparseMoE:
+def sigmoid_moe(a: SigmoidMoEArgs, w, layer: int, p: str, activation=None) -> SparseMoE:
     """The MoE block at ``p``: ``gate`` (+ ``gate.e_score_correction_bias``), routed
     experts ``experts`` streamed by the store (per expert or fused, as
-    ``Weights.swiglu_experts`` reads them), ``shared_experts``."""
+    ``Weights.swiglu_experts`` reads them), ``shared_experts``; ``activation``: the
+    experts' (routed and shared) ``GatedActivation``, SiLU-SwiGLU when None."""
     hidden, inner, n = a.hidden_size, a.moe_intermediate_size, a.n_routed_experts
-    experts = w.swiglu_experts(layer, f"{p}.experts", n, hidden, inner)
+    experts = w.swiglu_experts(layer, f"{p}.experts", n, hidden, inner, activation)
     router = SigmoidGroupedTopKRouter(
         w.linear(f"{p}.gate", n, hidden), a.num_experts_per_tok, bias=w.optional(f"{p}.gate.e_score_correction_bias", (n,)),
         n_group=a.n_group, topk_group=a.topk_group, norm_topk_prob=a.norm_topk_prob,
         routed_scaling_factor=a.routed_scaling_factor)
-    shared = w.swiglu(f"{p}.shared_experts", hidden, inner * a.n_shared_experts) if a.n_shared_experts else None
+    shared = w.swiglu(f"{p}.shared_experts", hidden, inner * a.n_shared_experts, activation) if a.n_shared_experts else None
     return SparseMoE(router, experts, shared=shared)
 
 
@@ -208,13 +209,16 @@ def mla_attention(a: MLAArgs, w, layer: int, s: str, rope: RoPE, scale: float, *
     )
 
 
-def sigmoid_moe_mlp(a: SigmoidMoEArgs, w) -> LayerBlock:
+def sigmoid_moe_mlp(a: SigmoidMoEArgs, w, activation=None) -> LayerBlock:
     """The MLP of each layer at ``prefix.mlp``: ``sigmoid_moe`` where ``a.is_moe(i)``,
-    else a dense SwiGLU of ``intermediate_size``."""
+    else a dense SwiGLU of ``intermediate_size``; ``activation``: all their
+    ``GatedActivation`` (SiLU-SwiGLU when None)."""
 
     def mlp(i: int, prefix: str):
         p = f"{prefix}.mlp"
-        return sigmoid_moe(a, w, i, p) if a.is_moe(i) else w.swiglu(p, a.hidden_size, a.intermediate_size)
+        if a.is_moe(i):
+            return sigmoid_moe(a, w, i, p, activation)
+        return w.swiglu(p, a.hidden_size, a.intermediate_size, activation)
 
     return mlp
 

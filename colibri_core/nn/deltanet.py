@@ -18,6 +18,9 @@ KDA (``gate_per_channel``) is the same layer with a decay per key channel: a is
 exp(g[h, d]) (``Backend.gated_delta_channel_chunked`` / ``_step``); its output norm gates
 with sigmoid instead of silu (``GatedRMSNorm(activation="sigmoid")``), and its a and z
 come through low-rank pairs of projections (``LowRank``).
+
+``gate_lower_bound`` (GLM-5 Next's KDA, per channel): the decay is bounded below instead,
+g = lower_bound * sigmoid(exp(A_log[h]) * (a + dt_bias)), in (lower_bound, 0).
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class GatedDeltaNet:
 
     def __init__(self, *, layer: int, projections: list, conv_weight: Param | list[Param], a_neg: Param,
                  dt_bias: Param, norm: GatedRMSNorm, out: Linear, n_k_heads: int, n_v_heads: int, k_head_dim: int,
-                 v_head_dim: int, chunk_size: int = CHUNK_SIZE, gate_per_channel: bool = False):
+                 v_head_dim: int, chunk_size: int = CHUNK_SIZE, gate_per_channel: bool = False,
+                 gate_lower_bound: float | None = None):
         if n_v_heads % n_k_heads:
             raise ValueError(f"value heads {n_v_heads} are not a multiple of key heads {n_k_heads}")
         self.layer = layer
@@ -71,6 +75,9 @@ class GatedDeltaNet:
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.chunk_size = chunk_size
         self.gate_per_channel = gate_per_channel
+        if gate_lower_bound is not None and not gate_per_channel:
+            raise ValueError("gate_lower_bound is the per-channel (KDA) decay's option")
+        self.gate_lower_bound = gate_lower_bound
         self.sizes = (self.conv_dim, self.value_dim, n_v_heads, n_v_heads * (k_head_dim if gate_per_channel else 1))
         self._conv = None  # the conv weights as one (conv_dim, K) array, once loaded
 
@@ -146,7 +153,11 @@ class GatedDeltaNet:
         k = ops.l2_norm(qkv[:, self.key_dim : 2 * self.key_dim].reshape(t, hk, dk), L2_EPS)
         v = qkv[:, 2 * self.key_dim :].reshape(t, hv, dv)
         beta = ops.sigmoid(b)
-        if self.gate_per_channel:  # KDA: a decay per (value head, key channel)
+        if self.gate_per_channel and self.gate_lower_bound is not None:  # bounded below (GLM-5 Next)
+            rate = -self.a_neg.value.reshape(hv, 1)  # exp(A_log)
+            g = ops.sigmoid(rate * (a + self.dt_bias.value).reshape(t, hv, dk)) * float(self.gate_lower_bound)
+            step_op, chunked_op = ops.gated_delta_channel_step, ops.gated_delta_channel_chunked
+        elif self.gate_per_channel:  # KDA: a decay per (value head, key channel)
             g = self.a_neg.value.reshape(hv, 1) * ops.softplus((a + self.dt_bias.value).reshape(t, hv, dk))
             step_op, chunked_op = ops.gated_delta_channel_step, ops.gated_delta_channel_chunked
         else:

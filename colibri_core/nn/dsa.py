@@ -13,10 +13,16 @@ they count in the KV bytes per token.
 
 When ``index_topk`` covers every cached key the selection is all of them, which is
 dense attention: the scores are then not computed (the keys are still cached).
+
+``PooledIndexer`` (GLM-5 Next) scores pools of consecutive tokens instead of tokens, and
+``SharedIndexer`` reuses the previous indexer's selection (GLM-5, GLM-5 Next).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from colibri_core.engine.backend import top_k_indices
 from colibri_core.nn.layers import Linear, Step, rope_tables
 from colibri_core.nn.rope import RoPE
 from colibri_core.nn.weights import Param
@@ -89,3 +95,73 @@ class SharedIndexer:
         if _SELECTED not in step.memo:
             raise ValueError("a shared DSA layer needs an earlier layer with its own indexer")
         return step.memo[_SELECTED]
+
+
+class PooledIndexer:
+    """GLM-5 Next's indexer (transformers' ``Glm5NextTextIndexer``): it scores pools of
+    ``pool`` consecutive tokens instead of single tokens, and each query attends to the
+    tokens of its ``topk // pool`` best complete pools plus its own incomplete last pool
+    (the "tail": the visible tokens after the last complete pool).
+
+    A pool's key is a learned weighting of its tokens' indexer keys, per channel:
+    sum_j softmax_j(gate[j] + ape[j]) * k[j], with gate = ``compress_gate`` (x) and
+    ``ape`` (pool, D); a pool is a candidate for a query once its last token is visible.
+    Scores are ``LightningIndexer``'s (no rope: GLM-5 Next's attention is NoPE). Per
+    token the layer's ``MLACache`` keeps the indexer key and the gate (2 * D floats).
+    When every query's complete pools fit in its budget it sees all visible keys (dense
+    attention) and no score is computed."""
+
+    def __init__(self, *, wq_b: Linear, wk: Linear, k_norm: LayerNorm, weights_proj: Linear, compress_gate: Linear,
+                 compress_ape: Param, n_heads: int, head_dim: int, topk: int, pool: int):
+        if pool < 1 or topk < pool or topk % pool:
+            raise ValueError(f"indexer topk {topk} must be a positive multiple of the pool size {pool}")
+        compress_ape.role = "plain"
+        self.wq_b, self.wk, self.k_norm, self.weights_proj = wq_b, wk, k_norm, weights_proj
+        self.compress_gate, self.compress_ape = compress_gate, compress_ape
+        self.n_heads, self.head_dim, self.topk, self.pool = n_heads, head_dim, topk, pool
+
+    @property
+    def cached_dim(self) -> int:
+        return 2 * self.head_dim  # [indexer key | pool gate] per token
+
+    def __call__(self, x, q_resid, state, step: Step):
+        if q_resid is None:
+            raise ValueError("the DSA indexer needs the attention's q LoRA activation (q_lora_rank)")
+        ops, t, d, size = step.ops, x.shape[0], self.head_dim, self.pool
+        k = self.k_norm(self.wk(x, step), step)
+        rows = state.append_index(ops.concat([k, self.compress_gate(x, step)], 1))
+        pools, budget = rows.shape[0] // size, self.topk // size
+        selected = None
+        if pools > budget:  # some query has more complete pools than it may keep
+            keys = rows[: pools * size, :d].reshape(pools, size, d)
+            logits = rows[: pools * size, d:].reshape(pools, size, d) + self.compress_ape.value
+            probs = ops.softmax(logits.transpose(0, 2, 1)).transpose(0, 2, 1)  # over each pool's tokens
+            pooled = probs[:, 0, :] * keys[:, 0, :]
+            for j in range(1, size):
+                pooled = pooled + probs[:, j, :] * keys[:, j, :]
+            q = self.wq_b(q_resid, step).reshape(t, self.n_heads, d)
+            weights = self.weights_proj(x, step) * (self.n_heads**-0.5)
+            # start = pools: no pool is masked here; which ones a query may pick is decided below
+            scores = ops.to_host(ops.dsa_index_scores(q, pooled, weights, d**-0.5, pools))
+            selected = ops.asarray(self._select(scores, step.start, budget), "int64")
+        step.memo[_SELECTED] = selected
+        return selected
+
+    def _select(self, scores: np.ndarray, start: int, budget: int) -> np.ndarray:
+        """(T, budget * pool + pool - 1) token positions: per query its best visible
+        complete pools and its tail; short rows padded with -1 (selects nothing)."""
+        size = self.pool
+        width = budget * size + size - 1
+        out = np.empty((scores.shape[0], width), dtype=np.int64)
+        for i, row in enumerate(scores):
+            seen = start + i + 1  # positions 0 .. start + i
+            complete = seen // size
+            if complete > budget:
+                best = top_k_indices(row[None, :complete], budget)[0]
+            else:
+                best = np.arange(complete)
+            tokens = np.concatenate([(best[:, None] * size + np.arange(size)).ravel(),
+                                     np.arange(complete * size, seen)])
+            out[i, : tokens.size] = tokens
+            out[i, tokens.size :] = -1
+        return out

@@ -39,6 +39,7 @@ class Step:
     prefetcher: Any = None  # told the hidden state after each attention, to read ahead
     segments: list["Step"] | None = None  # batched step: one Step per sequence
     rows: list[tuple[int, int]] | None = None  # the rows of each segment
+    ids: np.ndarray | None = None  # the step's token ids, one per row (hash-routed MoE layers read them)
 
     @property
     def start(self) -> int:
@@ -89,12 +90,16 @@ class RMSNorm:
 
 
 class SwiGLU:
-    """Dense gated MLP: down(silu(gate(x)) * up(x))."""
+    """Dense gated MLP: down(silu(gate(x)) * up(x)); with ``activation``, another
+    ``GatedActivation`` of gate and up (DeepSeek-V4's clamped SwiGLU)."""
 
-    def __init__(self, gate: Linear, up: Linear, down: Linear):
+    def __init__(self, gate: Linear, up: Linear, down: Linear, activation=None):
         self.gate, self.up, self.down = gate, up, down
+        self.activation = None if activation is None or activation.plain else activation
 
     def __call__(self, x, step: Step):
+        if self.activation is not None:
+            return self.down(step.ops.gated_activation(self.gate(x, step), self.up(x, step), self.activation), step)
         return self.down(step.ops.silu_mul(self.gate(x, step), self.up(x, step)), step)
 
 
@@ -215,7 +220,7 @@ class SoftmaxTopKRouter:
 class RoutedExperts:
     """The routed experts of one MoE layer, served by the expert store: SiLU-SwiGLU
     experts through ``ops.routed_experts``; experts with biases, a fused gate_up or
-    another ``GatedActivation`` (``decl.activation``, ``decl.interleaved``) through
+    another ``GatedActivation`` (``decl.activation``) through
     ``ops.routed_glu_experts``."""
 
     def __init__(self, decl: ExpertDecl):
@@ -229,6 +234,10 @@ class RoutedExperts:
         store = self.store
         # a token's k experts are distinct: sorting them is enough (np.unique costs more)
         experts = np.sort(indices[0]) if indices.shape[0] == 1 else np.unique(indices)
+        if store.compute is not None:  # computed elsewhere (a compute tier), the same sums
+            out = store.compute.routed_experts(self.decl, x, indices, weights, step.ops, lambda e: store.get(layer, e))
+            store.end_layer(layer, indices, experts)
+            return out
         at_hand = store.request(layer, experts)  # the misses are read together
         def fetch(e):
             return store.get(layer, e)
@@ -236,8 +245,8 @@ class RoutedExperts:
         ready = None if at_hand else lambda e: store.ready(layer, e)
         decl = self.decl
         if decl.glu:
-            out = step.ops.routed_glu_experts(x, indices, weights, fetch, decl.activation, decl.interleaved,
-                                              store.io_window, ready)
+            out = step.ops.routed_glu_experts(x, indices, weights, fetch, decl.activation,
+                                              window=store.io_window, ready=ready)
         else:
             out = step.ops.routed_experts(x, indices, weights, fetch, store.io_window, ready)
         store.end_layer(layer, indices, experts)
@@ -283,16 +292,19 @@ class DecoderLayer:
             slots.update(block.state_slots(backend, max_len))
         return LayerStates(slots)
 
-    def __call__(self, x, step: Step):
+    def mix(self, x, step: Step):
+        """The token mixer on norm(x) (x: the rows of every sequence of the step)."""
         if step.segments is None:
-            mixed = self.attn(self.attn_norm(x, step), step)
-        else:  # each sequence's tokens through the mixer with that sequence's state
-            normed = self.attn_norm(x, step)
-            if hasattr(self.attn, "batched"):  # its projections on all rows at once
-                mixed = self.attn.batched(normed, step)
-            else:
-                parts = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
-                mixed = parts[0] if len(parts) == 1 else step.ops.concat(parts, 0)
+            return self.attn(self.attn_norm(x, step), step)
+        # each sequence's tokens through the mixer with that sequence's state
+        normed = self.attn_norm(x, step)
+        if hasattr(self.attn, "batched"):  # its projections on all rows at once
+            return self.attn.batched(normed, step)
+        parts = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
+        return parts[0] if len(parts) == 1 else step.ops.concat(parts, 0)
+
+    def __call__(self, x, step: Step):
+        mixed = self.mix(x, step)
         h = x + (mixed if self.attn_post is None else self.attn_post(mixed, step))
         if step.prefetcher is not None:
             step.prefetcher.after_attention(self, h, step)
@@ -366,7 +378,9 @@ class CausalLM:
         ``after_layer(n)``, when given, is told after each layer how many are done."""
         ids = np.asarray(ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
-        step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher)
+        step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher, ids=ids)
+        if self.prefetcher is not None:
+            self.prefetcher.after_embedding(step)
         x = self.embed(ids, step)
         if watch is not None:
             watch("the token embeddings", x)
@@ -417,8 +431,10 @@ class CausalLM:
             rows.append((begin, begin + len(seq_ids)))
             begin += len(seq_ids)
         step = Step(ops, np.concatenate([s.positions for s in segments]), None, routing=routing,
-                    prefetcher=self.prefetcher, segments=segments, rows=rows)
-        x = self.embed(np.concatenate(ids), step)
+                    prefetcher=self.prefetcher, segments=segments, rows=rows, ids=np.concatenate(ids))
+        if self.prefetcher is not None:
+            self.prefetcher.after_embedding(step)
+        x = self.embed(step.ids, step)
         for layer in self.layers:
             x = layer(x, step)
         for seq_ids, (_, cache) in zip(ids, seqs):

@@ -43,3 +43,70 @@ class SigmoidGroupedTopKRouter:
         bias = self._host_bias
         return step.ops.sigmoid_grouped_top_k(x, self.gate.weight.value, bias, self.top_k, self.n_group, self.topk_group,
                                               self.norm_topk_prob, self.routed_scaling_factor)
+
+
+class ScoredTopKRouter:
+    """DeepSeek-V4's router (``Backend.scored_top_k``): expert scores f(x @ gate.T), f
+    ``scoring`` ("sqrtsoftplus" or "sigmoid"); the ``top_k`` best of score + ``bias``
+    (``e_score_correction_bias``, for choosing only) over all experts (no groups); their
+    unbiased scores divided by their sum and multiplied by ``routed_scaling_factor``."""
+
+    def __init__(self, gate: Linear, top_k: int, *, scoring: str, bias: Param | None = None,
+                 routed_scaling_factor: float = 1.0):
+        from colibri_core.engine.backend import ROUTER_SCORINGS
+
+        if scoring not in ROUTER_SCORINGS:
+            raise ValueError(f"router scoring {scoring!r} is not one of {ROUTER_SCORINGS}")
+        if not 1 <= top_k <= gate.out_features:
+            raise ValueError(f"top_k {top_k} must be within 1..{gate.out_features} experts")
+        self.gate, self.top_k, self.scoring, self.bias = gate, top_k, scoring, bias
+        self.routed_scaling_factor = routed_scaling_factor
+        gate.weight.role = "router"  # routing decisions stay at the stored precision
+        self._host_bias: np.ndarray | None = None
+
+    def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        if self.bias is not None and self._host_bias is None:  # once: choosing experts happens on the host
+            self._host_bias = step.ops.to_host(self.bias.value).astype(np.float32)
+        return step.ops.scored_top_k(x, self.gate.weight.value, self._host_bias, self.top_k, self.scoring,
+                                     self.routed_scaling_factor)
+
+
+class HashRouter(ScoredTopKRouter):
+    """DeepSeek-V4's hash-routed layers: each token's experts are a fixed function of its
+    id (``tid2eid``, (vocab, top_k)), known before the layer runs, so a prefetcher can
+    read them exactly (``experts_for``); the gate's scores still weight them as
+    ``ScoredTopKRouter`` does. Reads the step's token ids (``Step.ids``)."""
+
+    def __init__(self, gate: Linear, tid2eid: Param, *, scoring: str, routed_scaling_factor: float = 1.0):
+        vocab, k = tid2eid.shape
+        super().__init__(gate, k, scoring=scoring, routed_scaling_factor=routed_scaling_factor)
+        self.tid2eid = tid2eid
+        self._table: np.ndarray | None = None
+
+    def table(self, ops) -> np.ndarray:
+        """The host (vocab, top_k) int64 token -> experts table, checked once."""
+        if self._table is None:
+            table = ops.to_host(self.tid2eid.value)
+            ids = table.astype(np.int64)
+            n = self.gate.out_features
+            if not np.array_equal(ids, table) or ids.min(initial=0) < 0 or ids.max(initial=0) >= n:
+                from colibri_core.errors import ModelFormatError
+
+                raise ModelFormatError(f"tensor {self.tid2eid.name!r} must hold expert ids 0..{n - 1}")
+            ordered = np.sort(ids, axis=1)
+            if (ordered[:, 1:] == ordered[:, :-1]).any():  # the store computes each expert once per token
+                from colibri_core.errors import ModelFormatError
+
+                raise ModelFormatError(f"tensor {self.tid2eid.name!r} routes a token to one expert twice")
+            self._table = ids
+        return self._table
+
+    def experts_for(self, ids: np.ndarray, ops) -> np.ndarray:
+        """The experts of tokens ``ids``: (T, top_k) host int64."""
+        return self.table(ops)[np.asarray(ids, dtype=np.int64)]
+
+    def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        if step.ids is None or len(step.ids) != x.shape[0]:
+            raise ValueError("a hash-routed MoE layer needs the step's token ids, one per row")
+        return step.ops.scored_top_k(x, self.gate.weight.value, None, self.top_k, self.scoring,
+                                     self.routed_scaling_factor, self.experts_for(step.ids, step.ops))

@@ -67,11 +67,15 @@ class ExpertMatrices(dict):
     """One expert's tensors by role (role -> ``TensorInfo``), and for roles the blocks do
     not only multiply as stored, ``forms``: role -> (use, transform). Such a role is
     decoded to float32 ("array") and, when a transform is given, mapped by it on the host
-    once per read (a transpose of a (hidden, out) slice; a bias left unpacked)."""
+    once per read (a transpose of a (hidden, out) slice; a bias left unpacked).
+    ``row_orders``: role -> the order its rows are read in (``permute_rows``: packed
+    forms stay packed), e.g. a gate/up-interleaved ``gate_up`` read as gate rows, then up
+    rows, once when the expert is read instead of at every step."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.forms: dict[str, tuple[str, Callable | None]] = {}
+        self.row_orders: dict[str, np.ndarray] = {}
 
     def use_of(self, role: str) -> str:
         return self.forms.get(role, ("linear", None))[0]
@@ -82,8 +86,8 @@ class ExpertMatrices(dict):
 
 @dataclass
 class ExpertDecl:
-    """The routed experts of one MoE layer, located on disk. ``activation`` and
-    ``interleaved`` say how ``RoutedExperts`` computes them: plain SiLU-SwiGLU on
+    """The routed experts of one MoE layer, located on disk. ``activation`` and the
+    roles say how ``RoutedExperts`` computes them: plain SiLU-SwiGLU on
     gate/up/down without biases goes through ``ops.routed_experts``; anything else
     (biases, a fused ``gate_up`` role, another activation) through ``ops.routed_glu_experts``."""
 
@@ -92,7 +96,6 @@ class ExpertDecl:
     matrices: list[ExpertMatrices]  # per expert: role -> tensor
     moe_index: int = -1  # index among MoE layers, set when the store is built
     activation: GatedActivation = field(default_factory=GatedActivation)
-    interleaved: bool = False  # a fused gate_up alternates gate and up rows
 
     @property
     def glu(self) -> bool:
@@ -106,6 +109,9 @@ class Weights:
     resolver: object = None  # FormatResolver: the logical shapes of packed formats
     params: dict[str, Param] = field(default_factory=dict)
     experts: list[ExpertDecl] = field(default_factory=list)
+    # a family's name -> the checkpoint's, for checkpoints that keep their original
+    # (pre-transformers) names: the family asks under transformers' names either way
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def shape_of(self, info: TensorInfo) -> tuple[int, ...]:
         return self.resolver.logical_shape(info) if self.resolver is not None else info.shape
@@ -118,17 +124,19 @@ class Weights:
     def stored_name(self, name: str) -> str:
         """The checkpoint's name for the tensor a family asks for as ``name``: a packed
         format may store it under another (compressed-tensors ``X.weight_packed`` for
-        ``X.weight``, gpt-oss's ``X_blocks`` for ``X``)."""
+        ``X.weight``, gpt-oss's ``X_blocks`` for ``X``), and a checkpoint in its original
+        layout under its own (``aliases``)."""
+        name = self.aliases.get(name, name)
         return self.resolver.stored_name(name) if self.resolver is not None else name
 
     def _lookup(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
         stored = self.stored_name(name)
         if stored not in self.checkpoint:
-            raise ModelFormatError(f"{self.checkpoint.model_dir}: missing tensor {name!r}")
+            raise ModelFormatError(f"{self.checkpoint.model_dir}: missing tensor {self.aliases.get(name, name)!r}")
         info = self.checkpoint.info(stored)
         if self.shape_of(info) != tuple(shape):
             raise ModelFormatError(
-                f"{info.path}: tensor {name!r} has shape {list(self.shape_of(info))}, but config.json implies {list(shape)}"
+                f"{info.path}: tensor {self.aliases.get(name, name)!r} has shape {list(self.shape_of(info))}, but config.json implies {list(shape)}"
             )
         return info
 
@@ -163,7 +171,9 @@ class Weights:
         expert's slice (``gate_up_proj``: gate is part 0 of 2, up part 1).
 
         Roles are ``gate``, ``up`` and ``down`` (out, in) or one fused ``gate_up`` (2 *
-        inter, in; with ``interleaved`` its rows alternate gate, up, ...: gpt-oss), plus
+        inter, in), gate rows first; with ``interleaved`` its stored rows (and those of
+        ``gate_up_bias``) alternate gate, up, ... (gpt-oss) and are read reordered, gate
+        rows first (packed forms stay packed), so the blocks compute plain halves. Plus
         optional biases ``gate_bias``, ``up_bias`` / ``gate_up_bias``, ``down_bias`` (1-D).
         ``transforms``: role -> a host function applied to the decoded float32 slice at
         each read (e.g. ``numpy.transpose`` for a (in, out) layout); the shape given is the
@@ -192,11 +202,17 @@ class Weights:
                 for e in range(count):
                     per_expert[e][role] = TensorInfo(f"{fused.name}[{e}]{suffix}", fused.path, fused.dtype, stored_shape,
                                                      fused.offset + e * stride + part * piece, piece)
+        if interleaved and "gate_up" not in matrices:
+            raise ValueError("interleaved experts need a fused gate_up role")
         for m in per_expert:
             for role in m:
                 if role in transforms or role.endswith("_bias"):
                     m.forms[role] = ("array", transforms.get(role))
-        decl = ExpertDecl(layer, count, per_expert, activation=activation or GatedActivation(), interleaved=interleaved)
+            if interleaved:
+                rows = matrices["gate_up"][1][0]  # (2 * inter, in) as stored
+                order = np.concatenate([np.arange(0, rows, 2), np.arange(1, rows, 2)])
+                m.row_orders.update({role: order for role in ("gate_up", "gate_up_bias") if role in m})
+        decl = ExpertDecl(layer, count, per_expert, activation=activation or GatedActivation())
         self.experts.append(decl)
         return decl
 
@@ -214,17 +230,20 @@ class Weights:
         exactly as the reference computes it on every call."""
         return RMSNorm(self.param(f"{prefix}.weight", (dim,), _plus_one if offset else None), eps)
 
-    def swiglu(self, prefix: str, hidden: int, intermediate: int):
-        """A dense SwiGLU MLP stored as ``prefix.{gate,up,down}_proj.weight``."""
+    def swiglu(self, prefix: str, hidden: int, intermediate: int, activation: GatedActivation | None = None):
+        """A dense SwiGLU MLP stored as ``prefix.{gate,up,down}_proj.weight`` (``activation``:
+        another ``GatedActivation``, e.g. clamped)."""
         return SwiGLU(self.linear(f"{prefix}.gate_proj", intermediate, hidden), self.linear(f"{prefix}.up_proj", intermediate, hidden),
-                      self.linear(f"{prefix}.down_proj", hidden, intermediate))
+                      self.linear(f"{prefix}.down_proj", hidden, intermediate), activation)
 
-    def swiglu_experts(self, layer: int, prefix: str, count: int, hidden: int, intermediate: int):
+    def swiglu_experts(self, layer: int, prefix: str, count: int, hidden: int, intermediate: int,
+                       activation: GatedActivation | None = None):
         """Routed SwiGLU experts, in any layout the checkpoint has: one tensor per
         expert, ``prefix.{e}.{gate,up,down}_proj.weight`` (or Mixtral's
         ``prefix.{e}.{w1,w3,w2}.weight``), or fused as transformers 5 keeps
         them, ``prefix.gate_up_proj`` (count, 2 * inter, hidden; gate rows first) and
-        ``prefix.down_proj`` (count, hidden, inter). Returns the ``RoutedExperts`` block."""
+        ``prefix.down_proj`` (count, hidden, inter). Returns the ``RoutedExperts`` block;
+        ``activation``: the experts' ``GatedActivation`` (default SiLU-SwiGLU)."""
         if not self.has(f"{prefix}.gate_up_proj") and self.has(f"{prefix}.0.w1.weight"):
             # Mixtral's naming (Kimi Linear's checkpoints): w1 gate, w3 up, w2 down
             matrices = {
@@ -244,7 +263,7 @@ class Weights:
                 "up": (f"{prefix}.{{e}}.up_proj.weight", (intermediate, hidden)),
                 "down": (f"{prefix}.{{e}}.down_proj.weight", (hidden, intermediate)),
             }
-        return RoutedExperts(self.expert_layer(layer, count, matrices))
+        return RoutedExperts(self.expert_layer(layer, count, matrices, activation=activation))
 
     def attention_projections(self, prefix: str, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
                               qkv_bias: bool = False, o_bias: bool = False, q_per_head: int = 1) -> dict:

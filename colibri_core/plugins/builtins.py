@@ -10,6 +10,9 @@ def colibri_register_quants(register):
     register(QuantSpec("f32", "colibri_core.formats.base:F32", "32-bit float, stored as is", dtypes=("F32",)))
     register(QuantSpec("bf16", "colibri_core.formats.base:BF16", "bfloat16; computed as is by the CPU kernels", dtypes=("BF16",)))
     register(QuantSpec("f16", "colibri_core.formats.base:F16", "IEEE half, widened to f32 for compute", dtypes=("F16",)))
+    register(QuantSpec("index-table", "colibri_core.formats.base:IndexTable",
+                       "I64 / I32 integer tables (DeepSeek-V4's token-to-expert map), exact below 2**24",
+                       dtypes=("I64", "I32")))
     register(QuantSpec("fp8-e4m3-b128", "colibri_core.formats.fp8:FP8E4M3Block",
                        "float8 e4m3 with <name>_scale_inv 128x128 block scales (DeepSeek, Kimi, GLM), read natively",
                        storage="F8_E4M3 + <name>_scale_inv"))

@@ -34,6 +34,7 @@ REGISTER_HOOKS = {
     "colibri_register_quants": "quant",
     "colibri_register_tiers": "tier",
     "colibri_register_backends": "backend",
+    "colibri_register_load_options": "options",
 }
 
 

@@ -37,5 +37,11 @@ def colibri_register_backends(register):
 
 
 @hookspec
+def colibri_register_load_options(register):
+    """Add options to the commands that load or plan a model: call
+    ``register(LoadOptionsSpec(...))`` once per group of options."""
+
+
+@hookspec
 def colibri_register_commands(cli):
     """Add commands to the ``colibri`` command line: ``cli`` is the click group."""

@@ -12,7 +12,10 @@ ERRORS = ("ColibriError", "ModelFormatError", "NonFiniteError", "UnsupportedMode
 PUBLIC_API: dict[str, tuple[str, ...] | None] = {
     "colibri_core": ("hookimpl", "load", "__version__"),
     "colibri_core.errors": ERRORS,
-    "colibri_core.plugins.registry": ("FamilySpec", "QuantSpec", "TierSpec", "BackendSpec"),
+    "colibri_core.plugins.registry": ("FamilySpec", "QuantSpec", "TierSpec", "BackendSpec", "LoadOptionsSpec"),
+    # a plugin's options on the commands that load a model, and a compute tier
+    "colibri_core.cli.extend": ("LoadOptions",),
+    "colibri_core.experts.tiers": ("ComputeTier", "ExpertWeights", "routed_output"),
     # a family: its config, its blocks, its assembly
     "colibri_core.model.config": ("ModelArgs", "bounded"),
     "colibri_core.model.family": ("Family",),

@@ -57,14 +57,16 @@ class QuantSpec:
         return import_object(self.impl)
 
 
-TIER_ROLES = ("disk", "ram", "device")
+TIER_ROLES = ("disk", "ram", "device", "compute")
 
 
 @dataclass(frozen=True)
 class TierSpec:
     """A storage tier experts can be served from. ``role`` says which part of the expert
     store it plays ("disk", "ram" or "device"; default: its name); the store finds its
-    tiers by role, so a plugin can supply its own implementation of one."""
+    tiers by role, so a plugin can supply its own implementation of one. A "compute" tier
+    computes the routed experts instead of the backend (on other machines, say); it is
+    never found by role, only chosen by name (``load(compute=NAME)``)."""
 
     name: str
     impl: str
@@ -118,7 +120,22 @@ def _resolve(ref: str | Callable) -> Callable:
     return import_object(ref) if isinstance(ref, str) else ref
 
 
-KINDS = {"family": FamilySpec, "quant": QuantSpec, "tier": TierSpec, "backend": BackendSpec}
+@dataclass(frozen=True)
+class LoadOptionsSpec:
+    """Command-line options a plugin adds to the commands that load a model (run, serve,
+    chat, bench) and to plan. ``impl`` names a ``colibri_core.cli.extend.LoadOptions``
+    subclass; it is imported when the command line is built, so its module imports only
+    click and the standard library at import time."""
+
+    name: str
+    impl: str
+    description: str = ""
+
+    def load(self) -> Any:
+        return import_object(self.impl)
+
+
+KINDS = {"family": FamilySpec, "quant": QuantSpec, "tier": TierSpec, "backend": BackendSpec, "options": LoadOptionsSpec}
 
 
 @dataclass
@@ -194,6 +211,8 @@ class Registry:
     def tier(self, role: str, core: str = "colibri-core") -> Entry:
         """The tier playing ``role``: a plugin's tier replaces the core's own (``core``
         names the core's plugin); two plugins' tiers for one role are a conflict."""
+        if role == "compute":
+            raise PluginError("a compute tier is chosen by name (load(compute=NAME)), never by role")
         entries = [e for e in self.all("tier") if e.spec.role == role]
         plugins = [e for e in entries if e.plugin != core] or entries
         if not plugins:

@@ -34,7 +34,7 @@ when ``keeps_stored``, else of its float32 decode), against ``x @ dequantize(w).
 norms; both RoPE layouts with a partial rotary part; attention with 1, 2 and 4 query
 heads per KV head, prefill and decode; windowed attention (a sliding window, sink logits,
 and both reducing to attention); the clamped gated activation and the routed GLU experts
-(biases, split / fused / interleaved gate_up); attention with a relative bias by distance
+(biases, split / fused gate_up); attention with a relative bias by distance
 (shorter than the keys, optionally windowed; with a zero bias it is attention); sparse and latent (MLA) attention with DSA
 selections that causality partly masks; the MLA expansion and absorption and the
 identity that both forms attend alike; the DSA indexer's scores; top-k and both routers
@@ -168,6 +168,12 @@ def selection(rng: np.random.Generator, t: int, start: int, s: int, k: int) -> n
         others = rng.permutation(np.delete(np.arange(s), start + i))[: k - 1]
         rows.append(rng.permutation(np.append(others, start + i)))
     return np.array(rows, dtype=np.int64)
+
+
+def padded_selection(rng: np.random.Generator, chosen: np.ndarray) -> np.ndarray:
+    """``chosen`` with two -1 entries (padding) in every row, shuffled: the same positions."""
+    pad = np.full((chosen.shape[0], 2), -1, dtype=np.int64)
+    return np.array([rng.permutation(row) for row in np.concatenate([chosen, pad], axis=1)], dtype=np.int64)
 
 
 def router_input(rng: np.random.Generator, t: int, hidden: int, n_experts: int, ties: bool):
@@ -423,6 +429,11 @@ class BackendConformanceSuite:
         got = backend.sparse_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3,
                                        backend.asarray(chosen, "int64"))
         self.check(backend, got, self.ref.sparse_attention(q, k, v, start, 0.3, chosen), "sparse_attention")
+        # -1 pads a row of fewer positions: the same attention
+        padded = padded_selection(rng, chosen)
+        got = backend.sparse_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3,
+                                       backend.asarray(padded, "int64"))
+        self.check(backend, got, self.ref.sparse_attention(q, k, v, start, 0.3, chosen), "sparse_attention, -1 padding")
 
     @pytest.mark.parametrize("window", [None, 3], ids=["unwindowed", "window3"])
     @pytest.mark.parametrize("step", list(STEPS))
@@ -481,8 +492,8 @@ class BackendConformanceSuite:
         self.check(backend, plain, self.ref.silu_mul(gate, up), "gated_activation() against silu_mul")
 
     def _glu_expert(self, backend, kind, rng, layout, hidden=96, inter=24):
-        """(prepared, truth) expert weights of a layout: "split" (gate, up and their biases),
-        "fused" (gate_up, gate rows first) or "interleaved" (gate_up, rows alternating)."""
+        """(prepared, truth) expert weights of a layout: "split" (gate, up and their biases)
+        or "fused" (gate_up, gate rows first)."""
         shapes = {"down": (hidden, inter)}
         if layout == "split":
             shapes.update(gate=(inter, hidden), up=(inter, hidden))
@@ -495,7 +506,7 @@ class BackendConformanceSuite:
             prepared[f"{role}_bias"], truth[f"{role}_bias"] = backend.prepare_weight(bias, "array"), bias
         return ExpertWeights(prepared, 0), truth
 
-    @pytest.mark.parametrize("layout", ["split", "fused", "interleaved"])
+    @pytest.mark.parametrize("layout", ["split", "fused"])
     @pytest.mark.parametrize("tokens", (1, 5))
     @pytest.mark.parametrize("kind", ("f32", "mxfp4"))
     def test_routed_glu_experts(self, backend, kind, tokens, layout):
@@ -505,12 +516,11 @@ class BackendConformanceSuite:
         x = normal(rng, tokens, 96)
         indices = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :k].astype(np.int64)
         weights = rng.random((tokens, k)).astype(np.float32)
-        interleaved = layout == "interleaved"
-        want = self.ref.routed_glu_experts(x, indices, weights, lambda e: truths[e], self.CLAMPED, interleaved)
+        want = self.ref.routed_glu_experts(x, indices, weights, lambda e: truths[e], self.CLAMPED)
         used = sorted(set(indices.ravel().tolist()))
         for window in (1, 8):
             fetch = _Fetcher(list(experts))
-            out = backend.routed_glu_experts(self.act(backend, x), indices, weights, fetch, self.CLAMPED, interleaved, window)
+            out = backend.routed_glu_experts(self.act(backend, x), indices, weights, fetch, self.CLAMPED, window)
             label = f"routed_glu_experts {kind}, {layout}, {tokens} tokens, window {window}"
             assert fetch.order == used, f"{label}: fetched {fetch.order}; each expert once, ascending: {used}"
             assert fetch.most_held <= window, f"{label}: held {fetch.most_held} fetched experts at once"
@@ -561,6 +571,10 @@ class BackendConformanceSuite:
                                     None if chosen is None else backend.asarray(chosen, "int64"))
         want = self.ref.mla_attention(q_lat, host["q_rot"], host["latent"], host["k_rot"], start, 0.2, chosen)
         self.check(backend, got, want, "mla_attention")
+        if chosen is not None:
+            got = backend.mla_attention(self.act(backend, q_lat), dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2,
+                                        backend.asarray(padded_selection(rng, chosen), "int64"))
+            self.check(backend, got, want, "mla_attention, -1 padding")
 
     @pytest.mark.parametrize("selected", [False, True], ids=["dense", "dsa"])
     @pytest.mark.parametrize("step", list(STEPS))
@@ -695,6 +709,66 @@ class BackendConformanceSuite:
         want = self.ref.add_rows(x.copy(), distinct, y, scale)
         got = backend.add_rows(self.act(backend, x.copy()), distinct, self.act(backend, y), scale)  # may work in place
         self.check(backend, got, want, "add_rows")
+
+    @pytest.mark.parametrize("iters", [1, 3, 20])
+    def test_sinkhorn(self, backend, iters):
+        """mHC's comb matrices: softmax rows (positive, some near zero) over 2 and 4 streams."""
+        rng = seeded("sinkhorn", iters)
+        for n in (2, 4):
+            x = self.ref.softmax(normal(rng, 7, n, n, scale=3.0)) + np.float32(1e-6)
+            got = backend.sinkhorn(self.act(backend, x), iters, 1e-6)
+            want = self.ref.sinkhorn(x, iters, 1e-6)
+            self.check(backend, got, want, f"sinkhorn {n}x{n}, {iters} iterations")
+            # columns are normalised last: they sum to 1 (up to eps)
+            self.assert_close(backend.to_host(got).sum(-2), np.ones((7, n), np.float32), 1e-4, "sinkhorn column sums")
+
+    # -- DeepSeek-V4: attention over chosen keys, grouped output, scored routers ----------------
+    @pytest.mark.parametrize("sinks", [False, True], ids=["nosinks", "sinks"])
+    @pytest.mark.parametrize("step", list(STEPS))
+    @pytest.mark.parametrize("group", [1, 4], ids=["mha", "gqa4"])
+    def test_masked_attention(self, backend, group, step, sinks):
+        """A window's mask is ``windowed_attention``; a random mask (each query seeing at
+        least one key) the reference's; k and v may be one array (V4's K = V)."""
+        rng, t, start, s, q, k, v = self._attention_inputs("masked", group, step)
+        sink = normal(rng, q.shape[1], scale=2.0) if sinks else None
+        dev_sink = None if sink is None else self.act(backend, sink)
+        pos, keys = start + np.arange(t)[:, None], np.arange(s)[None, :]
+        window = (keys <= pos) & (keys > pos - 3)
+        got = backend.masked_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), 0.3,
+                                       window, dev_sink)
+        self.check(backend, got, self.ref.windowed_attention(q, k, v, start, 0.3, 3, sink), "masked_attention, a window")
+        mask = rng.random((t, s)) < 0.4
+        mask[np.arange(t), rng.integers(0, s, t)] = True
+        shared = self.cached(backend, k)
+        got = backend.masked_attention(self.act(backend, q), shared, shared, 0.3, mask, dev_sink)
+        self.check(backend, got, self.ref.masked_attention(q, k, k, 0.3, mask, sink), "masked_attention, K = V, random mask")
+
+    @pytest.mark.parametrize("rows", (1, 9))
+    def test_grouped_linear(self, backend, rows):
+        """Each of 4 groups of 6 features times its own 5 rows: block-diagonal."""
+        rng = seeded("grouped_linear", rows)
+        x, w = normal(rng, rows, 24), normal(rng, 20, 6)
+        got = backend.grouped_linear(self.act(backend, x), backend.prepare_weight(w, "array"), 4)
+        want = np.concatenate([self.ref.linear(x[:, 6 * g : 6 * g + 6], w[5 * g : 5 * g + 5]) for g in range(4)], axis=1)
+        self.check(backend, got, want, "grouped_linear")
+
+    @pytest.mark.parametrize("chosen", [False, True], ids=["topk", "chosen"])
+    @pytest.mark.parametrize("scoring", ["sqrtsoftplus", "sigmoid"])
+    @pytest.mark.parametrize("rows", (1, 70))
+    def test_scored_top_k(self, backend, rows, scoring, chosen):
+        rng = seeded("scored_top_k", rows, scoring, chosen)
+        x, w = router_input(rng, rows, 16, 16, False)
+        b = rng.integers(0, 3, 16).astype(np.float32)  # whole numbers: distinct scores stay distinct
+        fixed = np.stack([rng.permutation(16)[:4] for _ in range(rows)]) if chosen else None
+        got = backend.scored_top_k(self.act(backend, x), backend.prepare_weight(w, "array"), None if chosen else b, 4,
+                                   scoring, 1.5, fixed)
+        want = self.ref.scored_top_k(x, w, None if chosen else b, 4, scoring, 1.5, fixed)
+        assert all(isinstance(a, np.ndarray) for a in got), "routers return host arrays"
+        self.assert_close(got[0], want[0], 0, f"scored_top_k {scoring} experts")
+        self.assert_close(got[1], want[1], self.tol(backend), f"scored_top_k {scoring} weights")
+        self.assert_close(got[1].sum(-1), np.full(rows, 1.5, np.float32), 1e-5, "scored_top_k weights sum to the scaling")
+        if chosen:
+            self.assert_close(got[0], fixed, 0, "scored_top_k keeps the chosen experts")
 
     # -- recurrent layers -------------------------------------------------------------------------
     def test_causal_conv1d_carries_its_state(self, backend):

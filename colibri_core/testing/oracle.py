@@ -338,15 +338,14 @@ class FusedLayoutCheck:
 def fuse_experts(src: Path, dst: Path) -> int:
     """Copy a saved model, rewriting per-expert ``...experts.{e}.{gate,up,down}_proj.weight``
     into fused ``...experts.gate_up_proj`` (E, 2I, H; gate rows first) and
-    ``...experts.down_proj`` (E, H, I), all in one safetensors file. Returns the number of
-    expert layers fused."""
-    from safetensors.numpy import load_file
-
+    ``...experts.down_proj`` (E, H, I), all in one safetensors file, each tensor in its
+    stored dtype. Returns the number of expert layers fused."""
+    from colibri_core.io.checkpoint import Checkpoint
     from colibri_core.io.safetensors import write_safetensors
 
-    tensors: dict[str, np.ndarray] = {}
-    for f in sorted(src.glob("*.safetensors")):
-        tensors.update(load_file(f))
+    with Checkpoint(src) as ck:
+        dtypes = {name: info.dtype for name, info in ck.tensors.items()}
+        tensors = {name: ck.read(name) for name in ck.tensors}
     pattern = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
     groups: dict[str, dict[str, dict[int, np.ndarray]]] = {}
     out = {}
@@ -358,13 +357,15 @@ def fuse_experts(src: Path, dst: Path) -> int:
             out[name] = t
     for prefix, roles in groups.items():
         n = len(roles["down"])
+        dtype = dtypes[f"{prefix}.0.down_proj.weight"]
         out[f"{prefix}.gate_up_proj"] = np.stack([np.concatenate([roles["gate"][e], roles["up"][e]]) for e in range(n)])
         out[f"{prefix}.down_proj"] = np.stack([roles["down"][e] for e in range(n)])
+        dtypes[f"{prefix}.gate_up_proj"] = dtypes[f"{prefix}.down_proj"] = dtype
     dst.mkdir(parents=True)
     for f in src.iterdir():
         if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
             shutil.copy(f, dst / f.name)
-    write_safetensors(dst / "model.safetensors", out, {"format": "pt"})
+    write_safetensors(dst / "model.safetensors", {name: (dtypes[name], t) for name, t in out.items()}, {"format": "pt"})
     return len(groups)
 
 

@@ -195,8 +195,9 @@ class CudaBackend(Backend):
         if t > 1 or start + t < s:
             visible = xp.arange(s)[None, :] <= (start + xp.arange(t))[:, None]
         if selected is not None:
-            chosen = xp.zeros((t, s), dtype=bool)
-            chosen[xp.arange(t)[:, None], selected] = True
+            chosen = xp.zeros((t, s + 1), dtype=bool)  # -1 pads a row of fewer positions: a spare column, dropped
+            chosen[xp.arange(t)[:, None], xp.where(selected < 0, s, selected)] = True
+            chosen = chosen[:, :s]
             visible = chosen if visible is None else visible & chosen
         return visible
 

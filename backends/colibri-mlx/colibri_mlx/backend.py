@@ -164,8 +164,9 @@ class MlxBackend(Backend):
         if t > 1 or start + t < s:
             visible = mx.arange(s)[None, :] <= (start + mx.arange(t))[:, None]
         if selected is not None:
-            chosen = mx.put_along_axis(mx.zeros((t, s), dtype=mx.bool_), selected.astype(mx.int32),
-                                       mx.array(True), axis=-1)
+            sel = selected.astype(mx.int32)  # -1 pads a row of fewer positions: a spare column, dropped
+            chosen = mx.put_along_axis(mx.zeros((t, s + 1), dtype=mx.bool_), mx.where(sel < 0, s, sel),
+                                       mx.array(True), axis=-1)[:, :s]
             visible = chosen if visible is None else visible & chosen
         return visible
 
@@ -184,6 +185,41 @@ class MlxBackend(Backend):
     def sparse_attention(self, q, k, v, start, scale, selected):
         return self._attend(q, k, v, scale, self._visible(q.shape[0], k.shape[1], start, selected))
 
+    @staticmethod
+    def _recent(t, s, start, window):
+        """(T, S) bool: causal, and within the last ``window`` positions when given."""
+        pos, keys = start + mx.arange(t)[:, None], mx.arange(s)[None, :]
+        visible = keys <= pos
+        return visible if window is None else visible & (keys > pos - int(window))
+
+    @on_device
+    def windowed_attention(self, q, k, v, start, scale, window=None, sinks=None):
+        if window is None and sinks is None:
+            return self.attention(q, k, v, start, scale)
+        # MLX's fused attention takes the sinks as gpt-oss defines them (one logit per head
+        # joining the softmax, adding no value)
+        out = mx.fast.scaled_dot_product_attention(q.transpose(1, 0, 2)[None], k[None], v[None], scale=scale,
+                                                   mask=self._recent(q.shape[0], k.shape[1], start, window), sinks=sinks)
+        return out[0].transpose(1, 0, 2)
+
+    @on_device
+    def attention_relative_bias(self, q, k, v, start, scale, rel, table, window=None):
+        t, hq, _ = q.shape
+        s = k.shape[1]
+        bias = (rel @ table).transpose(1, 0, 2)  # (Hq, T, E): one bias per distance
+        extent = bias.shape[-1]
+        distance = (start + mx.arange(t))[:, None] - mx.arange(s)[None, :]  # (T, S)
+        index = mx.broadcast_to(mx.clip(distance, 0, extent - 1)[None], (hq, t, s))
+        by_distance = mx.where(distance < extent, mx.take_along_axis(bias, index, axis=-1), 0.0)
+        visible = distance >= 0
+        if window is not None:
+            visible = visible & (distance < int(window))
+        # the bias and the mask as one additive mask (each query sees itself: no row is all -inf)
+        additive = mx.where(visible, by_distance, -mx.inf)
+        out = mx.fast.scaled_dot_product_attention(q.transpose(1, 0, 2)[None], k[None], v[None], scale=scale,
+                                                   mask=additive[None])
+        return out[0].transpose(1, 0, 2)
+
     @on_device
     def clip(self, x, limit):
         return mx.clip(x, -limit, limit)
@@ -197,6 +233,14 @@ class MlxBackend(Backend):
     @on_device
     def silu_mul(self, gate, up):
         return gate / (1.0 + mx.exp(-gate)) * up
+
+    @on_device
+    def gated_activation(self, gate, up, act):
+        if act.plain:
+            return self.silu_mul(gate, up)
+        if act.limit is not None:
+            gate, up = mx.minimum(gate, act.limit), mx.clip(up, -act.limit, act.limit)
+        return gate / (1.0 + mx.exp(-gate * act.alpha)) * (up + act.up_offset)
 
     @on_device
     def sigmoid(self, x):

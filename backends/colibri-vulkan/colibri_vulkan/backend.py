@@ -22,7 +22,7 @@ from colibri_vulkan.device import pack, shared_context
 MAX_DIMS = 6
 GROUP_LIMIT = 65535
 ELTWISE = {"copy": 0, "+": 1, "-": 2, "*": 3, "/": 4, "neg": 11, "silu": 12, "sigmoid": 13, "softplus": 14, "clip": 15,
-           "silu_mul": 16}
+           "silu_mul": 16, "gated": 17}
 SCALAR = {"+": 5, "*": 6, "-": 7, "/": 9}
 SCALAR_REFLECTED = {"+": 5, "*": 6, "-": 8, "/": 10}
 ROWS = {"rms": 0, "layer": 1, "l2": 2, "softmax": 3}
@@ -133,7 +133,8 @@ class VulkanBackend(Backend):
             strides.append(1)
         return x.offset * words, strides
 
-    def _eltwise(self, op: int, out: VulkanArray, a: VulkanArray, b: VulkanArray | None = None, s: float = 0.0):
+    def _eltwise(self, op: int, out: VulkanArray, a: VulkanArray, b: VulkanArray | None = None, s: float = 0.0,
+                 s2: float = 0.0, s3: float = 0.0):
         shape = out.shape
         oo, so = self._word_view(out, shape)
         oa, sa = self._word_view(a, shape)
@@ -148,7 +149,8 @@ class VulkanBackend(Backend):
             full, so, sa, sb = [1], [0], [0], [0]
         d = len(full)
         six = lambda v: list(v) + [0] * (MAX_DIMS - d)  # noqa: E731
-        push = pack("iiif6i6i6i6iiii", n, op, d, s, *six(full), *six(so), *six(sa), *six(sb), oo, oa, ob)
+        push = pack("iifff6i6i6i6iiii", n, op | (d << 8), s, s2, s3, *six(full), *six(so), *six(sa), *six(sb),
+                    oo, oa, ob)
         self.ctx.dispatch("eltwise", [out.alloc, a.alloc, (b if b is not None else a).alloc], push, groups_for(n, 256))
         return out
 
@@ -299,6 +301,13 @@ class VulkanBackend(Backend):
     def silu_mul(self, gate, up):
         return self._eltwise(ELTWISE["silu_mul"], self._new(np.broadcast_shapes(gate.shape, up.shape)), gate, up)
 
+    def gated_activation(self, gate, up, act):
+        if act.plain:
+            return self.silu_mul(gate, up)
+        limit = float("inf") if act.limit is None else float(act.limit)  # min / clip by inf change nothing
+        return self._eltwise(ELTWISE["gated"], self._new(np.broadcast_shapes(gate.shape, up.shape)), gate, up, limit,
+                             float(act.alpha), float(act.up_offset))
+
     def concat(self, arrays, axis):
         axis = axis % arrays[0].ndim
         shape = list(arrays[0].shape)
@@ -357,7 +366,7 @@ class VulkanBackend(Backend):
     def _kv(self, x):
         return x if x.strides[-1] == 1 or x.shape[-1] == 1 else self.copy(x)
 
-    def _attention(self, q, k, v, start, scale, selected=None):
+    def _attention(self, q, k, v, start, scale, selected=None, window=None, sinks=None, rel=None, table=None):
         q = self.dense(q)
         k, v = self._kv(k), self._kv(v)
         t, hq, d = q.shape
@@ -369,10 +378,19 @@ class VulkanBackend(Backend):
             if selected is not None:
                 selected = self.dense(self.asarray(selected, "int64") if not isinstance(selected, VulkanArray) else selected)
                 sel, nsel = selected.alloc, selected.shape[-1]
-            push = pack("7if8i", t, hq, hkv, d, dv, s, int(start), float(scale), k.offset, k.strides[0], k.strides[1],
-                        v.offset, v.strides[0], v.strides[1], nsel, selo)
+            sink = rel_buf = table_buf = self._dummy
+            if sinks is not None:
+                sink = self.dense(sinks).alloc
+            nrel = extent = 0
+            if rel is not None:
+                rel, table = self.dense(rel), self.dense(table)
+                rel_buf, table_buf, (nrel, extent) = rel.alloc, table.alloc, table.shape
+            push = pack("7if12i", t, hq, hkv, d, dv, s, int(start), float(scale), k.offset, k.strides[0], k.strides[1],
+                        v.offset, v.strides[0], v.strides[1], nsel, selo, 0 if window is None else int(window),
+                        int(sinks is not None), nrel, extent)
             chunks = -(-dv // 32)
-            self.ctx.dispatch("attention", [out.alloc, q.alloc, k.alloc, v.alloc, sel], push, (-(-hq * chunks // 64), t, 1))
+            self.ctx.dispatch("attention", [out.alloc, q.alloc, k.alloc, v.alloc, sel, sink, rel_buf, table_buf], push,
+                              (-(-hq * chunks // 64), t, 1))
         return out
 
     def attention(self, q, k, v, start, scale):
@@ -380,6 +398,12 @@ class VulkanBackend(Backend):
 
     def sparse_attention(self, q, k, v, start, scale, selected):
         return self._attention(q, k, v, start, scale, selected)
+
+    def windowed_attention(self, q, k, v, start, scale, window=None, sinks=None):
+        return self._attention(q, k, v, start, scale, window=window, sinks=sinks)
+
+    def attention_relative_bias(self, q, k, v, start, scale, rel, table, window=None):
+        return self._attention(q, k, v, start, scale, window=window, rel=rel, table=table)
 
     # -- MLA and DSA -------------------------------------------------------------------
     def mla_expand(self, q_nope, q_rot, latent, k_rot, kv_b, nope_dim, v_dim):

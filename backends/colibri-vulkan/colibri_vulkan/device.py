@@ -51,7 +51,7 @@ PUSH_BYTES = 128  # the least maxPushConstantsSize every device has
 DESCRIPTOR_SETS = 256  # per descriptor pool
 CACHED_SETS = 4096  # descriptor sets kept for reuse; past it the cache is dropped at the next submit
 # storage buffers each program binds
-BINDINGS = {"eltwise": 3, "rows": 4, "rope": 4, "attention": 5, "bmm": 3, "gather": 4, "dsa": 4, "delta": 7,
+BINDINGS = {"eltwise": 3, "rows": 4, "rope": 4, "attention": 8, "bmm": 3, "gather": 4, "dsa": 4, "delta": 7,
             "linear": 6}  # every variant of linear.comp: linear_<kind>[_subgroup[_8bit|_16bit]]
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
 STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
@@ -403,7 +403,8 @@ class VulkanContext:
         raise VulkanError(f"no memory type with properties {properties:#x}")
 
     def _descriptor_pool(self):
-        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=DESCRIPTOR_SETS * 7)]
+        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                         descriptorCount=DESCRIPTOR_SETS * max(BINDINGS.values()))]
         return vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
             maxSets=DESCRIPTOR_SETS, poolSizeCount=1, pPoolSizes=sizes), None)
 

@@ -238,7 +238,7 @@ static int use_avx2 = 0;  /* set at import */
  * are allocated and freed per call, so a long prompt leaves no large buffers behind. A
  * thread's buffers are freed when it exits. */
 #define SCRATCH_KEEP ((size_t)4 << 20)
-enum { SC_XG, SC_G, SC_H, SC_Y, SC_QX, SC_QXG, SC_QH, SC_ROUTE, SC_SCORES, SC_EXPERTS, SC_SLOTS };
+enum { SC_XG, SC_G, SC_H, SC_Y, SC_QX, SC_QXG, SC_QH, SC_ROUTE, SC_SCORES, SC_EXPERTS, SC_XP, SC_SLOTS };
 typedef struct { void *p; size_t n; } Slot;
 typedef struct { void *p; int owned; } Scratch;
 
@@ -314,6 +314,7 @@ typedef struct {
 enum { QX8 = 1, QX16 = 2, QX8P = 4 };  /* the forms a weight wants (QX8P goes with QX8) */
 
 static int use_vnni = 0;  /* AVX-512 VNNI int4 path, set at import */
+static int use_vbmi = 0;  /* AVX-512 VBMI mxfp4pair path, set at import */
 
 static int64_t groups64(int64_t K) { return (K + 63) / 64; }
 
@@ -670,6 +671,154 @@ AVX2_FN static void rows_mxfp4p_avx2(const Weight *W, const float *x, int64_t M,
 }
 
 
+#define V4_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c"
+#define V4_INLINE __attribute__((target(V4_TARGET), always_inline)) static inline
+#define MX4_TILE 8  /* weight rows per pass over a K chunk */
+
+/* 2 * e2m1 as float32, indexed by the nibble (the sign bit's zero reads as +0, as E2M1_X2) */
+static const float E2M1_X2F[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* mxfp4pair with AVX-512, still float32 throughout. The x rows are first copied, once
+ * per call, into the weights' pair order (per 32 inputs: the 16 even ones, then the 16
+ * odd ones; 64-byte aligned, so no load splits a cache line), so that a group's 16 bytes
+ * widened to 32-bit lanes index a 16-entry table (vpermps reads the low 4 bits: the low
+ * nibbles as they are, the high ones after a shift) for its even and odd weights. The
+ * table is the e2m1 values already scaled by the group's power of two: an integer add to
+ * the exponent bits of its non-zero entries, exact for 2 <= E <= 252 (a row with any
+ * other exponent multiplies instead). A group thus costs four vector operations before
+ * its two FMAs, where the AVX2 path's shuffle, unpack and widening took over twenty. The
+ * products and sums are float32 ones as on the AVX2 path; only their order differs. Two
+ * groups per step, with their own accumulators for up to four x rows, hide the FMA
+ * latency. */
+V4_INLINE void mxfp4p_rows_v4_m(const Weight *W, const float *xp, float *out, int64_t ld, int64_t n0, int64_t n1,
+                                const int M) {
+    const uint8_t *q = W->data, *ex = W->scales;
+    const int64_t K = W->K, G = (K + 31) / 32, Gw = K / 32, KP = G * 32;
+    const __m512 lut = _mm512_loadu_ps(E2M1_X2F);
+    const __m512i lut_bits = _mm512_castps_si512(lut);
+    const __mmask16 nz = 0xFEFE;  /* the table's non-zero entries */
+    const int B = M <= 4 ? 2 : 0;  /* the second group's accumulator offset (0: shared) */
+    /* groups per K chunk: the chunk's x rows (16 KiB) stay in L1 while MX4_TILE weight rows
+       pass over them (whole rows of x for several x rows did not fit: 3 rows ran 2x slower
+       than 2) */
+    const int64_t CH = (128 / M) & ~(int64_t)1;
+    int32_t eadd[128];
+    __m512 state[MX4_TILE][MAX_ROWS][2];
+    for (int64_t t0 = n0; t0 < n1; t0 += MX4_TILE) {
+        const int64_t t1 = t0 + MX4_TILE < n1 ? t0 + MX4_TILE : n1;
+        for (int64_t n = t0; n < t1; n++)
+            for (int m = 0; m < M; m++) state[n - t0][m][0] = state[n - t0][m][1] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < Gw; c0 += CH) {
+            const int64_t c1 = c0 + CH < Gw ? c0 + CH : Gw;
+            for (int64_t n = t0; n < t1; n++) {
+                const uint8_t *row = q + n * G * 16, *e = ex + n * G;
+                /* (E - 128) << 23 adds E - 127 to an exponent and halves (the table holds 2 * e2m1) */
+                __mmask16 odd_e = 0;
+                for (int64_t g = c0; g < c1; g += 16) {
+                    const int64_t c = c1 - g < 16 ? c1 - g : 16;
+                    const __mmask16 live = (__mmask16)((1u << c) - 1);
+                    const __m512i eb = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, e + g));
+                    _mm512_storeu_si512(eadd + (g - c0), _mm512_slli_epi32(_mm512_sub_epi32(eb, _mm512_set1_epi32(128)), 23));
+                    odd_e |= _mm512_mask_cmplt_epu32_mask(live, eb, _mm512_set1_epi32(2)) |
+                             _mm512_mask_cmpgt_epu32_mask(live, eb, _mm512_set1_epi32(252));
+                }
+                __m512 acc[MAX_ROWS][4];
+                for (int m = 0; m < M; m++) {
+                    acc[m][0] = state[n - t0][m][0]; acc[m][1] = state[n - t0][m][1];
+                    acc[m][2] = acc[m][3] = _mm512_setzero_ps();
+                }
+#define MX4_GROUP(g, o, TABLE)                                                                                        \
+                do {                                                                                                   \
+                    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + (g) * 16)));       \
+                    const __m512 t = TABLE;                                                                            \
+                    const __m512 we = _mm512_permutexvar_ps(d, t), wo = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t); \
+                    for (int m = 0; m < M; m++) {                                                                      \
+                        const float *xm = xp + m * KP + (g) * 32;                                                      \
+                        acc[m][o] = _mm512_fmadd_ps(we, _mm512_load_ps(xm), acc[m][o]);                                \
+                        acc[m][o + 1] = _mm512_fmadd_ps(wo, _mm512_load_ps(xm + 16), acc[m][o + 1]);                   \
+                    }                                                                                                  \
+                } while (0)
+#define MX4_ADD(g) _mm512_castsi512_ps(_mm512_mask_add_epi32(lut_bits, nz, lut_bits, _mm512_set1_epi32(eadd[(g) - c0])))
+#define MX4_MUL(g) _mm512_mul_ps(lut, _mm512_set1_ps(0.5f * e8m0_to_float(e[g])))
+                int64_t g = c0;
+                if (!odd_e) {
+                    for (; g + 2 <= c1; g += 2) { MX4_GROUP(g, 0, MX4_ADD(g)); MX4_GROUP(g + 1, B, MX4_ADD(g + 1)); }
+                    if (g < c1) MX4_GROUP(g, 0, MX4_ADD(g));
+                } else {
+                    for (; g + 2 <= c1; g += 2) { MX4_GROUP(g, 0, MX4_MUL(g)); MX4_GROUP(g + 1, B, MX4_MUL(g + 1)); }
+                    if (g < c1) MX4_GROUP(g, 0, MX4_MUL(g));
+                }
+#undef MX4_GROUP
+#undef MX4_ADD
+#undef MX4_MUL
+                for (int m = 0; m < M; m++) {
+                    state[n - t0][m][0] = _mm512_add_ps(acc[m][0], acc[m][2]);
+                    state[n - t0][m][1] = _mm512_add_ps(acc[m][1], acc[m][3]);
+                }
+            }
+        }
+        for (int64_t n = t0; n < t1; n++) {
+            const uint8_t *row = q + n * G * 16, *e = ex + n * G;
+            float tail[MAX_ROWS] = {0};
+            if (Gw < G) {  /* a partial last group: its pair-ordered x is zero-padded */
+                float tmp[32];
+                const uint8_t *last = row + Gw * 16;
+                for (int j = 0; j < 16; j++) { tmp[j] = (float)E2M1_X2[last[j] & 15]; tmp[16 + j] = (float)E2M1_X2[last[j] >> 4]; }
+                for (int m = 0; m < M; m++)
+                    for (int j = 0; j < 32; j++) tail[m] += tmp[j] * xp[m * KP + Gw * 32 + j];
+            }
+            const float last_scale = Gw < G ? 0.5f * e8m0_to_float(e[Gw]) : 0.f;
+            for (int m = 0; m < M; m++)
+                out[m * ld + n] = _mm512_reduce_add_ps(_mm512_add_ps(state[n - t0][m][0], state[n - t0][m][1])) +
+                                  tail[m] * last_scale;
+        }
+    }
+}
+
+/* x (M rows of K) into pair order at xp (M rows of G * 32, zero-padded) */
+__attribute__((target(V4_TARGET))) static void mxfp4p_pair_x(const float *x, int64_t M, int64_t K, float *xp) {
+    const int64_t G = (K + 31) / 32, Gw = K / 32;
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * K;
+        float *pm = xp + m * G * 32;
+        for (int64_t g = 0; g < Gw; g++) {
+            const __m512 a = _mm512_loadu_ps(xm + g * 32), b = _mm512_loadu_ps(xm + g * 32 + 16);
+            _mm512_store_ps(pm + g * 32, _mm512_permutex2var_ps(a, even, b));
+            _mm512_store_ps(pm + g * 32 + 16, _mm512_permutex2var_ps(a, odd, b));
+        }
+        if (Gw < G) {
+            float *pg = pm + Gw * 32;
+            for (int j = 0; j < 32; j++) pg[j] = 0.f;
+            for (int64_t k = Gw * 32; k < K; k++) pg[(k & 1) * 16 + (k - Gw * 32) / 2] = xm[k];
+        }
+    }
+}
+
+static void rows_mxfp4p_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1);
+
+__attribute__((target(V4_TARGET))) static void rows_mxfp4p_v4(const Weight *W, const float *x, int64_t M, float *out,
+                                                                 int64_t ld, int64_t n0, int64_t n1) {
+    const int64_t KP = (W->K + 31) / 32 * 32;
+    Scratch mem;
+    char *raw = scratch_get(SC_XP, sizeof(float) * (size_t)(M * KP) + 64, &mem);
+    if (raw == NULL) {  /* out of memory for the copy: the AVX2 path needs none */
+        rows_mxfp4p_avx2(W, x, M, out, ld, n0, n1);
+        return;
+    }
+    float *xp = (float *)(raw + (64 - (uintptr_t)raw % 64) % 64);
+    mxfp4p_pair_x(x, M, W->K, xp);
+    BY_ROWS(M, mxfp4p_rows_v4_m, W, xp, out, ld, n0, n1);
+    scratch_put(&mem);
+}
+
+static int have_vbmi(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi");
+}
+
+
 #define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"
 #define VNNI_INLINE __attribute__((target(VNNI_TARGET), always_inline)) static inline
 
@@ -764,7 +913,11 @@ static void rows_q8i_vnni(const Weight *W, const QuantX *X, const float *xf, int
 static void rows_fp8_avx2(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
     (void)W; (void)x; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
 }
+static void rows_mxfp4p_v4(const Weight *W, const float *x, int64_t M, float *out, int64_t ld, int64_t n0, int64_t n1) {
+    (void)W; (void)x; (void)M; (void)out; (void)ld; (void)n0; (void)n1;
+}
 static int have_vnni(void) { return 0; }
+static int have_vbmi(void) { return 0; }
 #endif
 
 static void mxfp4_row(const uint8_t *row, const uint8_t *ex, int64_t G, float *out) {
@@ -843,6 +996,7 @@ static void weight_rows(const Weight *W, const float *x, const QuantX *qx, int64
     else if (W->kind == K_Q8 && qx != NULL) rows_q8i_avx2(W, qx, x, M, out, ld, n0, n1);
     else if (W->kind == K_FP8 && use_avx2) rows_fp8_avx2(W, x, M, out, ld, n0, n1);
     else if (W->kind == K_Q4G32 && qx != NULL) rows_pair4_avx2(W, qx, M, out, ld, n0, n1);
+    else if (W->kind == K_MXFP4P && use_vbmi) rows_mxfp4p_v4(W, x, M, out, ld, n0, n1);
     else if (W->kind == K_MXFP4P && use_avx2) rows_mxfp4p_avx2(W, x, M, out, ld, n0, n1);
     else ROWS[W->kind](W, x, M, out, ld, n0, n1);
 }
@@ -1554,12 +1708,14 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     const int portable = path && !strcmp(path, "portable"), avx2_only = path && !strcmp(path, "avx2");
     use_avx2 = have_avx2() && !portable;
     use_vnni = use_avx2 && have_vnni() && !avx2_only;
+    use_vbmi = use_avx2 && have_vbmi() && !avx2_only;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyModule_AddIntConstant(m, "MAX_ROWS", MAX_ROWS);
     PyModule_AddIntConstant(m, "MAX_ROUTED", MAX_ROUTED);
     PyModule_AddIntConstant(m, "INT4_INTEGER_PATH", use_avx2);
     PyModule_AddStringConstant(m, "INT4_PATH", use_vnni ? "avx512-vnni" : use_avx2 ? "avx2" : "float");
+    PyModule_AddStringConstant(m, "MXFP4PAIR_PATH", use_vbmi ? "avx512-vbmi" : use_avx2 ? "avx2" : "float");
 #ifdef _OPENMP
     PyModule_AddIntConstant(m, "OPENMP", 1);
 #else

@@ -1,4 +1,5 @@
-"""colibri-deepseek: DeepSeek-V3 and DeepSeek-V3.2 (model_type ``deepseek_v3``, ``deepseek_v32``).
+"""colibri-deepseek: DeepSeek-V3, DeepSeek-V3.2 and DeepSeek-V4 (model_type ``deepseek_v3``,
+``deepseek_v32``, ``deepseek_v4``).
 
 Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
@@ -27,5 +28,15 @@ def colibri_register_families(register):
             architectures=("DeepseekV32ForCausalLM",),
             impl="colibri_deepseek.model:DeepseekV32",
             description="DeepSeek-V3.2: DeepSeek-V3 plus DSA sparse attention (lightning indexer)",
+        )
+    )
+    register(
+        FamilySpec(
+            name="deepseek-v4",
+            model_types=("deepseek_v4",),
+            architectures=("DeepseekV4ForCausalLM",),
+            impl="colibri_deepseek.v4:DeepseekV4",
+            description="DeepSeek-V4: hyper-connections, sliding-window + compressed (CSA/HCA) attention with sinks, "
+                        "hash and sqrt-softplus routed MoE",
         )
     )

@@ -1,5 +1,5 @@
-"""colibri-glm: GLM-4.5/4.6 (model_type ``glm4_moe``), GLM-4.7-Flash (``glm4_moe_lite``)
-and GLM-5 (``glm_moe_dsa``).
+"""colibri-glm: GLM-4.5/4.6 (model_type ``glm4_moe``), GLM-4.7-Flash (``glm4_moe_lite``),
+GLM-5 (``glm_moe_dsa``) and GLM-5 Next (``glm5_next``, its text model).
 
 Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
@@ -37,5 +37,15 @@ def colibri_register_families(register):
             architectures=("GlmMoeDsaForCausalLM",),
             impl="colibri_glm.model:GlmMoeDsa",
             description="GLM-5: MLA plus DSA sparse attention (interleaved-rope indexer, shared indexer layers)",
+        )
+    )
+    register(
+        FamilySpec(
+            name="glm5-next",
+            model_types=("glm5_next",),
+            architectures=("Glm5NextForConditionalGeneration",),
+            impl="colibri_glm.glm5_next:Glm5Next",
+            description="GLM-5 Next (text model): KDA linear attention with a bounded decay beside NoPE MLA with a "
+                        "pooled DSA indexer, clamped SwiGLU MoE, manifold hyper-connections",
         )
     )

@@ -75,23 +75,30 @@ class GlmMoeDsaArgs(DSAArgs):
 
     def validate(self, source):
         super().validate(source)
-        n = self.num_hidden_layers
-        # transformers' derivation, in its order: indexer_types, index_topk_pattern, freq/offset
-        field, raw = ("indexer_types", self.indexer_types) if self.indexer_types is not None else (
-            "index_topk_pattern", self.index_topk_pattern)
-        if raw is None:
-            freq, offset = max(self.index_topk_freq, 1), self.index_skip_topk_offset
-            kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
-        else:
-            kinds = [{"F": "full", "S": "shared"}.get(c, c) for c in raw] if isinstance(raw, str) else list(raw)
-        if len(kinds) != n or not all(k in ("full", "shared") for k in kinds):
-            raise ModelFormatError(f"{source}: {field} must give 'full' or 'shared' for each of the {n} layers, got {raw!r}")
+        kinds = indexer_kinds(self, source)
         if kinds[0] == "shared":
+            field = "indexer_types" if self.indexer_types is not None else "index_topk_pattern"
             raise ModelFormatError(f"{source}: {field}: layer 0 cannot be 'shared' (there is no earlier indexer to share)")
-        self.indexer_types = list(kinds)
+        self.indexer_types = kinds
 
     def shared_indexer(self, layer):
         return self.indexer_types[layer] == "shared"
+
+
+def indexer_kinds(a, source) -> list:
+    """Each layer's indexer, "full" or "shared", as transformers derives it (GLM-5 and
+    GLM-5 Next), in its order: ``indexer_types``, ``index_topk_pattern`` ("FSSF..." or a
+    list), ``index_topk_freq`` / ``index_skip_topk_offset``."""
+    n = a.num_hidden_layers
+    field, raw = ("indexer_types", a.indexer_types) if a.indexer_types is not None else (
+        "index_topk_pattern", a.index_topk_pattern)
+    if raw is None:
+        freq, offset = max(a.index_topk_freq, 1), a.index_skip_topk_offset
+        return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    kinds = [{"F": "full", "S": "shared"}.get(c, c) for c in raw] if isinstance(raw, str) else list(raw)
+    if len(kinds) != n or not all(k in ("full", "shared") for k in kinds):
+        raise ModelFormatError(f"{source}: {field} must give 'full' or 'shared' for each of the {n} layers, got {raw!r}")
+    return kinds
 
 
 class Glm4Moe(Family):

@@ -16,21 +16,27 @@ of the multimodal ``inkling_mm_model`` checkpoint, on colibri's shared blocks.
   ``logits_mup_width_multiplier``; a head padded beyond ``unpadded_vocab_size`` gives
   only its first rows.
 
-``inkling_mm_model`` nests this config in ``text_config``; its text tensors are read
-under transformers' names (``model.language_model.*``, ``lm_head``); the vision and
-audio towers are never loaded, and prompts holding an image, audio or video placeholder
-are refused. Multi-token-prediction layers are ignored.
+``inkling_mm_model`` nests this config in ``text_config``. Its checkpoints keep the
+original names (``model.llm.*``, ``attn.wq_du``, gate and up interleaved row by row in
+``w13`` tensors; transformers renames them on load and back on ``save_pretrained``):
+they are read under those names, and under transformers' (``model.language_model.*``)
+too. The vision and audio towers are never loaded, and prompts holding an image, audio
+or video placeholder are refused. Multi-token-prediction layers are ignored.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+import numpy as np
 
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.model.family import Family
 from colibri_core.nn.assembly import Names, build_decoder
 from colibri_core.nn.deltanet import conv_weight_2d
+from colibri_core.nn.layers import Linear, RoutedExperts, SwiGLU
 from colibri_core.nn.relative import RelativeBiasAttention
 from colibri_core.nn.shortconv import ShortConv
 from colibri_core.nn.sinkmoe import SigmoidSinkRouter, SinkMoE, WeightedSharedExperts, stack_columns, stack_rows
@@ -41,6 +47,31 @@ ALIASES = {"sliding_window": "sliding_window_size", "num_local_experts": "n_rout
            "model_max_length": "max_position_embeddings"}
 MEDIA_TOKENS = {"image_token_id": "image", "audio_token_id": "audio", "video_token_id": "video"}
 MM_TEXT = Names(model="model.language_model.", lm_head="lm_head")
+# The original checkpoint's text names -> transformers' (its conversion_mapping for
+# inkling_mm_model), applied in order.
+ORIGINAL_NAMES = [
+    (r"^model\.llm\.layers\.", "model.language_model.layers."),
+    (r"^model\.llm\.embed_norm\.weight$", "model.language_model.embed_tokens.embed_norm.weight"),
+    (r"^model\.llm\.embed\.weight$", "model.language_model.embed_tokens.weight"),
+    (r"^model\.llm\.norm\.weight$", "model.language_model.norm.weight"),
+    (r"^model\.llm\.unembed\.weight$", "lm_head.weight"),
+    (r"\.shared_experts\.shared_w2_weight$", ".shared_experts.down_proj"),
+    (r"\.mlp\.experts\.w2_weight$", ".mlp.experts.down_proj"),
+    (r"\.mlp\.w2_md\.weight$", ".mlp.down_proj.weight"),
+    (r"\.mlp\.gate\.bias$", ".mlp.gate.e_score_correction_bias"),
+    (r"\.attn\.wq_du\.", ".self_attn.q_proj."), (r"\.attn\.wk_dv\.", ".self_attn.k_proj."),
+    (r"\.attn\.wv_dv\.", ".self_attn.v_proj."), (r"\.attn\.wr_du\.", ".self_attn.r_proj."),
+    (r"\.attn\.wo_ud\.", ".self_attn.o_proj."),
+    (r"\.attn\.(q_norm|k_norm|rel_logits_proj)\.", r".self_attn.\1."),
+    (r"\.attn\.(k_sconv|v_sconv)\.weight$", r".self_attn.\1.conv1d.weight"),
+    (r"\.(attn_sconv|mlp_sconv)\.weight$", r".\1.conv1d.weight"),
+    (r"\.mlp_norm\.", ".post_attention_layernorm."),
+    (r"\.attn_norm\.", ".input_layernorm."),
+]
+# Tensors whose rows alternate gate, up, gate, ...: the names transformers splits them into.
+INTERLEAVED = {".mlp.experts.w13_weight": (".mlp.experts.gate_up_proj",),
+               ".shared_experts.shared_w13_weight": (".shared_experts.gate_proj", ".shared_experts.up_proj"),
+               ".mlp.w13_dn.weight": (".mlp.gate_proj.weight", ".mlp.up_proj.weight")}
 
 
 @dataclass
@@ -87,12 +118,9 @@ class InklingArgs(ModelArgs):
         if self.mlp_layer_types is None:
             self.mlp_layer_types = ["sparse"] * n
         _check_list(source, "mlp_layer_types", self.mlp_layer_types, n, ("dense", "sparse"))
-        for heads, kv in (("num_attention_heads", "num_key_value_heads"), ("swa_num_attention_heads", "swa_num_key_value_heads")):
-            if getattr(self, heads) % getattr(self, kv):
-                raise ModelFormatError(f"{source}: {heads} {getattr(self, heads)} is not a multiple of {kv} {getattr(self, kv)}")
-        if self.num_experts_per_tok > self.n_routed_experts:
-            raise ModelFormatError(f"{source}: num_experts_per_tok {self.num_experts_per_tok} exceeds n_routed_experts "
-                                   f"{self.n_routed_experts}")
+        self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
+        self.require_multiple(source, "swa_num_attention_heads", "swa_num_key_value_heads")
+        self.require_at_most(source, "num_experts_per_tok", "n_routed_experts")
         if self.unpadded_vocab_size is not None and not 1 <= self.unpadded_vocab_size:
             raise ModelFormatError(f"{source}: unpadded_vocab_size must be >= 1, got {self.unpadded_vocab_size}")
         if self.hidden_act != "silu":
@@ -140,17 +168,54 @@ class Inkling(Family):
             raise ModelFormatError(f"{src}: text_config must be an object")
         if text.get("model_type", "inkling_text") != "inkling_text":
             raise UnsupportedModelError(f"{src}: text_config model_type {text.get('model_type')!r} is not inkling_text")
-        if f"{MM_TEXT.model}embed_tokens.weight" not in w.checkpoint:
-            raise UnsupportedModelError(f"{w.checkpoint.model_dir}: no text model under transformers' names "
-                                        f"({MM_TEXT.model}embed_tokens.weight); the original layout (model.llm.*) "
-                                        "is not read: convert it with transformers first")
+        original = "model.llm.embed.weight" in w.checkpoint
+        if original:
+            w.aliases.update(original_names(w.checkpoint.tensors))
+        elif f"{MM_TEXT.model}embed_tokens.weight" not in w.checkpoint:
+            raise ModelFormatError(f"{w.checkpoint.model_dir}: no text model: neither model.llm.embed.weight (the "
+                                   f"original names) nor {MM_TEXT.model}embed_tokens.weight (transformers') is stored")
         a = InklingArgs.from_dict(normalise(text, f"{src}: text_config"), f"{src}: text_config")
         refused = {config[key]: f"Inkling's {what} placeholder: colibri runs the text model only; {what} input is not "
                                 "supported" for key, what in MEDIA_TOKENS.items() if isinstance(config.get(key), int)}
-        return _build(a, w, MM_TEXT, refused)
+        return _build(a, w, MM_TEXT, refused, interleaved=original)
 
 
-def _build(a: InklingArgs, w, names: Names = Names(), refused: dict[int, str] | None = None):
+def original_names(stored) -> dict[str, str]:
+    """transformers' name -> the original checkpoint's, for every text tensor stored."""
+    table = {}
+    for key in stored:
+        if not key.startswith("model.llm."):
+            continue
+        name = key
+        for pattern, replacement in ORIGINAL_NAMES:
+            name = re.sub(pattern, replacement, name)
+        fused = next((suffix for suffix in INTERLEAVED if name.endswith(suffix)), None)
+        for target in INTERLEAVED[fused] if fused else (None,):
+            table[name[:-len(fused)] + target if fused else name] = key
+    return table
+
+
+def even_rows(w):
+    """Load transform: the gate rows of a row-interleaved gate/up tensor (.., 2 * inter, in)."""
+    return np.ascontiguousarray(np.asarray(w)[..., 0::2, :])
+
+
+def odd_rows(w):
+    return np.ascontiguousarray(np.asarray(w)[..., 1::2, :])
+
+
+def stacked_gates(w):
+    """(n, 2 * inter, in) row-interleaved shared experts -> their gates, (n * inter, in)."""
+    return stack_rows(even_rows(w))
+
+
+def stacked_ups(w):
+    return stack_rows(odd_rows(w))
+
+
+def _build(a: InklingArgs, w, names: Names = Names(), refused: dict[int, str] | None = None, interleaved: bool = False):
+    """``interleaved``: the MLPs' gate and up rows alternate in one stored tensor (the
+    original layout); the aliases name it for both."""
     hidden, eps = a.hidden_size, a.rms_norm_eps
 
     def conv(i, name, channels):
@@ -175,16 +240,31 @@ def _build(a: InklingArgs, w, names: Names = Names(), refused: dict[int, str] | 
     def mlp(i, p):
         m = f"{p}.mlp"
         if a.mlp_layer_types[i] == "dense":
-            return ScaledMLP(w.swiglu(m, hidden, a.intermediate_size), w.param(f"{m}.global_scale", (1,)))
+            inner = a.intermediate_size
+            if interleaved:
+                fused = (2 * inner, hidden)
+                dense = SwiGLU(Linear(w.param(f"{m}.gate_proj.weight", fused, even_rows)),
+                               Linear(w.param(f"{m}.up_proj.weight", fused, odd_rows)), w.linear(f"{m}.down_proj", hidden, inner))
+            else:
+                dense = w.swiglu(m, hidden, inner)
+            return ScaledMLP(dense, w.param(f"{m}.global_scale", (1,)))
         n, inter, routed = a.n_shared_experts, a.moe_intermediate_size, a.n_routed_experts
         router = SigmoidSinkRouter(w.linear(f"{m}.gate", routed + n, hidden), a.num_experts_per_tok, n,
                                    bias=w.optional(f"{m}.gate.e_score_correction_bias", (routed,)),
                                    global_scale=w.optional(f"{m}.gate.global_scale", (1,)), route_scale=a.route_scale)
         sh = f"{m}.shared_experts"
-        shared = WeightedSharedExperts(w.param(f"{sh}.gate_proj", (n, inter, hidden), stack_rows),
-                                       w.param(f"{sh}.up_proj", (n, inter, hidden), stack_rows),
-                                       w.param(f"{sh}.down_proj", (n, hidden, inter), stack_columns), n, inter)
-        return SinkMoE(router, w.swiglu_experts(i, f"{m}.experts", routed, hidden, inter), shared)
+        if interleaved:
+            gate = w.param(f"{sh}.gate_proj", (n, 2 * inter, hidden), stacked_gates)
+            up = w.param(f"{sh}.up_proj", (n, 2 * inter, hidden), stacked_ups)
+            experts = RoutedExperts(w.expert_layer(i, routed, {"gate_up": (f"{m}.experts.gate_up_proj", (2 * inter, hidden)),
+                                                               "down": (f"{m}.experts.down_proj", (hidden, inter))},
+                                                   interleaved=True))
+        else:
+            gate = w.param(f"{sh}.gate_proj", (n, inter, hidden), stack_rows)
+            up = w.param(f"{sh}.up_proj", (n, inter, hidden), stack_rows)
+            experts = w.swiglu_experts(i, f"{m}.experts", routed, hidden, inter)
+        shared = WeightedSharedExperts(gate, up, w.param(f"{sh}.down_proj", (n, hidden, inter), stack_columns), n, inter)
+        return SinkMoE(router, experts, shared)
 
     def post(i, p):
         return conv(i, f"{p}.attn_sconv", hidden), conv(i, f"{p}.mlp_sconv", hidden)

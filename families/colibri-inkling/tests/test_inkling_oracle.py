@@ -4,7 +4,9 @@ than the sequence, log-length scaling), short convolutions, dense-first layers, 
 MoE with shared experts, the muP head (a head padded beyond unpadded_vocab_size in one
 case); tokens and logits under every placement. Also: the sliding layers' cache stays
 bounded by the window, states fed in pieces, malformed configs refused, and the
-multimodal checkpoint's text model with its media placeholders refused."""
+multimodal checkpoint's text model (as transformers saves it: the original names, gate
+and up interleaved) against InklingForConditionalGeneration, its media placeholders
+refused."""
 
 import json
 
@@ -55,6 +57,48 @@ class TestInklingOracle(FamilyOracleSuite):
     }
 
 
+def multimodal(**text_overrides):
+    """An inkling_mm_model config around the text config, with tiny vision and audio towers
+    (never run: only built and saved)."""
+    def make():
+        from transformers import InklingConfig
+
+        text = inkling(**text_overrides)().to_dict()
+        towers = dict(text_hidden_size=text["hidden_size"])
+        return InklingConfig(text_config=text, vision_config=dict(towers, patch_size=2, hidden_size=8, num_hidden_layers=1,
+                                                                  num_attention_heads=2),
+                             audio_config=dict(towers, n_mel_bins=4, mel_vocab_size=8),
+                             image_token_id=120, audio_token_id=121, image_bos_token_id=122, audio_bos_token_id=123)
+    return make
+
+
+class TestInklingMultimodalOracle(FamilyOracleSuite):
+    """save_pretrained writes the original layout (model.llm.*, attn.wq_du, row-interleaved
+    w13 tensors for the dense, shared and routed MLPs)."""
+
+    model_class = "InklingForConditionalGeneration"
+    cases = {
+        "mm": OracleCase(multimodal(layer_types=["hybrid_sliding", "hybrid", "hybrid_sliding"],
+                                    mlp_layer_types=["dense", "sparse", "sparse"]),
+                         seed=5, prompt=prompt(10, step=5), prepare=random_correction_bias(seed=3)),
+    }
+
+
+def test_multimodal_checkpoint_keeps_the_original_names_and_refuses_media(tmp_path_factory):
+    fx = TestInklingMultimodalOracle.oracle("mm", tmp_path_factory)
+    from safetensors import safe_open
+
+    with safe_open(next(fx.path.glob("*.safetensors")), "np") as f:
+        names = set(f.keys())
+    assert {"model.llm.embed.weight", "model.llm.layers.0.mlp.w13_dn.weight", "model.llm.layers.1.mlp.experts.w13_weight",
+            "model.llm.layers.1.mlp.shared_experts.shared_w13_weight"} <= names
+    assert not any(n.startswith("model.language_model.") for n in names)
+    with colibri_core.load(fx.path, history=False) as model:
+        for token, what in ((120, "image"), (121, "audio")):
+            with pytest.raises(UnsupportedModelError, match=what):
+                model.generate(token_ids=list(fx.prompt) + [token], max_tokens=1)
+
+
 def test_sliding_layers_keep_at_most_the_window(tmp_path_factory):
     fx = TestInklingOracle.oracle("hybrid", tmp_path_factory)
     with colibri_core.load(fx.path, history=False) as model:
@@ -91,9 +135,9 @@ def test_inkling_configs_are_checked(tmp_path_factory, tmp_path):
 
 
 def as_multimodal(src, dst):
-    """The text oracle rewritten as transformers keeps an ``inkling_mm_model`` checkpoint:
-    the config nested in ``text_config`` with media token ids, the text tensors under
-    ``model.language_model.``."""
+    """The text oracle rewritten as an ``inkling_mm_model`` checkpoint under transformers'
+    in-memory names: the config nested in ``text_config`` with media token ids, the text
+    tensors under ``model.language_model.``."""
     from safetensors.numpy import load_file
 
     from colibri_core.io.safetensors import write_safetensors

@@ -58,7 +58,7 @@ def test_greedy_tokens_match_transformers_on_the_dequantised_model(oracle, backe
     assert worst < bound, f"logits differ by {worst:.2e}"
 
 
-def test_convert_keeps_the_layout_and_refuses_to_requantise_it_fused(oracle, tmp_path):
+def test_convert_keeps_the_layout_or_converts_the_fused_experts(oracle, tmp_path):
     keep = tmp_path / "keep"
     done = run_colibri("convert", "--model", oracle.path, "--out", keep, "--experts", "keep", timeout=300)
     assert done.returncode == 0, done.stderr
@@ -67,5 +67,18 @@ def test_convert_keeps_the_layout_and_refuses_to_requantise_it_fused(oracle, tmp
     with colibri_core.load(keep, history=False) as model:
         assert model.generate(token_ids=oracle.prompt, max_tokens=len(oracle.tokens), ignore_eos=True).token_ids \
             == oracle.tokens
-    refused = run_colibri("convert", "--model", oracle.path, "--out", tmp_path / "int4", "--experts", "int4", timeout=300)
-    assert refused.returncode != 0 and "gate_up_proj_blocks" in refused.stderr and "--experts keep" in refused.stderr
+    # to float32, one expert's blocks at a time (MXFP4 values are exact in float32): the same model
+    exact = tmp_path / "f32"
+    done = run_colibri("convert", "--model", oracle.path, "--out", exact, "--experts", "f32", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "quantization_config" not in json.loads((exact / "config.json").read_text())["text_config"]
+    with colibri_core.load(exact, cap=1, history=False) as model:
+        result = model.generate(token_ids=oracle.prompt, max_tokens=len(oracle.tokens), ignore_eos=True, return_logits=True)
+    assert result.token_ids == oracle.tokens
+    assert float(np.abs(np.stack(result.logits) - oracle.step_logits).max()) < 1e-4
+    # requantised to int4 (fused int4-gs64 tensors): it loads and runs
+    done = run_colibri("convert", "--model", oracle.path, "--out", tmp_path / "int4", "--experts", "int4", timeout=300)
+    assert done.returncode == 0 and "requantised" in done.stderr, done.stderr
+    assert {f for f, _ in expert_slices(tmp_path / "int4")} == {"int4-gs64"}
+    with colibri_core.load(tmp_path / "int4", cap=1, history=False) as model:
+        assert len(model.generate(token_ids=oracle.prompt, max_tokens=8, ignore_eos=True).token_ids) == 8

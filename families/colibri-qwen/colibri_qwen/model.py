@@ -47,10 +47,8 @@ class QwenArgs(ModelArgs):
             if self.hidden_size % self.num_attention_heads:
                 raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ModelFormatError(f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads {self.num_key_value_heads}")
-        if self.num_experts_per_tok > self.num_experts:
-            raise ModelFormatError(f"{source}: num_experts_per_tok {self.num_experts_per_tok} exceeds num_experts {self.num_experts}")
+        self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
+        self.require_at_most(source, "num_experts_per_tok", "num_experts")
         if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_hidden_layers for i in self.mlp_only_layers):
             raise ModelFormatError(f"{source}: mlp_only_layers must list layer indices below {self.num_hidden_layers}, got {self.mlp_only_layers!r}")
         if self.hidden_act != "silu":
@@ -84,8 +82,7 @@ class HybridArgs(QwenArgs):
             self.layer_types = ["full_attention" if (i + 1) % n == 0 else "linear_attention" for i in range(self.num_hidden_layers)]
         if len(self.layer_types) != self.num_hidden_layers:
             raise ModelFormatError(f"{source}: layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
-        if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ModelFormatError(f"{source}: linear_num_value_heads {self.linear_num_value_heads} is not a multiple of linear_num_key_heads {self.linear_num_key_heads}")
+        self.require_multiple(source, "linear_num_value_heads", "linear_num_key_heads")
 
 
 class QwenMoe(Family):

@@ -12,7 +12,8 @@ gate and up columns interleaved) and ``down_proj`` (E, inter, hidden), transpose
 de-interleaved at each read; or, in the original MXFP4 checkpoints (colibri-core's
 ``mxfp4-hub`` format reads ``X_blocks`` / ``X_scales`` for the tensor ``X``),
 ``gate_up_proj`` (E, 2 * inter, hidden: output-major, gate and up rows interleaved) and
-``down_proj`` (E, hidden, inter), multiplied as stored (``interleaved=True``).
+``down_proj`` (E, hidden, inter), kept packed, their gate_up rows reordered (gate rows
+first) once when an expert is read (``interleaved=True``).
 """
 
 from __future__ import annotations
@@ -54,12 +55,8 @@ class GptOssArgs(ModelArgs):
     def validate(self, source):
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ModelFormatError(f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of "
-                                   f"num_key_value_heads {self.num_key_value_heads}")
-        if self.num_experts_per_tok > self.num_local_experts:
-            raise ModelFormatError(f"{source}: num_experts_per_tok {self.num_experts_per_tok} exceeds "
-                                   f"num_local_experts {self.num_local_experts}")
+        self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
+        self.require_at_most(source, "num_experts_per_tok", "num_local_experts")
         if self.layer_types is None:  # transformers' default: sliding first, then alternating
             self.layer_types = [LAYER_TYPES[i % 2] for i in range(self.num_hidden_layers)]
         if len(self.layer_types) != self.num_hidden_layers or any(t not in LAYER_TYPES for t in self.layer_types):
@@ -111,7 +108,7 @@ class GptOss(Family):
                       "down_bias": (f"{e}.down_proj_bias", (hidden,))}
             if w.has(f"{e}.gate_up_proj_blocks"):
                 # the original MXFP4 checkpoints: the format reads X_blocks / X_scales for X, output-major
-                # (out, in) with gate and up rows interleaved; multiplied as stored
+                # (out, in) with gate and up rows interleaved: read packed, rows reordered
                 matrices = {"gate_up": (f"{e}.gate_up_proj", (2 * inter, hidden)),
                             "down": (f"{e}.down_proj", (hidden, inter)), **biases}
                 return w.expert_layer(i, n, matrices, activation=activation, interleaved=True)

@@ -1,0 +1,333 @@
+"""The issue #20 streaming table: colibri streaming experts under a memory cgroup, per
+routing predictability, beside the disk's bound and llama.cpp.
+
+For each round and each checkpoint (one per ``--residual-mix`` setting, e.g. ~95%, ~75%
+and ~50% prefetch precision; see ``prefetch_calibrate.py``), in this order and each in a
+fresh process after the page cache is dropped:
+
+1. the disk bound: cold O_DIRECT reads of the checkpoint's experts with the request sizes
+   colibri uses (one request per expert: its matrices and scales lie together), by as many
+   threads as colibri's I/O pool, in this run (a bound measured another day is another
+   disk);
+2. colibri (``colibri bench``'s child: the seeded prompt, temperature 1, decode timed apart
+   from prefill) in the memory cgroup, with ``--prefetch`` and ``--direct-io`` by default:
+   decode tok/s, disk bytes per token, prefetch precision / recall over the decode,
+   distinct tokens generated and expert coverage (a looping generation touches few
+   experts and flatters every cache);
+3. llama.cpp on the checkpoint's GGUF (``--gguf LABEL=PATH``), through
+   ``llama_cpp_bench.py run``'s child in the same cgroup, with llama-cpp-python from
+   ``--llama-python``. Without it (or without a GGUF) the script says llama.cpp is not
+   available and runs colibri's part.
+
+Rounds interleave the settings and engines, so drift on a shared machine hits all alike;
+the 1-minute load average is recorded before every run. Writes ``OUT.json`` (every run)
+and ``OUT.md`` (a row per run, then medians per setting).
+
+    python benchmarks/streaming_table.py --model p95=/data/fr-0.02 --model p75=/data/fr-0.5 \\
+        --model p50=/data/fr-1.2 --gguf p95=/data/fr-0.02.gguf ... --llama-python /work/llvenv/bin/python \\
+        --cgroup 16G --ram 12G --tokens 32 --rounds 3 --out /data/streaming-20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+
+EXPERT = re.compile(r"\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+ALIGN = 4096
+
+
+# -- the disk bound ---------------------------------------------------------------------------
+def expert_requests(model: Path) -> list[tuple[str, int, int]]:
+    """(shard path, offset, size) of each routed expert: the span of its tensors, the read
+    colibri makes for it (ranges of one expert are merged)."""
+    from colibri_core.io.safetensors import SafetensorsFile
+
+    spans: dict[tuple[int, int], list] = {}
+    for shard in sorted(model.glob("*.safetensors")):
+        f = SafetensorsFile(shard)
+        try:
+            for info in f.tensors.values():
+                m = EXPERT.search(info.name)
+                if m is None:
+                    continue
+                key = (int(m.group(1)), int(m.group(2)))
+                span = spans.setdefault(key, [str(shard), info.offset, info.offset + info.nbytes])
+                span[1], span[2] = min(span[1], info.offset), max(span[2], info.offset + info.nbytes)
+        finally:
+            f.close()
+    return [(path, start, end - start) for path, start, end in spans.values()]
+
+
+def disk_bound(model: Path, *, budget: int, threads: int, seed: int) -> dict:
+    """Cold O_DIRECT reads of randomly chosen experts' spans (aligned out to 4 KiB), ``threads``
+    at a time, until ``budget`` bytes: bytes/s."""
+    from colibri_core.cli.bench import drop_page_cache
+    from colibri_core.io.drives import aligned_empty
+
+    requests = expert_requests(model)
+    if not requests:
+        raise SystemExit(f"{model}: no routed expert tensors (model.layers.N.mlp.experts.E.*) found")
+    random.Random(seed).shuffle(requests)
+    chosen, total = [], 0
+    for r in requests:
+        if total >= budget:
+            break
+        chosen.append(r)
+        total += r[2]
+    drop_page_cache(model)
+    try:
+        fds = {p: os.open(p, os.O_RDONLY | os.O_DIRECT) for p in {r[0] for r in chosen}}
+    except (OSError, AttributeError) as exc:  # the bound is uncached reads, or nothing
+        raise SystemExit(f"{model}: cannot open the shards with O_DIRECT ({exc}); the disk bound needs it") from None
+    biggest = max(r[2] for r in chosen) + 2 * ALIGN
+    local = threading.local()  # one aligned buffer per thread, as each colibri I/O thread reads into its own
+
+    def read(request):
+        path, offset, size = request
+        if not hasattr(local, "buffer"):
+            local.buffer = aligned_empty(biggest)
+        start = offset // ALIGN * ALIGN
+        length = -(-(offset + size - start) // ALIGN) * ALIGN
+        return os.preadv(fds[path], [memoryview(local.buffer)[:length]], start)
+
+    try:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            done = sum(pool.map(read, chosen))
+        seconds = time.perf_counter() - started
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    sizes = sorted(r[2] for r in chosen)
+    return {"bytes_per_s": done / seconds, "bytes": done, "requests": len(chosen), "threads": threads,
+            "request_bytes_median": sizes[len(sizes) // 2]}
+
+
+# -- llama.cpp --------------------------------------------------------------------------------
+def llama_available(python: str | None, gguf: Path | None) -> str | None:
+    """None when llama.cpp can run, else why not (one line)."""
+    if gguf is None:
+        return "no GGUF given for this checkpoint (--gguf LABEL=PATH)"
+    if not gguf.exists():
+        return f"{gguf} does not exist"
+    if not python:
+        return "no llama-cpp-python environment given (--llama-python)"
+    try:
+        done = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python}: {exc}"
+    if done.returncode != 0:
+        return f"{python} cannot import llama_cpp ({(done.stderr.strip().splitlines() or ['?'])[-1]})"
+    return None
+
+
+def run_llama(python: str, gguf: Path, *, tokens: int, prompt_tokens: int, seed: int, threads: int,
+              cgroup: int | None) -> dict:
+    """One llama.cpp run in a fresh process (llama_cpp_bench.py's child), optionally in a cgroup."""
+    from colibri_core.cli.bench import Cgroup
+
+    group = Cgroup.create(cgroup) if cgroup else None
+    try:
+        cmd = [python, str(HERE / "llama_cpp_bench.py"), "run", "--gguf", str(gguf), "--tokens", str(tokens),
+               "--prompt-tokens", str(prompt_tokens), "--seed", str(seed), "--threads", str(threads), "--child"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                             preexec_fn=(lambda: group.add(os.getpid())) if group else None)
+        if out.returncode != 0:
+            return {"engine": "llama.cpp", "error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        if group:
+            result["cgroup_peak_bytes"] = group.peak()
+        return result
+    finally:
+        if group:
+            group.remove()
+
+
+# -- the table --------------------------------------------------------------------------------
+def run_table(a) -> dict:
+    from colibri_core.cli.bench import drop_page_cache, run_engine
+    from colibri_core.units import parse_size
+
+    limit = parse_size(a.cgroup) if a.cgroup else None
+    settings = []
+    for label, path in a.model:
+        config = json.loads((path / "config.json").read_text())
+        gguf = a.gguf.get(label)
+        why = llama_available(a.llama_python, gguf)
+        if why:
+            print(f"{label}: llama.cpp is not available ({why}); running colibri's part only", file=sys.stderr, flush=True)
+        settings.append({"label": label, "model": str(path), "synthetic": config.get("colibri_synthetic"),
+                         "gguf": str(gguf) if gguf else None, "llama": why is None, "llama_unavailable": why})
+    options = {"history": "read", "prefetch": a.prefetch, "direct_io": a.direct_io, "backend": a.backend}
+    if a.ram:
+        options["ram"] = a.ram
+    runs = []
+    for r in range(a.rounds):
+        for s in settings:
+            model = Path(s["model"])
+            row = {"round": r + 1, "label": s["label"]}
+            row["load_before_bound"] = os.getloadavg()[0]
+            row["bound"] = disk_bound(model, budget=int(a.bound_gb * 1e9), threads=a.io_threads, seed=r)
+            row["load_before_colibri"] = os.getloadavg()[0]
+            row["cache_colibri"] = drop_page_cache(model)
+            spec = {"model": str(model), "tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "temperature": 1.0,
+                    "options": options, "ram": a.ram, "seed": r}
+            row["colibri"] = run_engine("colibri", spec, cgroup=limit)
+            row["colibri"].pop("token_ids", None)
+            if s["llama"]:
+                row["load_before_llama"] = os.getloadavg()[0]
+                row["cache_llama"] = drop_page_cache(Path(s["gguf"]).parent)
+                row["llama"] = run_llama(a.llama_python, Path(s["gguf"]), tokens=a.tokens, prompt_tokens=a.prompt_tokens,
+                                         seed=r, threads=a.threads, cgroup=limit)
+            runs.append(row)
+            print(_summary_line(row), file=sys.stderr, flush=True)
+    return {"tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "rounds": a.rounds, "cgroup_bytes": limit,
+            "ram": a.ram, "options": options, "temperature": 1.0, "settings": settings, "runs": runs,
+            "medians": medians(settings, runs)}
+
+
+def _derived(row: dict) -> dict:
+    c, bound = row["colibri"], row["bound"]["bytes_per_s"]
+    d = {"precision": c.get("decode_prefetch_precision"), "recall": c.get("decode_prefetch_recall"),
+         "coverage": c.get("expert_coverage_mean"), "distinct": c.get("distinct_tokens"),
+         "colibri_tok_s": c.get("decode_tok_s"), "colibri_disk_per_token": c.get("decode_bytes_per_token")}
+    per_token = d["colibri_disk_per_token"]
+    d["bound_tok_s"] = bound / per_token if per_token else None
+    d["share_of_bound"] = d["colibri_tok_s"] / d["bound_tok_s"] if d["bound_tok_s"] and d["colibri_tok_s"] else None
+    llama = row.get("llama") or {}
+    d["llama_tok_s"] = llama.get("decode_tok_s")
+    d["llama_disk_per_token"] = llama["disk_read_bytes"] / row_tokens(row) if "disk_read_bytes" in llama else None
+    d["ratio"] = d["colibri_tok_s"] / d["llama_tok_s"] if d["llama_tok_s"] and d["colibri_tok_s"] else None
+    return d
+
+
+def row_tokens(row: dict) -> int:
+    return max(row["colibri"].get("generated") or 1, 1)
+
+
+def medians(settings, runs) -> dict:
+    out = {}
+    for s in settings:
+        rows = [_derived(r) for r in runs if r["label"] == s["label"] and "error" not in r["colibri"]]
+        out[s["label"]] = {k: statistics.median(v) if (v := [x[k] for x in rows if x[k] is not None]) else None
+                           for k in (rows[0] if rows else {})}
+    return out
+
+
+def _fmt(v, kind):
+    if v is None:
+        return "-"
+    return {"pct": f"{v:.0%}", "tok": f"{v:.2f}", "mb": f"{v / 2**20:.1f} MiB", "n": f"{v:g}", "x": f"{v:.2f}x"}[kind]
+
+
+COLUMNS = [("precision", "prefetch precision", "pct"), ("recall", "recall", "pct"), ("coverage", "expert coverage", "pct"),
+           ("distinct", "distinct tokens", "n"), ("colibri_tok_s", "colibri tok/s", "tok"),
+           ("colibri_disk_per_token", "colibri disk / token", "mb"), ("bound_tok_s", "disk bound tok/s", "tok"),
+           ("share_of_bound", "share of bound", "pct"), ("llama_tok_s", "llama.cpp tok/s", "tok"),
+           ("llama_disk_per_token", "llama.cpp disk / token", "mb"), ("ratio", "colibri / llama.cpp", "x")]
+
+
+def _summary_line(row: dict) -> str:
+    if "error" in row["colibri"]:
+        return f"round {row['round']} {row['label']}: colibri failed: {row['colibri']['error']}"
+    d = _derived(row)
+    return f"round {row['round']} {row['label']}: " + ", ".join(f"{title} {_fmt(d[k], kind)}" for k, title, kind in COLUMNS)
+
+
+def markdown(data: dict) -> str:
+    head = "| round | setting | residual mix | " + " | ".join(t for _, t, _ in COLUMNS) + " | load (bound / colibri / llama) |"
+    lines = [f"{data['tokens']} tokens after a {data['prompt_tokens']}-token prompt, temperature 1; cgroup "
+             f"{_fmt(data['cgroup_bytes'], 'mb') if data['cgroup_bytes'] else 'none'}, colibri options "
+             f"{json.dumps(data['options'])}", ""]
+    for s in data["settings"]:
+        if not s["llama"]:
+            lines.append(f"- {s['label']}: llama.cpp not available ({s['llama_unavailable']})")
+    lines += ["", head, "|" + "---|" * (head.count("|") - 1)]
+    mix = {s["label"]: (s["synthetic"] or {}).get("residual_mix") for s in data["settings"]}
+    for row in data["runs"]:
+        loads = " / ".join(f"{row[k]:.2f}" if k in row else "-" for k in
+                           ("load_before_bound", "load_before_colibri", "load_before_llama"))
+        if "error" in row["colibri"]:
+            lines.append(f"| {row['round']} | {row['label']} | {mix[row['label']]} | colibri failed: "
+                         f"{row['colibri']['error']} |" + " |" * (len(COLUMNS) - 1) + f" {loads} |")
+            continue
+        d = _derived(row)
+        lines.append(f"| {row['round']} | {row['label']} | {mix[row['label']]} | "
+                     + " | ".join(_fmt(d[k], kind) for k, _, kind in COLUMNS) + f" | {loads} |")
+    lines += ["", "Medians over the rounds:", "", "| setting | residual mix | " + " | ".join(t for _, t, _ in COLUMNS) + " |",
+              "|" + "---|" * (len(COLUMNS) + 2)]
+    for label, m in data["medians"].items():
+        lines.append(f"| {label} | {mix[label]} | " + " | ".join(_fmt(m.get(k), kind) for k, _, kind in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _labelled(text: str) -> tuple[str, Path]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL=PATH")
+    return label, Path(path)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=_labelled, action="append", required=True, help="LABEL=checkpoint dir (repeatable)")
+    p.add_argument("--gguf", type=_labelled, action="append", default=[], help="LABEL=GGUF of that checkpoint")
+    p.add_argument("--llama-python", default=None, help="python of an environment with llama-cpp-python")
+    p.add_argument("--cgroup", default=None, help="memory cgroup size for every engine (e.g. 16G; needs root)")
+    p.add_argument("--ram", default=None, help="colibri's --ram")
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads")
+    p.add_argument("--io-threads", type=int, default=3, help="threads of the O_DIRECT bound (colibri's I/O pool)")
+    p.add_argument("--bound-gb", type=float, default=2.0, help="bytes read for the disk bound per round")
+    p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--direct-io", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
+    a = p.parse_args(argv)
+    labels = [label for label, _ in a.model]
+    if len(set(labels)) != len(labels):
+        p.error("--model labels must differ")
+    for label, path in a.model:
+        if not (path / "config.json").exists():
+            p.error(f"--model {label}={path}: no config.json (not a model directory)")
+    a.gguf = dict(a.gguf)
+    for label in a.gguf:
+        if label not in labels:
+            p.error(f"--gguf {label}=...: no --model {label}")
+    for name in ("tokens", "prompt_tokens", "rounds", "threads", "io_threads"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    from colibri_core.errors import ColibriError
+
+    try:
+        data = run_table(a)
+    except ColibriError as exc:  # e.g. no writable memory cgroup for --cgroup
+        raise SystemExit(f"error: {exc}") from None
+    for suffix, text in ((".json", json.dumps(data, indent=1)), (".md", markdown(data))):
+        target = a.out.with_name(a.out.name + suffix)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, target)
+        print(f"wrote {target}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

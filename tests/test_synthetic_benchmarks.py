@@ -1,0 +1,245 @@
+"""The benchmark tooling of issue #20 at a tiny scale: the frontier-shaped fp8 checkpoint
+generator, the residual-mix predictability knob, prefetch calibration, what ``colibri
+bench`` reports about the generated sequence, and the streaming table script."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri_core.io.safetensors import SafetensorsFile
+from colibri_core.testing.cli import run_colibri
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+OLMOE_TINY = ["--layers", "4", "--hidden", "64", "--intermediate", "32", "--experts", "16", "--top-k", "4",
+              "--vocab", "256", "--heads", "4"]
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def generate(kind: str, out: Path, *args: str) -> Path:
+    cmd = [sys.executable, str(BENCH / f"synthetic_{kind}.py"), "--out", str(out), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def frontier(out: Path, *args: str) -> Path:
+    """A tiny frontier checkpoint, written in this process (the script's own write)."""
+    gen = script("synthetic_frontier")
+    return gen.write(gen.parse(["--out", str(out), "--tiny", "--moe-layers", "3", *args]))
+
+
+@pytest.fixture(scope="module")
+def low(tmp_path_factory) -> Path:
+    """A tiny frontier checkpoint whose routing is predictable (the default mix)."""
+    return frontier(tmp_path_factory.mktemp("low") / "fr", "--residual-mix", "0.02")
+
+
+@pytest.fixture(scope="module")
+def high(tmp_path_factory) -> Path:
+    """The same geometry with large writes into the residual stream."""
+    return frontier(tmp_path_factory.mktemp("high") / "fr", "--residual-mix", "4")
+
+
+def tensors(model: Path) -> dict:
+    found = {}
+    for shard in sorted(model.glob("*.safetensors")):
+        f = SafetensorsFile(shard)
+        found.update(f.tensors)
+        f.close()
+    return found
+
+
+def digest(model: Path) -> str:
+    h = hashlib.sha256()
+    for shard in sorted(model.glob("*.safetensors")):
+        h.update(shard.read_bytes())
+    return h.hexdigest()
+
+
+def colibri_run(model: Path, *args: str) -> dict:
+    done = run_colibri("run", "--model", model, "--token-ids", "3,1,4,1,5", "--max-tokens", "6", "--ignore-eos",
+                       "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_frontier_checkpoint_has_deepseek_fp8_layout(low):
+    model = low
+    config = json.loads((model / "config.json").read_text())
+    assert config["model_type"] == "deepseek_v3" and config["quantization_config"]["weight_block_size"] == [128, 128]
+    found = tensors(model)
+    index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(index) == set(found)
+    experts = [n for n in found if ".mlp.experts." in n and n.endswith(".weight")]
+    assert len(experts) == 3 * 16 * 3
+    for name in experts + ["model.layers.0.self_attn.kv_b_proj.weight", "model.layers.2.mlp.shared_experts.down_proj.weight"]:
+        t, s = found[name], found[name + "_scale_inv"]
+        assert t.dtype == "F8_E4M3" and s.dtype == "F32"
+        assert s.shape == tuple(-(-d // 128) for d in t.shape)
+    assert found["model.layers.1.mlp.gate.weight"].dtype == "BF16"
+    assert found["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == "F32"
+    # one expert's matrices and scales lie together: colibri reads it in one request
+    e = sorted((t for n, t in found.items() if ".layers.1.mlp.experts.5." in n), key=lambda t: t.offset)
+    assert all(a.offset + a.nbytes == b.offset for a, b in zip(e, e[1:]))
+    assert not list(model.parent.glob(".fr.partial-*"))  # the partial directory was renamed into place
+
+
+def test_frontier_dequantised_weights_have_the_drawn_scale(high):
+    """value * block scale is N(0, std^2): down_proj residual_mix / sqrt(fan-in), others 1 / sqrt(fan-in)."""
+    from colibri_core.formats.fp8 import dequantize, e4m3_to_f32
+
+    model = high
+    found = tensors(model)
+
+    def read(info):
+        f = SafetensorsFile(info.path)
+        with open(info.path, "rb") as raw:
+            raw.seek(info.offset)
+            data = np.frombuffer(raw.read(info.nbytes), dtype=np.uint8)
+        f.close()
+        return data
+
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+    w, s = found[name], found[name + "_scale_inv"]
+    values = dequantize(e4m3_to_f32(read(w).reshape(w.shape)), read(s).view(np.float32).reshape(s.shape), (128, 128))
+    assert values.std() == pytest.approx(4 / np.sqrt(w.shape[1]), rel=0.1)
+    up = found["model.layers.1.mlp.experts.3.up_proj.weight"]
+    up_s = found[up.name + "_scale_inv"]
+    up_values = dequantize(e4m3_to_f32(read(up).reshape(up.shape)), read(up_s).view(np.float32).reshape(up_s.shape),
+                           (128, 128))
+    assert up_values.std() == pytest.approx(1 / np.sqrt(up.shape[1]), rel=0.1)
+
+
+def test_frontier_bytes_depend_on_the_seed_not_on_threads(tmp_path):
+    one = digest(frontier(tmp_path / "one", "--threads", "1", "--vocab", "2500"))
+    # the embedding in 3 pieces, drawn by 3 threads: the same bytes
+    assert digest(frontier(tmp_path / "three", "--threads", "3", "--vocab", "2500")) == one
+    assert digest(frontier(tmp_path / "seed1", "--threads", "1", "--vocab", "2500", "--seed", "1")) != one
+
+
+def test_frontier_runs_natively_in_fp8_and_deterministically(low, high):
+    import colibri_core
+    from colibri_core.formats.base import QuantTensor
+
+    model = low
+    first, second = colibri_run(model), colibri_run(model)
+    assert len(first["token_ids"]) == 6 and first["token_ids"] == second["token_ids"]
+    assert first["stats"]["misses"] > 0  # experts were streamed from the checkpoint
+    with colibri_core.load(model) as m:
+        assert m.lm.vocab_size == 256
+        weights = m.store.disk.load(1, 2, m.store.layouts[1][2])  # as the store reads an expert
+        kinds = {type(a).__name__ if not isinstance(a, QuantTensor) else a.kind for a in weights.arrays.values()}
+        assert kinds == {"fp8"}, kinds  # kept as e4m3 + block scales, computed by the fp8 kernel
+    assert colibri_run(high)["token_ids"] != first["token_ids"]  # the tokens come from the weights
+
+
+def test_existing_output_is_refused_and_bad_options_named(tmp_path):
+    (tmp_path / "fr").mkdir()
+    cmd = [sys.executable, str(BENCH / "synthetic_frontier.py"), "--tiny", "--out", str(tmp_path / "fr")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "already exists" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([*cmd[:-1], str(tmp_path / "x"), "--residual-mix", "0"], capture_output=True, text=True)
+    assert done.returncode != 0 and "--residual-mix" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["frontier", "olmoe"])
+def test_residual_mix_lowers_prefetch_precision(tmp_path, kind, request):
+    calibrate = script("prefetch_calibrate")
+    if kind == "frontier":
+        models = request.getfixturevalue("low"), request.getfixturevalue("high")
+    else:
+        models = [generate("olmoe", tmp_path / m, *OLMOE_TINY, "--residual-mix", m) for m in ("0.02", "4")]
+    low, high = (calibrate.measure(m, tokens=16, runs=2) for m in models)
+    assert low["synthetic"]["residual_mix"] == 0.02 and high["synthetic"]["residual_mix"] == 4
+    assert low["precision"] > 0.9, low
+    assert high["precision"] < low["precision"] - 0.15, (low["precision"], high["precision"])
+    for r in (low, high):
+        assert 0 < r["expert_coverage_mean"] <= 1 and 1 <= r["distinct_tokens"] <= 16
+
+
+def test_measured_generation_counts_only_the_decode(high):
+    """Coverage and decode prefetch precision against the store's own per-layer calls,
+    recorded independently (the prefill is each layer's first call)."""
+    import colibri_core
+    from colibri_core.cli.bench import measured_generation
+
+    with colibri_core.load(high, prefetch=True, history="read") as m:
+        calls: dict[int, list[set[int]]] = {}
+        end_layer = m.store.end_layer
+
+        def spy(layer, indices, experts):
+            calls.setdefault(layer, []).append(set(experts.tolist()))
+            end_layer(layer, indices, experts)
+
+        m.store.end_layer = spy
+        result, got = measured_generation(m, [5, 6, 7, 8, 9, 10], 10, temperature=1.0, seed=3)
+    assert len(result.token_ids) == 10 and got["distinct_tokens"] == len(set(result.token_ids))
+    assert sorted(calls) == [0, 1, 2] and all(len(c) == 10 for c in calls.values())  # prefill + 9 decode steps
+    coverage = [len(set().union(*c[1:])) / 16 for _, c in sorted(calls.items())]
+    assert got["expert_coverage"] == pytest.approx(coverage, abs=1e-4)
+    assert got["expert_coverage_mean"] == pytest.approx(np.mean(coverage))
+    assert 0 <= got["decode_prefetch_precision"] <= 1 and got["decode_prefetch_recall"] is not None
+
+
+def test_bench_reports_distinct_tokens_coverage_and_prefetch(high):
+    model = high
+    cmd = ["bench", "--model", model, "--tokens", "8", "--prompt-tokens", "4", "--repeats", "1", "--temperature", "1",
+           "--prefetch"]
+    done = run_colibri(*cmd, "--json", timeout=180)
+    assert done.returncode == 0, done.stderr
+    s = json.loads(done.stdout)["summary"]["colibri"]
+    assert 1 <= s["distinct_tokens"] <= 8
+    assert 0 < s["expert_coverage_mean"] <= 1 and s["expert_coverage_min"] <= s["expert_coverage_mean"]
+    for key in ("decode_prefetch_precision", "decode_prefetch_recall", "prefetch_precision", "prefetch_recall"):
+        assert 0 <= s[key] <= 1, key
+    human = run_colibri(*cmd, env={"COLUMNS": "300"}, timeout=180)  # a row on one line
+    assert human.returncode == 0, human.stderr
+    assert "distinct tokens" in human.stdout and "expert coverage" in human.stdout and " / 8" in human.stdout
+
+
+def test_streaming_table_runs_colibri_without_llama_cpp(tmp_path, low, high):
+    a, b = low, high
+    out = tmp_path / "table"
+    cmd = [sys.executable, str(BENCH / "streaming_table.py"), "--model", f"p95={a}", "--model", f"p50={b}",
+           "--gguf", f"p95={tmp_path / 'missing.gguf'}", "--tokens", "6", "--prompt-tokens", "4", "--rounds", "2",
+           "--bound-gb", "0.001", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "p95: llama.cpp is not available" in done.stderr and "p50: llama.cpp is not available" in done.stderr
+    data = json.loads((tmp_path / "table.json").read_text())
+    assert [(r["round"], r["label"]) for r in data["runs"]] == [(1, "p95"), (1, "p50"), (2, "p95"), (2, "p50")]
+    for r in data["runs"]:
+        assert "error" not in r["colibri"], r["colibri"]
+        assert r["colibri"]["decode_tok_s"] > 0 and r["colibri"]["generated"] == 6 and "llama" not in r
+        bound = r["bound"]
+        assert bound["bytes_per_s"] > 0 and bound["request_bytes_median"] > 0
+        assert isinstance(r["load_before_colibri"], float)
+    med = data["medians"]
+    assert med["p95"]["precision"] > med["p50"]["precision"]
+    table = (tmp_path / "table.md").read_text()
+    assert "| 2 | p50 | 4.0 |" in table and "llama.cpp not available" in table and "Medians" in table
+
+
+def test_expert_requests_are_one_span_per_expert(low):
+    table = script("streaming_table")
+    model = low
+    requests = table.expert_requests(model)
+    assert len(requests) == 3 * 16
+    found = tensors(model)
+    one = sum(t.nbytes for n, t in found.items() if ".layers.0.mlp.experts.0." in n)
+    assert {size for _, _, size in requests} == {one}
