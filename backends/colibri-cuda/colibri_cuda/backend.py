@@ -175,16 +175,51 @@ class CudaBackend(Backend):
     def sparse_attention(self, q, k, v, start, scale, selected):
         return self._attention(q, k, v, self._visible(q.shape[0], k.shape[1], start, selected), scale)
 
-    def _attention(self, q, k, v, visible, scale):
-        """Attention as the reference computes it, masked by ``visible`` (T, S) or None."""
+    def windowed_attention(self, q, k, v, start, scale, window=None, sinks=None):
+        if window is None and sinks is None:
+            return self.attention(q, k, v, start, scale)
+        xp = self.xp
+        pos, keys = start + xp.arange(q.shape[0])[:, None], xp.arange(k.shape[1])[None, :]
+        visible = keys <= pos
+        if window is not None:
+            visible = visible & (keys > pos - int(window))
+        return self._attention(q, k, v, visible, scale, sinks=sinks)
+
+    def attention_relative_bias(self, q, k, v, start, scale, rel, table, window=None):
+        xp = self.xp
+        t, hq, _ = q.shape
+        hkv, s = k.shape[0], k.shape[1]
+        bias = xp.matmul(rel, table)  # (T, Hq, E): one bias per distance
+        extent = bias.shape[-1]
+        distance = (start + xp.arange(t))[:, None] - xp.arange(s)[None, :]  # (T, S)
+        by_head = bias.reshape(t, hkv, hq // hkv, extent).transpose(1, 2, 0, 3)  # (Hkv, G, T, E)
+        index = xp.broadcast_to(xp.clip(distance, 0, extent - 1), (hkv, hq // hkv, t, s))
+        added = xp.where((distance >= 0) & (distance < extent), xp.take_along_axis(by_head, index, axis=-1), 0.0)
+        visible = distance >= 0
+        if window is not None:
+            visible = visible & (distance < int(window))
+        return self._attention(q, k, v, visible, scale, bias=added.astype(xp.float32))
+
+    def _attention(self, q, k, v, visible, scale, bias=None, sinks=None):
+        """Attention as the reference computes it, masked by ``visible`` (T, S) or None;
+        ``bias`` (Hkv, G, T, S) added to the scaled scores, ``sinks`` (Hq,) one logit per
+        head in the softmax that carries no value."""
         xp = self.xp
         t, hq, d = q.shape
         hkv = k.shape[0]
-        qh = q.reshape(t, hkv, hq // hkv, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
+        group = hq // hkv
+        qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
         scores = xp.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * scale  # (Hkv, G, T, S)
+        if bias is not None:
+            scores = scores + bias
         if visible is not None:
             scores = xp.where(visible, scores, -np.inf)
-        out = xp.matmul(self.softmax(scores), v[:, None])  # (Hkv, G, T, Dv)
+        if sinks is not None:
+            sink = xp.broadcast_to(xp.asarray(sinks, dtype=xp.float32).reshape(hkv, group, 1, 1), (hkv, group, t, 1))
+            probs = self.softmax(xp.concatenate([scores, sink], axis=-1))[..., :-1]
+        else:
+            probs = self.softmax(scores)
+        out = xp.matmul(probs, v[:, None])  # (Hkv, G, T, Dv)
         return xp.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1]))
 
     def _visible(self, t, s, start, selected=None):
@@ -212,6 +247,16 @@ class CudaBackend(Backend):
     def silu_mul(self, gate, up):
         with self.device.errstate():
             return gate / (1.0 + self.xp.exp(-gate)) * up
+
+    def gated_activation(self, gate, up, act):
+        if act.plain:
+            return self.silu_mul(gate, up)
+        xp = self.xp
+        if act.limit is not None:
+            gate, up = xp.minimum(gate, xp.float32(act.limit)), xp.clip(up, xp.float32(-act.limit), xp.float32(act.limit))
+        with self.device.errstate():
+            glu = gate / (xp.float32(1.0) + xp.exp(-gate * xp.float32(act.alpha)))
+        return glu * (up + xp.float32(act.up_offset))
 
     def sigmoid(self, x):
         with self.device.errstate():
