@@ -4,8 +4,8 @@ estimate, and a context no larger than the model's.
 Tolerances (docs/cli.md states them too): the projected hit rate of the run within 6
 points of the measured one; the projected decode speed within 4x of the measured one
 (either way). Hit rates are counts, deterministic for a given placement and routing;
-speeds come from a shared 2-core machine, so they are compared loosely, never timed
-against a threshold.
+speeds come from a shared 2-core machine, so they are compared loosely (each the faster
+of two fresh processes, ``calibration.compare``), never timed against a threshold.
 """
 
 import json
