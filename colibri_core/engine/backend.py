@@ -707,28 +707,14 @@ def scored_top_k(logits, bias, k, scoring, scaling, chosen=None):
 
 def windowed_attention(q, k, v, start, scale, window=None, sinks=None):
     """``Backend.windowed_attention`` on host float32 arrays (transformers' eager gpt-oss
-    attention: the sink joins the softmax after the max is taken over keys and sink)."""
-    q, k, v = (np.asarray(a, dtype=np.float32) for a in (q, k, v))
-    t, hq, d = q.shape
-    hkv, s, _ = k.shape
-    group = hq // hkv
-    qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
-    scores = np.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # (Hkv, G, T, S)
+    attention: the sink joins the softmax after the max is taken over keys and sink):
+    ``masked_attention`` with the causal window as its mask."""
+    t, s = np.shape(q)[0], np.shape(k)[1]
     pos = start + np.arange(t)[:, None]
     visible = np.arange(s)[None, :] <= pos
     if window is not None:
         visible &= np.arange(s)[None, :] > pos - int(window)
-    scores = np.where(visible, scores, np.float32(-np.inf))
-    if sinks is not None:
-        sink = np.broadcast_to(np.asarray(sinks, dtype=np.float32).reshape(hkv, group, 1, 1), (hkv, group, t, 1))
-        scores = np.concatenate([scores, sink], axis=-1)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    e = np.exp(scores)
-    probs = e / e.sum(axis=-1, keepdims=True)
-    if sinks is not None:
-        probs = probs[..., :-1]
-    out = np.matmul(probs, v[:, None])  # (Hkv, G, T, Dv)
-    return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1]), dtype=np.float32)
+    return masked_attention(q, k, v, scale, visible, sinks)
 
 
 def gated_activation(gate, up, act: GatedActivation):

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.nn.assembly import LayerBlock
+from colibri_core.nn.deltanet import CHUNK_SIZE, GatedDeltaNet, LowRank, conv_weight_2d, neg_exp_flat
+from colibri_core.nn.norms import GatedRMSNorm
 from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
 from colibri_core.nn.layers import SoftmaxTopKRouter, SparseMoE
 from colibri_core.nn.mla import MLAttention, mla_softmax_scale
@@ -244,3 +246,31 @@ def mla_mixer(a: MLAArgs, config: dict, w, *, interleave: bool | None = None,
         return mla_attention(a, w, i, s, rope, scale, interleave=interleave, indexer=indexer)
 
     return attention
+
+
+def kda(w, layer: int, s: str, *, heads: int, head_dim: int, hidden: int, conv_kernel: int, eps: float,
+        a_log_shape: tuple[int, ...], gate_lower_bound: float | None = None) -> GatedDeltaNet:
+    """Kimi Delta Attention at ``s`` (Kimi Linear, GLM-5 Next): a GatedDeltaNet with a
+    per-channel decay, read as saved (``q_conv1d``.., the forget gate beside the
+    projections) or in transformers' memory layout (``conv1d`` stacking q, k, v;
+    ``forget_gate.*``). ``a_log_shape``: how the family stores A_log (h values)."""
+    h, d = heads, head_dim
+    dim = h * d
+    gate = f"{s}.forget_gate" if w.has(f"{s}.forget_gate.A_log") else s
+    if w.has(f"{s}.conv1d.weight"):
+        conv = w.param(f"{s}.conv1d.weight", (3 * dim, 1, conv_kernel), conv_weight_2d)
+    else:
+        conv = [w.param(f"{s}.{part}_conv1d.weight", (dim, 1, conv_kernel), conv_weight_2d) for part in "qkv"]
+    projections = [
+        w.linear(f"{s}.q_proj", dim, hidden), w.linear(f"{s}.k_proj", dim, hidden), w.linear(f"{s}.v_proj", dim, hidden),
+        LowRank(w.linear(f"{s}.g_a_proj", d, hidden), w.linear(f"{s}.g_b_proj", dim, d)),  # z: the output gate
+        w.linear(f"{s}.b_proj", h, hidden),  # beta
+        LowRank(w.linear(f"{gate}.f_a_proj", d, hidden), w.linear(f"{gate}.f_b_proj", dim, d)),  # a: the decay
+    ]
+    return GatedDeltaNet(
+        layer=layer, projections=projections, conv_weight=conv,
+        a_neg=w.param(f"{gate}.A_log", a_log_shape, neg_exp_flat), dt_bias=w.param(f"{gate}.dt_bias", (dim,)),
+        norm=GatedRMSNorm(w.param(f"{s}.o_norm.weight", (d,)), eps, activation="sigmoid"),
+        out=w.linear(f"{s}.o_proj", hidden, dim),
+        n_k_heads=h, n_v_heads=h, k_head_dim=d, v_head_dim=d, chunk_size=CHUNK_SIZE, gate_per_channel=True,
+        gate_lower_bound=gate_lower_bound)

@@ -30,11 +30,9 @@ from colibri_core.model.config import bounded
 from colibri_core.model.family import Family
 from colibri_core.nn import Linear, MLAttention
 from colibri_core.nn.assembly import Names, build_decoder
-from colibri_core.nn.builders import SigmoidMoEArgs, sigmoid_moe_mlp
-from colibri_core.nn.deltanet import CHUNK_SIZE, GatedDeltaNet, LowRank, conv_weight_2d, neg_exp_flat
+from colibri_core.nn.builders import SigmoidMoEArgs, kda, sigmoid_moe_mlp
 from colibri_core.nn.dsa import LayerNorm, PooledIndexer, SharedIndexer
 from colibri_core.nn.hyper import HyperHead, hyper_connection
-from colibri_core.nn.norms import GatedRMSNorm
 
 from colibri_glm.model import indexer_kinds
 
@@ -179,29 +177,10 @@ def _lower_bound(text: dict, a: Glm5NextArgs, source) -> float | None:
     return None if lower is None else float(lower)
 
 
-def _kda(a: Glm5NextArgs, w, layer: int, s: str, lower: float | None) -> GatedDeltaNet:
-    """The linear-attention layer at ``s``, saved (``q_conv1d``.., the forget gate under
-    ``self_attn``) or in transformers' memory layout (``conv1d``, ``forget_gate.*``)."""
-    h, d, hidden, kernel = a.linear_num_heads, a.linear_head_dim, a.hidden_size, a.linear_conv_kernel_dim
-    dim = h * d
-    gate = f"{s}.forget_gate" if w.has(f"{s}.forget_gate.A_log") else s
-    if w.has(f"{s}.conv1d.weight"):
-        conv = w.param(f"{s}.conv1d.weight", (3 * dim, 1, kernel), conv_weight_2d)
-    else:
-        conv = [w.param(f"{s}.{part}_conv1d.weight", (dim, 1, kernel), conv_weight_2d) for part in "qkv"]
-    projections = [
-        w.linear(f"{s}.q_proj", dim, hidden), w.linear(f"{s}.k_proj", dim, hidden), w.linear(f"{s}.v_proj", dim, hidden),
-        LowRank(w.linear(f"{s}.g_a_proj", d, hidden), w.linear(f"{s}.g_b_proj", dim, d)),  # z: the output gate
-        w.linear(f"{s}.b_proj", h, hidden),  # beta
-        LowRank(w.linear(f"{gate}.f_a_proj", d, hidden), w.linear(f"{gate}.f_b_proj", dim, d)),  # a: the decay
-    ]
-    return GatedDeltaNet(
-        layer=layer, projections=projections, conv_weight=conv,
-        a_neg=w.param(f"{gate}.A_log", (h,), neg_exp_flat), dt_bias=w.param(f"{gate}.dt_bias", (dim,)),
-        norm=GatedRMSNorm(w.param(f"{s}.o_norm.weight", (d,)), a.rms_norm_eps, activation="sigmoid"),
-        out=w.linear(f"{s}.o_proj", hidden, dim),
-        n_k_heads=h, n_v_heads=h, k_head_dim=d, v_head_dim=d, chunk_size=CHUNK_SIZE, gate_per_channel=True,
-        gate_lower_bound=lower)
+def _kda(a: Glm5NextArgs, w, layer: int, s: str, lower: float | None):
+    return kda(w, layer, s, heads=a.linear_num_heads, head_dim=a.linear_head_dim, hidden=a.hidden_size,
+               conv_kernel=a.linear_conv_kernel_dim, eps=a.rms_norm_eps, a_log_shape=(a.linear_num_heads,),
+               gate_lower_bound=lower)
 
 
 def _attention(a: Glm5NextArgs, w, layer: int, s: str) -> MLAttention:

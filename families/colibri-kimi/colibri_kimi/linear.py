@@ -28,9 +28,7 @@ from colibri_core.errors import ModelFormatError
 from colibri_core.model.config import bounded
 from colibri_core.model.family import Family
 from colibri_core.nn.assembly import build_decoder
-from colibri_core.nn.builders import MLAArgs, mla_attention, sigmoid_moe
-from colibri_core.nn.deltanet import CHUNK_SIZE, GatedDeltaNet, LowRank, conv_weight_2d, neg_exp_flat
-from colibri_core.nn.norms import GatedRMSNorm
+from colibri_core.nn.builders import MLAArgs, kda, mla_attention, sigmoid_moe
 
 # transformers' attribute_map: config.json spells these fields its own way
 ALIASES = {
@@ -146,7 +144,7 @@ class KimiLinear(Family):
             s = f"{prefix}.self_attn"
             if a.layer_types[i] == "full_attention":
                 return mla_attention(a, w, i, s, None, scale, interleave=False)
-            return kda(a, w, i, s)
+            return kda_layer(a, w, i, s)
 
         def mlp(i: int, prefix: str):
             p = f"{prefix}.block_sparse_moe"
@@ -157,24 +155,7 @@ class KimiLinear(Family):
         return build_decoder(a, w, mixer, mlp)
 
 
-def kda(a: KimiLinearArgs, w, layer: int, s: str) -> GatedDeltaNet:
-    """Kimi Delta Attention at ``s``: a GatedDeltaNet with a per-channel decay."""
-    h, d, hidden, kernel = a.linear_num_heads, a.linear_head_dim, a.hidden_size, a.linear_conv_kernel_dim
-    dim = h * d
-    gate = f"{s}.forget_gate" if f"{s}.forget_gate.A_log" in w.checkpoint else s
-    if f"{s}.conv1d.weight" in w.checkpoint:  # transformers' in-memory layout: q, k, v convs stacked
-        conv = w.param(f"{s}.conv1d.weight", (3 * dim, 1, kernel), conv_weight_2d)
-    else:
-        conv = [w.param(f"{s}.{part}_conv1d.weight", (dim, 1, kernel), conv_weight_2d) for part in "qkv"]
-    projections = [
-        w.linear(f"{s}.q_proj", dim, hidden), w.linear(f"{s}.k_proj", dim, hidden), w.linear(f"{s}.v_proj", dim, hidden),
-        LowRank(w.linear(f"{s}.g_a_proj", d, hidden), w.linear(f"{s}.g_b_proj", dim, d)),  # z: the output gate
-        w.linear(f"{s}.b_proj", h, hidden),  # beta
-        LowRank(w.linear(f"{gate}.f_a_proj", d, hidden), w.linear(f"{gate}.f_b_proj", dim, d)),  # a: the decay
-    ]
-    return GatedDeltaNet(
-        layer=layer, projections=projections, conv_weight=conv,
-        a_neg=w.param(f"{gate}.A_log", (1, 1, h, 1), neg_exp_flat), dt_bias=w.param(f"{gate}.dt_bias", (dim,)),
-        norm=GatedRMSNorm(w.param(f"{s}.o_norm.weight", (d,)), a.rms_norm_eps, activation="sigmoid"),
-        out=w.linear(f"{s}.o_proj", hidden, dim),
-        n_k_heads=h, n_v_heads=h, k_head_dim=d, v_head_dim=d, chunk_size=CHUNK_SIZE, gate_per_channel=True)
+def kda_layer(a: KimiLinearArgs, w, layer: int, s: str):
+    """Kimi Delta Attention at ``s`` (A_log stored (1, 1, heads, 1))."""
+    return kda(w, layer, s, heads=a.linear_num_heads, head_dim=a.linear_head_dim, hidden=a.hidden_size,
+               conv_kernel=a.linear_conv_kernel_dim, eps=a.rms_norm_eps, a_log_shape=(1, 1, a.linear_num_heads, 1))
