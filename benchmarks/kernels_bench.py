@@ -6,6 +6,7 @@ call by call, which shows what two thread pools (OpenMP and OpenBLAS) on two cor
 each other. Medians and spreads (max - min over rounds) are reported.
 
     python benchmarks/kernels_bench.py [--rounds 15] [--size 4096] [--interleave] [--formats int4-gs64,ct-int4-g32]
+    python benchmarks/kernels_bench.py --shape 5760x2880 --rows 1,4,8   # N x K (gpt-oss-20b's gate_up)
 
 The minimum over rounds is printed beside the median: on a shared machine it is the
 better estimate of what a kernel costs uncontended.
@@ -47,6 +48,8 @@ def weights(n: int, k: int, rng) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--shape", default="", help="N x K of the weight (output x input features), e.g. 5760x2880; "
+                   "overrides --size")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--rows", default="1,32")
     p.add_argument("--interleave", action="store_true")
@@ -54,13 +57,14 @@ def main(argv=None):
     a = p.parse_args(argv)
     rng = np.random.default_rng(0)
     backend = CpuBackend()
-    ws = weights(a.size, a.size, rng)
+    n, k = (int(v) for v in a.shape.lower().split("x")) if a.shape else (a.size, a.size)
+    ws = weights(n, k, rng)
     if a.formats:
         wanted = set(a.formats.split(","))
         ws = {name: w for name, w in ws.items() if name in wanted or name.startswith("f32")}
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')}, cores {os.cpu_count()}")
     for rows in map(int, a.rows.split(",")):
-        x = rng.standard_normal((rows, a.size)).astype(np.float32)
+        x = rng.standard_normal((rows, k)).astype(np.float32)
         times = {name: [] for name in ws}
 
         def measure(name, w):
@@ -79,7 +83,7 @@ def main(argv=None):
                 for _ in range(a.rounds):
                     measure(name, w)
         base = statistics.median(times["f32 (numpy BLAS)"])
-        print(f"\n{a.size}x{a.size}, {rows} row(s): median ms (spread), speed vs float32 numpy")
+        print(f"\n{n}x{k}, {rows} row(s): median ms (spread), speed vs float32 numpy")
         print("| format | ms | min ms | spread | vs f32 numpy | weight GB/s |\n|---|---|---|---|---|---|")
         for name, t in times.items():
             med = statistics.median(t)

@@ -139,24 +139,13 @@ def llama_available(python: str | None, gguf: Path | None) -> str | None:
 def run_llama(python: str, gguf: Path, *, tokens: int, prompt_tokens: int, seed: int, threads: int,
               cgroup: int | None) -> dict:
     """One llama.cpp run in a fresh process (llama_cpp_bench.py's child), optionally in a cgroup."""
-    from colibri_core.cli.bench import Cgroup
+    from colibri_core.cli.bench import run_json_child
 
-    group = Cgroup.create(cgroup) if cgroup else None
-    try:
-        cmd = [python, str(HERE / "llama_cpp_bench.py"), "run", "--gguf", str(gguf), "--tokens", str(tokens),
-               "--prompt-tokens", str(prompt_tokens), "--seed", str(seed), "--threads", str(threads), "--child"]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                             preexec_fn=(lambda: group.add(os.getpid())) if group else None)
-        if out.returncode != 0:
-            return {"engine": "llama.cpp", "error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
-        result = json.loads(out.stdout.strip().splitlines()[-1])
-        if group:
-            result["cgroup_peak_bytes"] = group.peak()
-        return result
-    finally:
-        if group:
-            group.remove()
+    cmd = [python, str(HERE / "llama_cpp_bench.py"), "run", "--gguf", str(gguf), "--tokens", str(tokens),
+           "--prompt-tokens", str(prompt_tokens), "--seed", str(seed), "--threads", str(threads), "--child"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = run_json_child(cmd, cgroup=cgroup, env=env)
+    return {"engine": "llama.cpp", **result} if "error" in result else result
 
 
 # -- the table --------------------------------------------------------------------------------

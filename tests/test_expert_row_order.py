@@ -38,7 +38,8 @@ def test_packed_rows_move_with_their_scales():
         np.testing.assert_array_equal(cpu.linear(x, moved), cpu.linear(x, packed)[:, ORDER], err_msg=kind)
     np.testing.assert_array_equal(permute_rows(w, ORDER), w[ORDER])
     np.testing.assert_array_equal(permute_rows(w[:, 0], ORDER), w[ORDER, 0])  # a bias
-    fp8 = QuantTensor("fp8", np.zeros((64, 96), np.uint8), np.ones((1, 1), np.float32), (64, 96))
+    # fp8's scales cover blocks of rows: an order that mixes the rows of two blocks is refused
+    fp8 = QuantTensor("fp8", np.zeros((64, 96), np.uint8), np.ones((4, 3), np.float32), (64, 96), (16, 32))
     assert permute_rows(fp8, ORDER) is None
 
 

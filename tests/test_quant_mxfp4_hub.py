@@ -110,8 +110,8 @@ def test_the_cpu_kernel_computes_with_the_packed_bytes(tmp_path, m):
 @pytest.mark.parametrize("k", [100, 160, 4144])
 def test_the_cpu_kernel_computes_partial_groups_long_rows_and_extreme_exponents(k):
     """Rows longer than one of the AVX-512 path's K chunks, a partial last group, and
-    exponents outside the range where the scale is added to the table's exponent bits
-    (those rows multiply instead); each row is compared at its own magnitude."""
+    extreme exponents (0, 1, 2, 200, 252: the AVX-512 path's per-exponent tables at their
+    subnormal and largest finite entries); each row is compared at its own magnitude."""
     from colibri_core.backends.cpu import _kernels
 
     n, g = 19, -(-k // 32)

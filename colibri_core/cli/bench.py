@@ -90,19 +90,22 @@ def drop_page_cache(model_dir: Path) -> str:
         return "model files forgotten (fadvise DONTNEED)"
 
 
-def run_engine(engine: str, spec: dict, *, cgroup: int | None = None, timeout: float = 3600) -> dict:
-    """Run one engine on ``spec`` in a child process; returns its JSON result."""
+def run_json_child(cmd: list[str], *, cgroup: int | None = None, timeout: float = 3600,
+                   env: dict | None = None) -> dict:
+    """Run ``cmd`` in a fresh process, optionally in a memory cgroup of ``cgroup`` bytes;
+    its last stdout line is its JSON result (with ``cgroup_peak_bytes`` added), or
+    ``{"error": one line}`` when it failed."""
     group = Cgroup.create(cgroup) if cgroup else None
     try:
-        cmd = [sys.executable, "-m", "colibri_core.cli.bench", engine, json.dumps(spec)]
         # the child joins the cgroup before anything is allocated (pages cached before
         # joining would not be charged)
         preexec = (lambda: group.add(os.getpid())) if group else None
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec, env=env)
         if out.returncode != 0:
-            killed = out.returncode in (-9, 137)
-            reason = "killed (out of memory in the cgroup?)" if killed else out.stderr.strip().splitlines()[-1:] or ["failed"]
-            return {"engine": engine, "error": reason if isinstance(reason, str) else reason[0]}
+            if out.returncode in (-9, 137):
+                return {"error": "killed (out of memory in the cgroup?)"}
+            lines = out.stderr.strip().splitlines() or [f"exit {out.returncode}"]
+            return {"error": lines[-1], "stderr_tail": lines[-30:]}
         result = json.loads(out.stdout.strip().splitlines()[-1])
         if group:
             result["cgroup_peak_bytes"] = group.peak()
@@ -110,6 +113,13 @@ def run_engine(engine: str, spec: dict, *, cgroup: int | None = None, timeout: f
     finally:
         if group:
             group.remove()
+
+
+def run_engine(engine: str, spec: dict, *, cgroup: int | None = None, timeout: float = 3600) -> dict:
+    """Run one engine on ``spec`` in a child process; returns its JSON result."""
+    result = run_json_child([sys.executable, "-m", "colibri_core.cli.bench", engine, json.dumps(spec)],
+                            cgroup=cgroup, timeout=timeout)
+    return {"engine": engine, **result} if "error" in result else result
 
 
 # -- the child: one engine, measured from inside ------------------------------------------

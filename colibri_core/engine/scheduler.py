@@ -190,7 +190,10 @@ class Scheduler:
         self.bytes_per_token = probe.bytes_per_token()
         self.fixed_bytes = probe.nbytes  # recurrent states: allocated whole at the start
         self.prefix_reuse = prefix_reuse and probe.reusable()
-        self.snapshots = max(1, snapshots) if self.fixed_bytes else 0
+        # states whose earlier positions are not kept (recurrent, sliding windows) resume a
+        # prefix only from a snapshot taken at its length
+        self.snapshot_bytes = probe.snapshot_bytes()
+        self.snapshots = max(1, snapshots) if self.snapshot_bytes else 0
         if kv_budget is None:  # every slot may fill the whole context
             kv_budget = slots * self._reservation(self.lm.max_context)
         self.kv = KVAllocator(int(kv_budget))
@@ -210,7 +213,7 @@ class Scheduler:
 
     # -- sizes ------------------------------------------------------------------------
     def _reservation(self, tokens: int) -> int:
-        return tokens * self.bytes_per_token + self.fixed_bytes * (1 + self.snapshots)
+        return tokens * self.bytes_per_token + self.fixed_bytes + self.snapshot_bytes * self.snapshots
 
     def _request_tokens(self, request: Request) -> int:
         return min(len(request.prompt_ids) + request.max_tokens, self.lm.max_context)
@@ -387,7 +390,7 @@ class Scheduler:
                 common += 1
             n = common // chunk * chunk
             snap = None
-            if self.fixed_bytes:  # recurrent layers: only where a snapshot was kept
+            if self.snapshots:  # recurrent or sliding layers: only where a snapshot was kept
                 n = max((b for b in p.snapshots if b <= n), default=0)
                 snap = p.snapshots.get(n)
             if n > best_n:
@@ -485,7 +488,7 @@ class Scheduler:
             self.kv.release(seq.reserved)
             p = seq.prefix
             if p is not None:  # keep the prompt's cache for reuse, if its bytes fit
-                p.live, p.nbytes = False, p.cache.nbytes + self.fixed_bytes * len(p.snapshots)
+                p.live, p.nbytes = False, p.cache.nbytes + self.snapshot_bytes * len(p.snapshots)
                 if reason == "error" or not self.kv.fits(p.nbytes):
                     self._prefixes.remove(p)
                 else:

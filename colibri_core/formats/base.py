@@ -37,11 +37,42 @@ class QuantTensor:
 ROW_KINDS = frozenset({"q8", "q4", "mxfp4", "bf16", "q4g32", "mxfp4pair"})
 
 
+def block_sources(order: np.ndarray, block: int) -> np.ndarray | None:
+    """For rows read in ``order`` whose scales cover ``block`` consecutive rows (fp8's
+    row blocks): the stored block each block of the result comes from, when every block
+    of the result is one stored block's rows (in any order); None otherwise."""
+    order = np.asarray(order)
+    rows = len(order)
+    sources = []
+    for start in range(0, rows, block):
+        chunk = order[start : start + block] // block
+        j = int(chunk[0])
+        if not np.all(chunk == j) or len(chunk) != min(block, rows - j * block):
+            return None
+        sources.append(j)
+    return np.asarray(sources, dtype=np.int64)
+
+
+def rows_stay_packed(kind: str | None, block: tuple[int, int], order: np.ndarray) -> bool:
+    """Whether ``permute_rows`` keeps a packed weight of ``kind`` packed for ``order``."""
+    if kind in ROW_KINDS:
+        return True
+    return kind == "fp8" and block_sources(order, block[0]) is not None
+
+
 def permute_rows(host, order: np.ndarray):
     """A host-form weight (``host_form``: a float array, 1-D bias included, or a
     ``QuantTensor``) with its rows in ``order``: packed rows move with their scales, so
-    the weight stays packed. None for a packed kind whose scales span rows (fp8)."""
+    the weight stays packed; fp8 rows too when ``order`` keeps each block of rows
+    together (``block_sources``), the block scales then moving by block. None for a
+    packed kind whose scales it would split."""
     if isinstance(host, QuantTensor):
+        if host.kind == "fp8":
+            sources = block_sources(order, host.block[0])
+            if sources is None:
+                return None
+            return QuantTensor(host.kind, np.ascontiguousarray(host.data[order]),
+                               np.ascontiguousarray(host.scales[sources]), host.shape, host.block)
         if host.kind not in ROW_KINDS:
             return None
         scales = None if host.scales is None else np.ascontiguousarray(host.scales[order])
@@ -85,6 +116,11 @@ class QuantFormat:
     def logical_shape(self, info: TensorInfo, context: "FormatContext") -> tuple[int, ...]:
         """The shape the model sees (packed formats store another)."""
         return info.shape
+
+    def block(self, info: TensorInfo) -> tuple[int, int]:
+        """The (rows, cols) block one scale covers in ``quantized``'s form (fp8's block
+        scales; rows are otherwise independent)."""
+        return (1, 1)
 
     def decode(self, info: TensorInfo, raw: np.ndarray, companions: dict[str, np.ndarray]) -> np.ndarray:
         """Return the weight as a float32 array of its logical shape."""

@@ -10,6 +10,12 @@ is absent. The weight is ``e4m3_value * scale`` per element, computed in float32
 transformers' dequantisation, so the result is bit-identical to it. Scales may be stored
 as F32, BF16 or F8_E8M0 (``scale_fmt: ue8m0`` checkpoints).
 
+DeepSeek-V4's published shards name the scales of ``<m>.weight`` ``<m>.scale`` (F8_E8M0,
+``scale_fmt: ue8m0``; F32 in the fp8-expert base checkpoints); transformers renames
+``<m>.scale`` to ``<m>.weight_scale_inv`` at load (quantizer_finegrained_fp8.py,
+``update_weight_conversions``). Both spellings are read; ``<name>_scale_inv`` wins when a
+checkpoint had both.
+
 Activations are not quantised: colibri computes in float32 with the dequantised weights,
 as transformers does with ``dequantize=True``.
 """
@@ -25,6 +31,7 @@ from colibri_core.formats.base import QuantFormat, QuantTensor, bf16_to_f32
 from colibri_core.io.safetensors import TensorInfo
 
 SCALE_SUFFIX = "_scale_inv"
+V4_SCALE_SUFFIX = ".scale"  # DeepSeek-V4: "<m>.scale" beside "<m>.weight"
 SCALE_DTYPES = ("F32", "BF16", "F8_E8M0")
 DEFAULT_BLOCK = (128, 128)
 
@@ -59,6 +66,25 @@ E8M0_TO_F32 = _e8m0_table()
 def e8m0_to_f32(raw: np.ndarray) -> np.ndarray:
     """ue8m0 bytes (uint8) -> float32 powers of two 2**(b - 127); 255 is NaN."""
     return E8M0_TO_F32[raw]
+
+
+def scale_name(name: str, tensors) -> str | None:
+    """The block scales' tensor name of weight ``name`` in ``tensors`` (a name -> info
+    mapping, or a lookup function): ``<name>_scale_inv``, or DeepSeek-V4's ``<m>.scale``
+    for ``<m>.weight``; None when neither is there."""
+    lookup = tensors if callable(tensors) else tensors.get
+    if lookup(name + SCALE_SUFFIX) is not None:
+        return name + SCALE_SUFFIX
+    if name.endswith(".weight"):
+        v4 = name[: -len(".weight")] + V4_SCALE_SUFFIX
+        if lookup(v4) is not None:
+            return v4
+    return None
+
+
+def _scale_names(name: str) -> str:
+    names = [name + SCALE_SUFFIX] + ([name[: -len(".weight")] + V4_SCALE_SUFFIX] if name.endswith(".weight") else [])
+    return " or ".join(repr(n) for n in names)
 
 
 def quantization_config(config: dict) -> dict | None:
@@ -109,11 +135,12 @@ class FP8E4M3Block(QuantFormat):
         block = block_size(context.config)
         if block is None:
             return False
-        scale = context.checkpoint.tensors.get(info.name + SCALE_SUFFIX)
+        found = scale_name(info.name, context.checkpoint.tensors)
+        scale = None if found is None else context.checkpoint.tensors[found]
         if scale is None:
             if quantization_config(context.config) is not None:
                 raise ModelFormatError(f"{info.path}: tensor {info.name!r} is float8 e4m3 but has no block scales "
-                                       f"{info.name + SCALE_SUFFIX!r}")
+                                       f"{_scale_names(info.name)}")
             return False
         self._check(info, scale, block)
         self._blocks[info.name] = block
@@ -133,18 +160,22 @@ class FP8E4M3Block(QuantFormat):
                 f"{scale.path}: scale tensor {scale.name!r} has shape {list(scale.shape)}, but weight {info.name!r} "
                 f"{list(info.shape)} in {block[0]}x{block[1]} blocks needs {list(expected)}")
 
+    def block(self, info):
+        return self._blocks.get(info.name, DEFAULT_BLOCK)
+
     def companions(self, info, lookup):
-        scale = lookup(info.name + SCALE_SUFFIX)
-        if scale is None:
-            raise ModelFormatError(f"{info.path}: tensor {info.name!r} has no block scales {info.name + SCALE_SUFFIX!r}")
-        return [scale]
+        found = scale_name(info.name, lookup)
+        if found is None:
+            raise ModelFormatError(f"{info.path}: tensor {info.name!r} has no block scales {_scale_names(info.name)}")
+        return [lookup(found)]
 
     def decode(self, info, raw, companions):
-        scale = scales_to_f32(companions[info.name + SCALE_SUFFIX])
-        return dequantize(e4m3_to_f32(raw), scale, self._blocks.get(info.name, DEFAULT_BLOCK))
+        (scale,) = companions.values()
+        return dequantize(e4m3_to_f32(raw), scales_to_f32(scale), self._blocks.get(info.name, DEFAULT_BLOCK))
 
     def quantized(self, info, raw, companions):
-        scale = np.ascontiguousarray(scales_to_f32(companions[info.name + SCALE_SUFFIX]), dtype=np.float32)
+        (scale,) = companions.values()
+        scale = np.ascontiguousarray(scales_to_f32(scale), dtype=np.float32)
         return QuantTensor("fp8", np.ascontiguousarray(raw), scale, tuple(info.shape),
                            self._blocks.get(info.name, DEFAULT_BLOCK))
 

@@ -68,7 +68,11 @@ class SlidingKVCache:
     positions are kept between steps (each new position sees itself and those), so its
     size is bounded by the window, not the sequence. ``append`` returns the kept
     positions followed by the new ones; ``offset`` is how many of them precede the new
-    ones (the ``start`` of the attention op). No prefix reuse: earlier positions are gone."""
+    ones (the ``start`` of the attention op). Earlier positions are gone, so a prefix is
+    resumed from a ``snapshot`` taken at its length (the kept positions, at most the
+    window's), as a recurrent state is."""
+
+    snapshot_needed = True  # positions before the window are dropped as the sequence grows
 
     def __init__(self, backend, n_kv_heads: int, k_dim: int, v_dim: int, window: int):
         if window < 1:
@@ -103,6 +107,38 @@ class SlidingKVCache:
         self.offset, self.kept = keep, end
         self.length += t
         return self._k[:, :end], self._v[:, :end]
+
+    def snapshot(self) -> dict:
+        """Copies of what the next step reads (the last ``window - 1`` kept positions) and
+        the length: what ``copy_prefix`` needs to resume this cache here later."""
+        keep = min(self.kept, self.window - 1)
+        if not keep:
+            return {"k": None, "v": None, "length": self.length}
+        a = self.kept - keep
+        return {"k": self._k[:, a : self.kept] * 1.0, "v": self._v[:, a : self.kept] * 1.0, "length": self.length}
+
+    def copy_prefix(self, dst: "SlidingKVCache", n: int, snapshot=None) -> None:
+        """Give ``dst`` (fresh) this cache as it was after ``n`` positions: from
+        ``snapshot`` taken then (or from this cache when it holds exactly n). The next
+        append then sees the same keys and values, in the same order, as it would have."""
+        if n == 0:
+            return
+        if snapshot is None:
+            if self.length != n:
+                raise ValueError(f"sliding KV cache holds {self.length} positions, not {n}, and no snapshot was kept")
+            snapshot = self.snapshot()
+        if snapshot["length"] != n:
+            raise ValueError(f"the sliding KV snapshot was taken at {snapshot['length']} positions, not {n}")
+        if snapshot["k"] is None:
+            dst.kept = 0
+        else:
+            dst._k, dst._v = snapshot["k"] * 1.0, snapshot["v"] * 1.0
+            dst.kept = int(dst._k.shape[1])
+        dst.offset, dst.length = 0, n
+
+    def snapshot_bytes(self) -> int:
+        """What one ``snapshot`` holds at most: the window's positions."""
+        return (self.window - 1) * self.bytes_per_token()
 
     @property
     def nbytes(self) -> int:
@@ -154,6 +190,11 @@ class RecurrentState:
 
     def bytes_per_token(self) -> int:
         return 0
+
+    snapshot_needed = True  # each update replaces the arrays
+
+    def snapshot_bytes(self) -> int:
+        return self.nbytes
 
     def snapshot(self) -> dict:
         """Copies of the arrays as they are now (after ``length`` positions): the only way
@@ -207,6 +248,11 @@ class Cache:
         """Whether every layer's state can give a prefix to another cache (prefix reuse)."""
         return all(layer is None or _reusable(layer) for layer in self.layers)
 
+    def snapshot_bytes(self) -> int:
+        """What one ``snapshot`` holds at most: the states whose earlier positions are not
+        kept in place (recurrent states, sliding windows); 0 when none are."""
+        return sum(_snapshot_bytes(layer) for layer in self.layers if layer is not None)
+
     def snapshot(self) -> list:
         """Per layer, what ``copy_prefix`` needs to resume at the current length later
         (None for layers whose earlier positions stay in place)."""
@@ -219,6 +265,13 @@ class Cache:
             if src is not None:
                 src.copy_prefix(into, n, None if snapshot is None else snapshot[i])
         dst.length = n
+
+
+def _snapshot_bytes(state) -> int:
+    """A layer's part of ``Cache.snapshot_bytes`` (a composite adds its parts')."""
+    if hasattr(state, "snapshot_bytes"):
+        return state.snapshot_bytes()
+    return 0
 
 
 def _reusable(state) -> bool:
@@ -253,6 +306,9 @@ class LayerStates:
 
     def reusable(self) -> bool:
         return all(_reusable(part) for part in self.parts.values())
+
+    def snapshot_bytes(self) -> int:
+        return sum(_snapshot_bytes(part) for part in self.parts.values())
 
     def snapshot(self) -> dict:
         return {name: part.snapshot() for name, part in self.parts.items()}

@@ -16,6 +16,7 @@ import numpy as np
 from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.io.buffers import huge_buffer
 from colibri_core.errors import ModelFormatError
+from colibri_core.formats.base import permute_rows, rows_stay_packed
 from colibri_core.io.safetensors import TensorInfo
 from colibri_core.engine.backend import GatedActivation
 from colibri_core.nn.layers import Linear, RMSNorm, RoutedExperts, SwiGLU
@@ -27,14 +28,21 @@ class Param:
     ``transform`` (optional) maps the decoded float32 host array to the array the model
     computes with, once at load: a reshape, a row regrouping, ``1 + w`` for norms stored
     as offsets. Only exact or reference-defined arithmetic belongs there: it runs on the
-    host, the same for every backend and placement."""
+    host, the same for every backend and placement.
 
-    __slots__ = ("info", "value", "transform", "shape", "role")
+    ``row_order`` (optional) reads the rows in that order instead (a regrouping of a
+    linear weight's output channels): the weight stays packed when its format's scales
+    allow it (``formats.base.permute_rows``), else it is decoded to float32 first; either
+    way it is still only multiplied through ``linear``."""
 
-    def __init__(self, info: TensorInfo, transform: Callable | None = None, shape: tuple[int, ...] | None = None):
+    __slots__ = ("info", "value", "transform", "shape", "role", "row_order")
+
+    def __init__(self, info: TensorInfo, transform: Callable | None = None, shape: tuple[int, ...] | None = None,
+                 row_order: np.ndarray | None = None):
         self.info = info
         self.value = None
         self.transform = transform
+        self.row_order = row_order
         self.shape = tuple(shape) if shape is not None else info.shape  # logical (packed formats store another)
         # "linear": only ever multiplied through ops.linear, so a backend may keep it in
         # its stored (quantised) form; "embedding": rows looked up (and perhaps a tied LM
@@ -140,13 +148,23 @@ class Weights:
             )
         return info
 
-    def param(self, name: str, shape: tuple[int, ...], transform: Callable | None = None) -> Param:
+    def param(self, name: str, shape: tuple[int, ...], transform: Callable | None = None, *,
+              row_order: np.ndarray | None = None) -> Param:
+        """``transform``: see ``Param``; ``row_order``: the rows read in that order (see
+        ``Param``), for a 2-D weight without a transform."""
+        if row_order is not None:
+            row_order = np.asarray(row_order, dtype=np.int64)
+            if transform is not None or len(shape) != 2 or sorted(row_order.tolist()) != list(range(shape[0])):
+                raise ValueError(f"tensor {name!r}: row_order must be a permutation of the rows of a 2-D weight "
+                                 "without a transform")
         if name not in self.params:
             info = self._lookup(name, shape)
-            self.params[name] = Param(info, transform, self.shape_of(info))
+            self.params[name] = Param(info, transform, self.shape_of(info), row_order)
         elif self.params[name].shape != tuple(shape):
             raise ModelFormatError(f"tensor {name!r} is declared with two shapes")
-        elif self.params[name].transform is not transform:
+        elif self.params[name].transform is not transform or \
+                (self.params[name].row_order is None) != (row_order is None) or \
+                (row_order is not None and not np.array_equal(self.params[name].row_order, row_order)):
             raise ValueError(f"tensor {name!r} is declared with two different load transforms")
         return self.params[name]
 
@@ -282,7 +300,18 @@ class Weights:
 
     def resident_bytes(self, resolver, backend) -> int:
         """Memory the dense weights will take on ``backend``."""
-        return sum(resolver.resident_nbytes(p.info, backend, p.use) for p in self.params.values())
+        return sum(resolver.resident_nbytes(p.info, backend, p.use) if self._packed(p, resolver, backend)
+                   or p.row_order is None else backend.weight_nbytes(None, p.shape, 4 * p.numel)
+                   for p in self.params.values())
+
+    @staticmethod
+    def _packed(p: Param, resolver, backend) -> bool:
+        """Whether ``p`` is placed in its stored form: no transform, the backend keeps the
+        format's kind for its use, and its rows (if reordered) move without splitting scales."""
+        if p.transform is not None or not resolver.kept_packed(p.info, backend, p.use):
+            return False
+        fmt = resolver.format_for(p.info)
+        return p.row_order is None or rows_stay_packed(fmt.kernel, fmt.block(p.info), p.row_order)
 
     def load_dense(self, resolver, backend, progress: Callable[[int], None] | None = None) -> int:
         """Read every dense weight in file order and place it on the backend: in its stored
@@ -297,7 +326,7 @@ class Weights:
         # kept in their stored form, weights are views of the buffer they are read into:
         # large batches (few reads) cost nothing beyond the weights themselves; decoded,
         # a batch's bytes live beside their decodes until it is done: small batches
-        kept = [p for p in rest if p.transform is None and resolver.kept_packed(p.info, backend, p.use)]
+        kept = [p for p in rest if self._packed(p, resolver, backend)]
         decoded = [p for p in rest if p not in set(kept)]
         for params, limit in ((kept, 64 << 20), (decoded, STREAM_MIN_BYTES)):
             batch: list[Param] = []
@@ -321,6 +350,12 @@ class Weights:
             if q.transform is not None:
                 host = resolver.format_for(q.info).decode(q.info, raw[q.name], companions)
                 q.value = backend.prepare_weight(q.transform(host), "array")
+            elif q.row_order is not None:
+                if self._packed(q, resolver, backend):
+                    host = permute_rows(resolver.host_form(q.info, raw[q.name], companions, backend, q.use), q.row_order)
+                else:
+                    host = permute_rows(resolver.format_for(q.info).decode(q.info, raw[q.name], companions), q.row_order)
+                q.value = backend.prepare_weight(host, q.use)
             else:
                 q.value = resolver.resident(q.info, raw[q.name], companions, backend, q.use)
             read += q.info.nbytes
@@ -337,7 +372,7 @@ class Weights:
         float32 copy, or twice the bytes of a float16 one) and overshoot the budget."""
         if p.info.nbytes < STREAM_MIN_BYTES or resolver.companions(p.info):
             return False
-        if p.transform is None and resolver.kept_packed(p.info, backend, p.use):
+        if Weights._packed(p, resolver, backend):
             return False
         return resolver.format_for(p.info).elementwise
 
@@ -352,6 +387,8 @@ class Weights:
             if progress:
                 progress(chunk.nbytes)
         host = final.reshape(p.info.shape)
+        if p.row_order is not None:
+            host = permute_rows(host, p.row_order)
         p.value = backend.prepare_weight(p.transform(host), "array") if p.transform is not None else \
             backend.prepare_weight(host, p.use)
         return p.info.nbytes

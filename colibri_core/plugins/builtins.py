@@ -14,8 +14,8 @@ def colibri_register_quants(register):
                        "I64 / I32 integer tables (DeepSeek-V4's token-to-expert map), exact below 2**24",
                        dtypes=("I64", "I32")))
     register(QuantSpec("fp8-e4m3-b128", "colibri_core.formats.fp8:FP8E4M3Block",
-                       "float8 e4m3 with <name>_scale_inv 128x128 block scales (DeepSeek, Kimi, GLM), read natively",
-                       storage="F8_E4M3 + <name>_scale_inv"))
+                       "float8 e4m3 with <name>_scale_inv (or DeepSeek-V4's <m>.scale) 128x128 block scales "
+                       "(DeepSeek, Kimi, GLM), read natively", storage="F8_E4M3 + <name>_scale_inv"))
     register(QuantSpec("int8-row", "colibri_core.formats.integer:Int8Row", "int8, one scale per output row (colibri container)",
                        storage="I8 + <name>.qs F32"))
     register(QuantSpec("int4-gs64", "colibri_core.formats.integer:Int4GS64",
@@ -29,6 +29,9 @@ def colibri_register_quants(register):
     register(QuantSpec("mxfp4-hub", "colibri_core.formats.mxfp4_hub:MXFP4Hub",
                        "MXFP4 as gpt-oss ships it (e2m1 pairs, one exponent per 32 inputs), read natively",
                        storage="<name>_blocks U8 + <name>_scales U8"))
+    register(QuantSpec("fp4-e2m1-g32", "colibri_core.formats.fp4_e2m1:FP4E2M1Group32",
+                       "fp4 e2m1 pairs with one ue8m0 exponent per 32 inputs (DeepSeek-V4's routed experts), read "
+                       "natively", storage="<m>.weight I8 + <m>.scale F8_E8M0"))
 
 
 @hookimpl

@@ -1,7 +1,8 @@
 """Whole models through the CUDA backend's Python code (on numpy, with mirrors of its
 kernels, registered as "cuda-mirror"): OLMoE (attention, softmax router, fused one-token
 experts), a Qwen3-Next hybrid (gated delta step, shared experts) and DeepSeek-V3.2 (MLA,
-DSA, the grouped sigmoid router) give transformers' tokens through their family's oracle
+DSA, the grouped sigmoid router) and DeepSeek-V4 (sliding window with sinks, compressed
+entries, the grouped output projection, hash routing) give transformers' tokens through their family's oracle
 suite, every placement included. The backend reports device memory, so the placements
 put experts in colibri-cuda's own device tier: uploads through the stand-in's
 asynchronous path, waited for before use. Each suite is its family's own, restricted to
@@ -24,6 +25,7 @@ for family in ("colibri-olmoe", "colibri-qwen", "colibri-deepseek"):
 pytest.importorskip("transformers")
 pytest.importorskip("colibri_olmoe")
 import test_deepseek_v32_oracle as deepseek  # noqa: E402
+import test_deepseek_v4_oracle as deepseek_v4  # noqa: E402
 import test_olmoe_oracle as olmoe  # noqa: E402
 import test_qwen_oracle as qwen  # noqa: E402
 
@@ -44,6 +46,7 @@ def on_mirror(suite, case: str):
 TestOlmoeOnCudaMirror = on_mirror(olmoe.TestOlmoeOracle, "sharded_gqa_norm_topk")
 TestQwen3NextOnCudaMirror = on_mirror(qwen.TestQwen3NextOracle, "hybrid_dense_layer")
 TestDeepseekV32OnCudaMirror = on_mirror(deepseek.TestDeepseekV32Oracle, "sparse_top4")
+TestDeepseekV4OnCudaMirror = on_mirror(deepseek_v4.TestDeepseekV4Oracle, "mixed")
 
 
 @pytest.fixture(scope="module")

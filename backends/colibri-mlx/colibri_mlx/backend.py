@@ -316,6 +316,47 @@ class MlxBackend(Backend):
         indices, weights = self._to_host_all(indices, weights * scaling)
         return indices.astype(np.int64), weights
 
+    @on_device
+    def scored_top_k(self, x, weight, bias, k, scoring, scaling, chosen=None):
+        logits = self.linear(x, weight)
+        if scoring == "sqrtsoftplus":
+            scores = mx.sqrt(self.softplus(logits))
+        elif scoring == "sigmoid":
+            scores = self.sigmoid(logits)
+        else:
+            return super().scored_top_k(x, weight, bias, k, scoring, scaling, chosen)  # names the bad scoring
+        if chosen is None:
+            indices = self._top_k(scores if bias is None else scores + mx.array(bias), k)
+        else:  # a hash-routed layer: the experts looked up from the token ids
+            indices = mx.array(np.asarray(chosen, dtype=np.int32))
+        weights = mx.take_along_axis(scores, indices, axis=-1)
+        weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
+        indices, weights = self._to_host_all(indices, weights * scaling)
+        return indices.astype(np.int64), weights
+
+    # -- DeepSeek-V4's attention and grouped output projection -------------------------
+    @on_device
+    def masked_attention(self, q, k, v, scale, visible, sinks=None):
+        visible = np.asarray(visible, dtype=bool)
+        if visible.shape != (q.shape[0], k.shape[1]):
+            raise ValueError(f"masked_attention: visible is {visible.shape}, queries and keys are "
+                             f"{(q.shape[0], k.shape[1])}")
+        # MLX's fused attention: the boolean mask as given, the sinks as gpt-oss's (one
+        # logit per head joining the softmax, adding no value)
+        out = mx.fast.scaled_dot_product_attention(q.transpose(1, 0, 2)[None], k[None], v[None], scale=scale,
+                                                   mask=mx.array(visible), sinks=sinks)
+        return out[0].transpose(1, 0, 2)
+
+    @on_device
+    def grouped_linear(self, x, weight, groups):
+        t, width = x.shape
+        if width % groups or weight.shape[0] % groups or weight.shape[1] * groups != width:
+            raise ValueError(f"grouped_linear: {groups} groups do not fit x {tuple(x.shape)} and weight "
+                             f"{tuple(weight.shape)}")
+        xs = x.reshape(t, groups, width // groups).transpose(1, 0, 2)  # (G, T, C)
+        ws = weight.reshape(groups, weight.shape[0] // groups, weight.shape[1])  # (G, R, C)
+        return (xs @ ws.transpose(0, 2, 1)).transpose(1, 0, 2).reshape(t, -1)  # (T, G * R)
+
     # -- routed experts ----------------------------------------------------------------
     @on_device
     def routed_experts(self, x, indices, weights, fetch, window=8, ready=None):

@@ -678,15 +678,26 @@ AVX2_FN static void rows_mxfp4p_avx2(const Weight *W, const float *x, int64_t M,
 /* 2 * e2m1 as float32, indexed by the nibble (the sign bit's zero reads as +0, as E2M1_X2) */
 static const float E2M1_X2F[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+/* the 16 weights a nibble can mean for each E8M0 exponent, e2m1 * 2^(E-127) (filled at
+ * import: 16 KiB, of which a row's few exponents keep a few lines in L1) */
+static float MX4_TABLES[256][16] __attribute__((aligned(64)));
+
+static void mx4_tables_fill(void) {
+    for (int e = 0; e < 256; e++)
+        for (int c = 0; c < 16; c++) MX4_TABLES[e][c] = E2M1_X2F[c] * (0.5f * e8m0_to_float((uint8_t)e));
+}
+
 /* mxfp4pair with AVX-512, still float32 throughout. The x rows are first copied, once
  * per call, into the weights' pair order (per 32 inputs: the 16 even ones, then the 16
  * odd ones; 64-byte aligned, so no load splits a cache line), so that a group's 16 bytes
  * widened to 32-bit lanes index a 16-entry table (vpermps reads the low 4 bits: the low
  * nibbles as they are, the high ones after a shift) for its even and odd weights. The
- * table is the e2m1 values already scaled by the group's power of two: an integer add to
- * the exponent bits of its non-zero entries, exact for 2 <= E <= 252 (a row with any
- * other exponent multiplies instead). A group thus costs four vector operations before
- * its two FMAs, where the AVX2 path's shuffle, unpack and widening took over twenty. The
+ * table is the e2m1 values already scaled by the group's power of two, read from
+ * MX4_TABLES by the exponent byte: a load, where making it per group (an exponent add to
+ * the bits of a register table, a multiply for extreme exponents) took a vector operation
+ * and about a tenth of the one-row time, for the same values. A group thus costs three
+ * vector operations before its two FMAs, where the AVX2 path's shuffle, unpack and
+ * widening took over twenty. The
  * products and sums are float32 ones as on the AVX2 path; only their order differs. Two
  * groups per step, with their own accumulators for up to four x rows, hide the FMA
  * latency. */
@@ -694,15 +705,11 @@ V4_INLINE void mxfp4p_rows_v4_m(const Weight *W, const float *xp, float *out, in
                                 const int M) {
     const uint8_t *q = W->data, *ex = W->scales;
     const int64_t K = W->K, G = (K + 31) / 32, Gw = K / 32, KP = G * 32;
-    const __m512 lut = _mm512_loadu_ps(E2M1_X2F);
-    const __m512i lut_bits = _mm512_castps_si512(lut);
-    const __mmask16 nz = 0xFEFE;  /* the table's non-zero entries */
     const int B = M <= 4 ? 2 : 0;  /* the second group's accumulator offset (0: shared) */
     /* groups per K chunk: the chunk's x rows (16 KiB) stay in L1 while MX4_TILE weight rows
        pass over them (whole rows of x for several x rows did not fit: 3 rows ran 2x slower
        than 2) */
     const int64_t CH = (128 / M) & ~(int64_t)1;
-    int32_t eadd[128];
     __m512 state[MX4_TILE][MAX_ROWS][2];
     for (int64_t t0 = n0; t0 < n1; t0 += MX4_TILE) {
         const int64_t t1 = t0 + MX4_TILE < n1 ? t0 + MX4_TILE : n1;
@@ -712,16 +719,6 @@ V4_INLINE void mxfp4p_rows_v4_m(const Weight *W, const float *xp, float *out, in
             const int64_t c1 = c0 + CH < Gw ? c0 + CH : Gw;
             for (int64_t n = t0; n < t1; n++) {
                 const uint8_t *row = q + n * G * 16, *e = ex + n * G;
-                /* (E - 128) << 23 adds E - 127 to an exponent and halves (the table holds 2 * e2m1) */
-                __mmask16 odd_e = 0;
-                for (int64_t g = c0; g < c1; g += 16) {
-                    const int64_t c = c1 - g < 16 ? c1 - g : 16;
-                    const __mmask16 live = (__mmask16)((1u << c) - 1);
-                    const __m512i eb = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, e + g));
-                    _mm512_storeu_si512(eadd + (g - c0), _mm512_slli_epi32(_mm512_sub_epi32(eb, _mm512_set1_epi32(128)), 23));
-                    odd_e |= _mm512_mask_cmplt_epu32_mask(live, eb, _mm512_set1_epi32(2)) |
-                             _mm512_mask_cmpgt_epu32_mask(live, eb, _mm512_set1_epi32(252));
-                }
                 __m512 acc[MAX_ROWS][4];
                 for (int m = 0; m < M; m++) {
                     acc[m][0] = state[n - t0][m][0]; acc[m][1] = state[n - t0][m][1];
@@ -738,19 +735,12 @@ V4_INLINE void mxfp4p_rows_v4_m(const Weight *W, const float *xp, float *out, in
                         acc[m][o + 1] = _mm512_fmadd_ps(wo, _mm512_load_ps(xm + 16), acc[m][o + 1]);                   \
                     }                                                                                                  \
                 } while (0)
-#define MX4_ADD(g) _mm512_castsi512_ps(_mm512_mask_add_epi32(lut_bits, nz, lut_bits, _mm512_set1_epi32(eadd[(g) - c0])))
-#define MX4_MUL(g) _mm512_mul_ps(lut, _mm512_set1_ps(0.5f * e8m0_to_float(e[g])))
+#define MX4_TABLE(g) _mm512_load_ps(MX4_TABLES[e[g]])
                 int64_t g = c0;
-                if (!odd_e) {
-                    for (; g + 2 <= c1; g += 2) { MX4_GROUP(g, 0, MX4_ADD(g)); MX4_GROUP(g + 1, B, MX4_ADD(g + 1)); }
-                    if (g < c1) MX4_GROUP(g, 0, MX4_ADD(g));
-                } else {
-                    for (; g + 2 <= c1; g += 2) { MX4_GROUP(g, 0, MX4_MUL(g)); MX4_GROUP(g + 1, B, MX4_MUL(g + 1)); }
-                    if (g < c1) MX4_GROUP(g, 0, MX4_MUL(g));
-                }
+                for (; g + 2 <= c1; g += 2) { MX4_GROUP(g, 0, MX4_TABLE(g)); MX4_GROUP(g + 1, B, MX4_TABLE(g + 1)); }
+                if (g < c1) MX4_GROUP(g, 0, MX4_TABLE(g));
 #undef MX4_GROUP
-#undef MX4_ADD
-#undef MX4_MUL
+#undef MX4_TABLE
                 for (int m = 0; m < M; m++) {
                     state[n - t0][m][0] = _mm512_add_ps(acc[m][0], acc[m][2]);
                     state[n - t0][m][1] = _mm512_add_ps(acc[m][1], acc[m][3]);
@@ -1709,6 +1699,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     use_avx2 = have_avx2() && !portable;
     use_vnni = use_avx2 && have_vnni() && !avx2_only;
     use_vbmi = use_avx2 && have_vbmi() && !avx2_only;
+    if (use_vbmi) mx4_tables_fill();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyModule_AddIntConstant(m, "MAX_ROWS", MAX_ROWS);

@@ -6,11 +6,16 @@ hyper-connections (``nn.hyper``), the sqrt-softplus and hash routers (``nn.route
 the clamped SwiGLU (``GatedActivation``) and the decoder assembly. This file reads the
 config (with transformers' defaults and its legacy spellings) and declares the tensors
 under the names transformers 5.23 saves them (the original checkpoints' spelling:
-``attn.wq_a``, ``ffn.experts.{e}.w1``, ``hc_attn_fn``, ``head``...)."""
+``attn.wq_a``, ``ffn.experts.{e}.w1``, ``hc_attn_fn``, ``head``...). DeepSeek's published
+shards spell a few differently (no ``model.`` prefix, ``embed``, ``hc_head_fn``,
+``attn.kv_norm``) and store the weights in fp8 / fp4 with ``<m>.scale`` (formats
+``fp8-e4m3-b128`` and ``fp4-e2m1-g32``); both layouts are read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from colibri_core.engine.backend import ROUTER_SCORINGS, GatedActivation
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
@@ -27,6 +32,26 @@ from colibri_core.nn.routers import HashRouter, ScoredTopKRouter
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 LAYER_TYPES = (SLIDING, CSA, HCA)
 RATIO_TYPES = {0: SLIDING, 4: CSA, 128: HCA}  # legacy per-layer compress_ratios
+FP8_BLOCK = 128  # the rows one fp8 block scale covers in DeepSeek's checkpoints
+
+
+def head_order(dim: int, rope_dim: int) -> np.ndarray:
+    """colibri's channel order of a V4 head (``rope_first``: its last ``rope_dim`` channels,
+    de-interleaved, first), with the other channels ordered so that each 128-row block
+    of a projection permuted by it is one stored block: the rest of the rope channels'
+    block, then the blocks before it. An fp8 projection then keeps its block scales and
+    stays packed (``formats.base.permute_rows``); dot products and norms do not depend
+    on the order of the channels that are not rotated."""
+    order = rope_first(dim, rope_dim)
+    if dim % FP8_BLOCK or rope_dim > FP8_BLOCK:
+        return order  # whole heads per block (any order keeps blocks whole), or rope wider than a block
+    start = dim - FP8_BLOCK
+    return np.concatenate([order[:rope_dim], np.arange(start, dim - rope_dim), np.arange(start)])
+
+
+def rows_of(order: np.ndarray, blocks: int) -> np.ndarray:
+    """The row order of ``blocks`` stacked heads (or series), each in ``order``."""
+    return np.concatenate([b * len(order) + order for b in range(blocks)])
 
 
 @dataclass(kw_only=True)
@@ -156,10 +181,11 @@ class DeepseekV4(Family):
                  for kind, p in a.rope_settings(src).items()}
         hidden, eps, rd = a.hidden_size, a.rms_norm_eps, a.rope_dim
         d, di, heads = a.head_dim, a.index_head_dim, a.num_attention_heads
-        head_order, index_order = rope_first(d, rd), rope_first(di, rd)
+        heads_order, index_order = head_order(d, rd), head_order(di, rd)
 
-        def linear(name, out, inp, transform=None):
-            p = w.param(f"{name}.weight", (out, inp), transform)
+        def linear(name, out, inp, rows=None):
+            # rows: the output channels reordered at load, the weight still packed (Param.row_order)
+            p = w.param(f"{name}.weight", (out, inp), row_order=rows)
             p.role = "linear"
             return Linear(p)
 
@@ -169,10 +195,16 @@ class DeepseekV4(Family):
         def compressor(p, dim, order, rate, overlap, rope):
             series = 2 if overlap else 1
             return WindowCompressor(
-                kv=linear(f"{p}.wkv", series * dim, hidden, permute_rows(order, series)),
-                gate=linear(f"{p}.wgate", series * dim, hidden, permute_rows(order, series)),
+                kv=linear(f"{p}.wkv", series * dim, hidden, rows_of(order, series)),
+                gate=linear(f"{p}.wgate", series * dim, hidden, rows_of(order, series)),
                 bias=w.param(f"{p}.ape", (rate, series * dim), permute_columns(order)),
                 norm=norm(f"{p}.norm", dim, permute_rows(order, 1)), dim=dim, rate=rate, overlap=overlap, rope=rope)
+
+        def kv_norm_name(s):
+            # transformers saves "attn.norm"; DeepSeek's shards name it "attn.kv_norm"
+            if not w.has(f"{s}.norm.weight") and w.has(f"{s}.kv_norm.weight"):
+                return f"{s}.kv_norm"
+            return f"{s}.norm"
 
         def mixer(i, prefix):
             s = f"{prefix}.attn"
@@ -181,21 +213,21 @@ class DeepseekV4(Family):
             comp = index = None
             if kind != SLIDING:
                 rate = a.compress_rates[kind]
-                comp = compressor(f"{s}.compressor", d, head_order, rate, kind == CSA, rope)
+                comp = compressor(f"{s}.compressor", d, heads_order, rate, kind == CSA, rope)
                 if kind == CSA:
                     index = CompressedIndexer(
                         compressor=compressor(f"{s}.indexer.compressor", di, index_order, rate, True, rope),
                         q_b=linear(f"{s}.indexer.wq_b", a.index_n_heads * di, a.q_lora_rank,
-                                   permute_rows(index_order, a.index_n_heads)),
+                                   rows_of(index_order, a.index_n_heads)),
                         weights_proj=linear(f"{s}.indexer.weights_proj", a.index_n_heads, hidden),
                         n_heads=a.index_n_heads, head_dim=di, topk=a.index_topk, rope=rope)
             group_in = heads * d // a.o_groups
             return CompressedAttention(
                 layer=i, q_a=linear(f"{s}.wq_a", a.q_lora_rank, hidden), q_a_norm=norm(f"{s}.q_norm", a.q_lora_rank),
-                q_b=linear(f"{s}.wq_b", heads * d, a.q_lora_rank, permute_rows(head_order, heads)),
-                kv=linear(f"{s}.wkv", d, hidden, permute_rows(head_order, 1)),
-                kv_norm=norm(f"{s}.norm", d, permute_rows(head_order, 1)),
-                o_a=w.param(f"{s}.wo_a.weight", (a.o_groups * a.o_lora_rank, group_in), permute_columns(head_order)),
+                q_b=linear(f"{s}.wq_b", heads * d, a.q_lora_rank, rows_of(heads_order, heads)),
+                kv=linear(f"{s}.wkv", d, hidden, heads_order),
+                kv_norm=norm(kv_norm_name(s), d, permute_rows(heads_order, 1)),
+                o_a=w.param(f"{s}.wo_a.weight", (a.o_groups * a.o_lora_rank, group_in), permute_columns(heads_order)),
                 o_b=linear(f"{s}.wo_b", hidden, a.o_groups * a.o_lora_rank), sinks=w.param(f"{s}.attn_sink", (heads,)),
                 n_heads=heads, head_dim=d, rope=rope, window=a.sliding_window, o_groups=a.o_groups, eps=eps,
                 compressor=comp, indexer=index)
@@ -227,6 +259,11 @@ class DeepseekV4(Family):
 
         hc = dict(hidden=hidden, n_streams=a.hc_mult, sinkhorn_iters=a.hc_sinkhorn_iters, eps=a.hc_eps, norm_eps=eps)
         names = Names(lm_head="head")
+        if not w.has("model.embed_tokens.weight") and w.has("embed.weight"):
+            # DeepSeek's published shards: no "model." prefix; "embed", "norm" and
+            # "hc_head_{fn,base,scale}" at the top (transformers renames them at load)
+            names = Names(model="", lm_head="head")
+            w.aliases["embed_tokens.weight"] = "embed.weight"
         for i in range(a.num_hidden_layers):  # the layer norms under the checkpoint's names
             p = names.layer(i)
             w.aliases[f"{p}.input_layernorm.weight"] = f"{p}.attn_norm.weight"

@@ -1,9 +1,10 @@
 """Inkling in the batched serving engine: the short convolutions' states and the KV
 caches (bounded ones on sliding layers) are per sequence, so a request's tokens among
-others equal its tokens alone and Model.generate's; with only full-attention layers the
-conv states are snapshotted at chunk boundaries and prefix reuse gives cold tokens."""
+others equal its tokens alone and Model.generate's; the conv states and the sliding
+windows are snapshotted at chunk boundaries, and prefix reuse gives cold tokens."""
 
 import numpy as np
+import pytest
 
 import colibri_core
 from colibri_core.engine import generation
@@ -85,10 +86,53 @@ def test_prefix_reuse_resumes_the_conv_states_from_snapshots(tmp_path_factory, m
     assert turn2.token_ids == cold2.token_ids == expected
 
 
-def test_sliding_layers_leave_prefix_reuse_off(tmp_path_factory):
+def test_prefix_reuse_resumes_the_sliding_windows_from_snapshots(tmp_path_factory, monkeypatch):
+    """Sliding layers (window 5) drop the positions before their window: a prefix resumes
+    from the window kept at a chunk boundary, and gives a cold prefill's bits and tokens."""
     fx = suites.TestInklingOracle.oracle("hybrid", tmp_path_factory)
     with colibri_core.load(fx.path, history=False) as model:
-        assert not model.lm.new_cache(model.backend).reusable()  # a sliding cache has dropped its early positions
+        lm, ops = model.lm, model.backend
+        assert lm.new_cache(ops).reusable()
+        ids = np.asarray(prompt(24))
+        source, cold, resumed = lm.new_cache(ops), lm.new_cache(ops), lm.new_cache(ops)
+        for a in range(0, 12, 4):
+            lm.forward(ids[a : a + 4], source, ops)
+            lm.forward(ids[a : a + 4], cold, ops)
+        snapshot = source.snapshot()
+        lm.forward(ids[12:20], source, ops)  # the source moves on: its windows slide past position 12
+        source.copy_prefix(resumed, 12, snapshot)
+        assert np.array_equal(lm.forward(ids[12:], resumed, ops, all_logits=True),
+                              lm.forward(ids[12:], cold, ops, all_logits=True))
+        first = [(3 + 7 * i) % VOCAB for i in range(13)]
         with Scheduler(model, prefill_chunk=4) as sched:
-            a, b = run_all(sched, [Request(list(prompt(13)), 3), Request(list(prompt(13)) + [1, 2], 3)])
-            assert b.usage["cached_tokens"] == 0
+            turn1 = run_all(sched, [Request(first, 6)])[0]
+            second = first + turn1.token_ids + [9, 8, 7]
+            turn2 = run_all(sched, [Request(second, 8)])[0]
+            assert turn2.usage["cached_tokens"] == 12
+            branch = first[:10] + [3, 4, 5, 6]  # resumes at 8: the latest snapshot kept at or before 10
+            turn3 = run_all(sched, [Request(branch, 5)])[0]
+            assert turn3.usage["cached_tokens"] == 8
+        with Scheduler(model, prefill_chunk=4, prefix_reuse=False) as cold:
+            cold2, cold3 = run_all(cold, [Request(second, 8), Request(branch, 5)])
+            assert cold2.usage["cached_tokens"] == 0
+        monkeypatch.setattr(generation, "PREFILL_CHUNK", 4)
+        expected = model.generate(token_ids=second, max_tokens=8, ignore_eos=True).token_ids
+    assert turn2.token_ids == cold2.token_ids == expected
+    assert turn3.token_ids == cold3.token_ids
+
+
+def test_a_sliding_snapshot_refuses_another_length(tmp_path_factory):
+    from colibri_core.nn.cache import SlidingKVCache
+
+    fx = suites.TestInklingOracle.oracle("hybrid", tmp_path_factory)
+    with colibri_core.load(fx.path, history=False) as model:
+        ops = model.backend
+        a, b = SlidingKVCache(ops, 1, 4, 4, 5), SlidingKVCache(ops, 1, 4, 4, 5)
+        rows = np.ones((6, 1, 4), dtype=np.float32)
+        a.append(rows, rows)
+        snap = a.snapshot()
+        assert snap["k"].shape[1] == 4  # the window's last 4 positions, not the 6 seen
+        with pytest.raises(ValueError, match="taken at 6 positions, not 4"):
+            a.copy_prefix(b, 4, snap)
+        with pytest.raises(ValueError, match="holds 6 positions, not 4"):
+            a.copy_prefix(b, 4)

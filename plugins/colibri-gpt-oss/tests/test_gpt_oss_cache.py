@@ -54,3 +54,24 @@ def test_batched_requests_give_the_tokens_of_generate(tmp_path_factory):
             for h in handles:
                 h.wait(300)
             assert [h.token_ids for h in handles] == alone
+
+
+def test_prefix_reuse_resumes_the_sliding_layers_and_gives_cold_tokens(tmp_path_factory, monkeypatch):
+    """A next chat turn reuses the whole prefill chunks of the first (the sliding layers
+    from the window kept at the chunk boundary), with a cold prefill's tokens."""
+    from colibri_core.engine import generation
+    from colibri_core.engine.scheduler import Request, Scheduler
+
+    fx = suites.TestGptOssOracle.oracle(CASE, tmp_path_factory)
+    first = [(3 + 7 * i) % 50 for i in range(17)]  # past the window (6) of the sliding layers
+    with colibri.load(fx.path, history=False) as model:
+        with Scheduler(model, prefill_chunk=4) as sched:
+            turn1 = sched.submit(Request(prompt_ids=first, max_tokens=5))
+            assert turn1.wait(300)
+            second = first + turn1.token_ids + [9, 8, 7]
+            turn2 = sched.submit(Request(prompt_ids=second, max_tokens=8))
+            assert turn2.wait(300)
+            assert turn2.usage["cached_tokens"] == 16
+        monkeypatch.setattr(generation, "PREFILL_CHUNK", 4)
+        expected = model.generate(token_ids=second, max_tokens=8, ignore_eos=True).token_ids
+    assert turn2.token_ids == expected

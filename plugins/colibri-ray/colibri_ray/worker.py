@@ -92,7 +92,9 @@ class ExpertWorker:
             bp.close()
             raise
         self.bp = bp
-        self.store = ExpertStore([d.matrices for d in moe], disk, ram_tier, io_workers=0, save_history=False)
+        # its misses of a request are read together on the store's I/O pool, overlapping each
+        # other and the computation of the experts at hand, as the local path reads them
+        self.store = ExpertStore([d.matrices for d in moe], disk, ram_tier, save_history=False)
         self.model_dir = str(model_dir)
         return self.info(token)
 
@@ -136,6 +138,7 @@ class ExpertWorker:
             raise UsageError("a request's payload is numpy arrays: x float32 (rows, hidden), experts, offsets, rows int64")
         decl = self.bp.moe[int(layer)]
         store = self.store
+        store.request(int(layer), experts.tolist())
         out = expert_outputs(self.backend, decl, lambda e: store.get(int(layer), e), x, experts, offsets, rows,
                              bool(invariant))
         store.end_layer(int(layer), np.asarray(experts)[None, :], np.asarray(experts))
