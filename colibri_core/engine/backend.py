@@ -642,15 +642,31 @@ def sinkhorn(x, iters, eps):
     return x
 
 
+def check_visible(visible, queries: int, keys: int) -> np.ndarray:
+    """``masked_attention``'s mask as a host bool (T, S) array, its shape checked (every
+    backend's implementation takes it through here)."""
+    visible = np.asarray(visible, dtype=bool)
+    if visible.shape != (queries, keys):
+        raise ValueError(f"masked_attention: visible is {visible.shape}, queries and keys are {(queries, keys)}")
+    return visible
+
+
+def grouped_shapes(x_shape, weight_shape, groups: int) -> tuple[int, int, int]:
+    """``grouped_linear``'s (T, C, R): tokens, features per group, rows per group; a shape
+    mismatch is refused (every backend's implementation checks through here)."""
+    t, width = x_shape
+    if width % groups or weight_shape[0] % groups or weight_shape[1] * groups != width:
+        raise ValueError(f"grouped_linear: {groups} groups do not fit x {tuple(x_shape)} and weight {tuple(weight_shape)}")
+    return t, width // groups, weight_shape[0] // groups
+
+
 def masked_attention(q, k, v, scale, visible, sinks=None):
     """``Backend.masked_attention`` on host float32 arrays (transformers' eager DeepSeek-V4
     attention: the mask added, the sink joined, the max taken over keys and sink)."""
     q, k, v = (np.asarray(a, dtype=np.float32) for a in (q, k, v))
     t, hq, d = q.shape
     hkv, s, _ = k.shape
-    visible = np.asarray(visible, dtype=bool)
-    if visible.shape != (t, s):
-        raise ValueError(f"masked_attention: visible is {visible.shape}, queries and keys are {(t, s)}")
+    visible = check_visible(visible, t, s)
     group = hq // hkv
     qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
     scores = np.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # (Hkv, G, T, S)
@@ -670,11 +686,9 @@ def masked_attention(q, k, v, scale, visible, sinks=None):
 def grouped_linear(x, weight, groups):
     """``Backend.grouped_linear`` on host float32 arrays."""
     x, weight = np.asarray(x, dtype=np.float32), np.asarray(weight, dtype=np.float32)
-    t, width = x.shape
-    if width % groups or weight.shape[0] % groups or weight.shape[1] * groups != width:
-        raise ValueError(f"grouped_linear: {groups} groups do not fit x {x.shape} and weight {weight.shape}")
-    xs = x.reshape(t, groups, width // groups).transpose(1, 0, 2)  # (G, T, C)
-    ws = weight.reshape(groups, weight.shape[0] // groups, weight.shape[1])  # (G, R, C)
+    t, c, r = grouped_shapes(x.shape, weight.shape, groups)
+    xs = x.reshape(t, groups, c).transpose(1, 0, 2)  # (G, T, C)
+    ws = weight.reshape(groups, r, c)  # (G, R, C)
     out = np.matmul(xs, ws.transpose(0, 2, 1))  # (G, T, R)
     return np.ascontiguousarray(out.transpose(1, 0, 2).reshape(t, -1), dtype=np.float32)
 

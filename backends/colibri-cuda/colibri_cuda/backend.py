@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import Backend, expert_groups
+from colibri_core.engine.backend import Backend, check_visible, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 from colibri_cuda import geometry, layouts
@@ -201,20 +201,14 @@ class CudaBackend(Backend):
         return self._attention(q, k, v, visible, scale, bias=added.astype(xp.float32))
 
     def masked_attention(self, q, k, v, scale, visible, sinks=None):
-        visible = np.asarray(visible, dtype=bool)
-        if visible.shape != (q.shape[0], k.shape[1]):
-            raise ValueError(f"masked_attention: visible is {visible.shape}, queries and keys are "
-                             f"{(q.shape[0], k.shape[1])}")
+        visible = check_visible(visible, q.shape[0], k.shape[1])
         return self._attention(q, k, v, self.device.upload(visible), scale, sinks=sinks)
 
     def grouped_linear(self, x, weight, groups):
         xp = self.xp
-        t, width = x.shape
-        if width % groups or weight.shape[0] % groups or weight.shape[1] * groups != width:
-            raise ValueError(f"grouped_linear: {groups} groups do not fit x {tuple(x.shape)} and weight "
-                             f"{tuple(weight.shape)}")
-        xs = x.reshape(t, groups, width // groups).transpose(1, 0, 2)  # (G, T, C)
-        ws = weight.reshape(groups, weight.shape[0] // groups, weight.shape[1])  # (G, R, C)
+        t, c, r = grouped_shapes(x.shape, weight.shape, groups)
+        xs = x.reshape(t, groups, c).transpose(1, 0, 2)  # (G, T, C)
+        ws = weight.reshape(groups, r, c)  # (G, R, C)
         out = xp.matmul(xs, ws.transpose(0, 2, 1))  # (G, T, R)
         return xp.ascontiguousarray(out.transpose(1, 0, 2).reshape(t, -1), dtype=xp.float32)
 

@@ -18,7 +18,7 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from colibri_core.engine.backend import Backend, expert_groups
+from colibri_core.engine.backend import Backend, check_visible, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_mlx import packed
 
@@ -337,10 +337,7 @@ class MlxBackend(Backend):
     # -- DeepSeek-V4's attention and grouped output projection -------------------------
     @on_device
     def masked_attention(self, q, k, v, scale, visible, sinks=None):
-        visible = np.asarray(visible, dtype=bool)
-        if visible.shape != (q.shape[0], k.shape[1]):
-            raise ValueError(f"masked_attention: visible is {visible.shape}, queries and keys are "
-                             f"{(q.shape[0], k.shape[1])}")
+        visible = check_visible(visible, q.shape[0], k.shape[1])
         # MLX's fused attention: the boolean mask as given, the sinks as gpt-oss's (one
         # logit per head joining the softmax, adding no value)
         out = mx.fast.scaled_dot_product_attention(q.transpose(1, 0, 2)[None], k[None], v[None], scale=scale,
@@ -349,12 +346,9 @@ class MlxBackend(Backend):
 
     @on_device
     def grouped_linear(self, x, weight, groups):
-        t, width = x.shape
-        if width % groups or weight.shape[0] % groups or weight.shape[1] * groups != width:
-            raise ValueError(f"grouped_linear: {groups} groups do not fit x {tuple(x.shape)} and weight "
-                             f"{tuple(weight.shape)}")
-        xs = x.reshape(t, groups, width // groups).transpose(1, 0, 2)  # (G, T, C)
-        ws = weight.reshape(groups, weight.shape[0] // groups, weight.shape[1])  # (G, R, C)
+        t, c, r = grouped_shapes(x.shape, weight.shape, groups)
+        xs = x.reshape(t, groups, c).transpose(1, 0, 2)  # (G, T, C)
+        ws = weight.reshape(groups, r, c)  # (G, R, C)
         return (xs @ ws.transpose(0, 2, 1)).transpose(1, 0, 2).reshape(t, -1)  # (T, G * R)
 
     # -- routed experts ----------------------------------------------------------------
