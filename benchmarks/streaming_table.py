@@ -16,8 +16,13 @@ fresh process after the page cache is dropped:
    experts and flatters every cache);
 3. llama.cpp on the checkpoint's GGUF (``--gguf LABEL=PATH``), through
    ``llama_cpp_bench.py run``'s child in the same cgroup, with llama-cpp-python from
-   ``--llama-python``. Without it (or without a GGUF) the script says llama.cpp is not
+   ``--llama-python``, its weights in the mmap (repacking off unless ``--llama-repack``:
+   repacked Q4_0 does not load in a small cgroup). Without it (or without a GGUF) the script says llama.cpp is not
    available and runs colibri's part.
+
+``--also-without-prefetch`` runs colibri a second time per row without ``--prefetch``
+(after dropping the cache again): what prefetch gains, or costs when routing is hard to
+predict.
 
 Rounds interleave the settings and engines, so drift on a shared machine hits all alike;
 the 1-minute load average is recorded before every run. Writes ``OUT.json`` (every run)
@@ -137,12 +142,13 @@ def llama_available(python: str | None, gguf: Path | None) -> str | None:
 
 
 def run_llama(python: str, gguf: Path, *, tokens: int, prompt_tokens: int, seed: int, threads: int,
-              cgroup: int | None) -> dict:
+              cgroup: int | None, repack: bool = True) -> dict:
     """One llama.cpp run in a fresh process (llama_cpp_bench.py's child), optionally in a cgroup."""
     from colibri_core.cli.bench import run_json_child
 
     cmd = [python, str(HERE / "llama_cpp_bench.py"), "run", "--gguf", str(gguf), "--tokens", str(tokens),
            "--prompt-tokens", str(prompt_tokens), "--seed", str(seed), "--threads", str(threads), "--child"]
+    cmd += [] if repack else ["--no-repack"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     result = run_json_child(cmd, cgroup=cgroup, env=env)
     return {"engine": "llama.cpp", **result} if "error" in result else result
@@ -179,14 +185,21 @@ def run_table(a) -> dict:
                     "options": options, "ram": a.ram, "seed": r}
             row["colibri"] = run_engine("colibri", spec, cgroup=limit)
             row["colibri"].pop("token_ids", None)
+            if a.also_without_prefetch and a.prefetch:  # what prefetch gains (or costs) on this setting
+                row["load_before_no_prefetch"] = os.getloadavg()[0]
+                row["cache_no_prefetch"] = drop_page_cache(model)
+                row["no_prefetch"] = run_engine("colibri", {**spec, "options": {**options, "prefetch": False}},
+                                                cgroup=limit)
+                row["no_prefetch"].pop("token_ids", None)
             if s["llama"]:
                 row["load_before_llama"] = os.getloadavg()[0]
                 row["cache_llama"] = drop_page_cache(Path(s["gguf"]).parent)
                 row["llama"] = run_llama(a.llama_python, Path(s["gguf"]), tokens=a.tokens, prompt_tokens=a.prompt_tokens,
-                                         seed=r, threads=a.threads, cgroup=limit)
+                                         seed=r, threads=a.threads, cgroup=limit, repack=a.llama_repack)
             runs.append(row)
             print(_summary_line(row), file=sys.stderr, flush=True)
     return {"tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "rounds": a.rounds, "cgroup_bytes": limit,
+            "llama_repack": a.llama_repack,
             "ram": a.ram, "options": options, "temperature": 1.0, "settings": settings, "runs": runs,
             "medians": medians(settings, runs)}
 
@@ -199,6 +212,10 @@ def _derived(row: dict) -> dict:
     per_token = d["colibri_disk_per_token"]
     d["bound_tok_s"] = bound / per_token if per_token else None
     d["share_of_bound"] = d["colibri_tok_s"] / d["bound_tok_s"] if d["bound_tok_s"] and d["colibri_tok_s"] else None
+    without = row.get("no_prefetch") or {}
+    d["no_prefetch_tok_s"] = without.get("decode_tok_s")
+    d["prefetch_gain"] = (d["colibri_tok_s"] / d["no_prefetch_tok_s"]
+                          if d["no_prefetch_tok_s"] and d["colibri_tok_s"] else None)
     llama = row.get("llama") or {}
     d["llama_tok_s"] = llama.get("decode_tok_s")
     d["llama_disk_per_token"] = llama["disk_read_bytes"] / row_tokens(row) if "disk_read_bytes" in llama else None
@@ -228,7 +245,8 @@ def _fmt(v, kind):
 COLUMNS = [("precision", "prefetch precision", "pct"), ("recall", "recall", "pct"), ("coverage", "expert coverage", "pct"),
            ("distinct", "distinct tokens", "n"), ("colibri_tok_s", "colibri tok/s", "tok"),
            ("colibri_disk_per_token", "colibri disk / token", "mb"), ("bound_tok_s", "disk bound tok/s", "tok"),
-           ("share_of_bound", "share of bound", "pct"), ("llama_tok_s", "llama.cpp tok/s", "tok"),
+           ("share_of_bound", "share of bound", "pct"), ("no_prefetch_tok_s", "colibri tok/s without prefetch", "tok"),
+           ("prefetch_gain", "with / without prefetch", "x"), ("llama_tok_s", "llama.cpp tok/s", "tok"),
            ("llama_disk_per_token", "llama.cpp disk / token", "mb"), ("ratio", "colibri / llama.cpp", "x")]
 
 
@@ -240,10 +258,10 @@ def _summary_line(row: dict) -> str:
 
 
 def markdown(data: dict) -> str:
-    head = "| round | setting | residual mix | " + " | ".join(t for _, t, _ in COLUMNS) + " | load (bound / colibri / llama) |"
+    head = "| round | setting | residual mix | " + " | ".join(t for _, t, _ in COLUMNS) + " | load (bound / colibri / without prefetch / llama) |"
     lines = [f"{data['tokens']} tokens after a {data['prompt_tokens']}-token prompt, temperature 1; cgroup "
              f"{_fmt(data['cgroup_bytes'], 'mb') if data['cgroup_bytes'] else 'none'}, colibri options "
-             f"{json.dumps(data['options'])}", ""]
+             f"{json.dumps(data['options'])}; llama.cpp mmap, repacking {'on' if data.get('llama_repack') else 'off'}", ""]
     for s in data["settings"]:
         if not s["llama"]:
             lines.append(f"- {s['label']}: llama.cpp not available ({s['llama_unavailable']})")
@@ -251,7 +269,7 @@ def markdown(data: dict) -> str:
     mix = {s["label"]: (s["synthetic"] or {}).get("residual_mix") for s in data["settings"]}
     for row in data["runs"]:
         loads = " / ".join(f"{row[k]:.2f}" if k in row else "-" for k in
-                           ("load_before_bound", "load_before_colibri", "load_before_llama"))
+                           ("load_before_bound", "load_before_colibri", "load_before_no_prefetch", "load_before_llama"))
         if "error" in row["colibri"]:
             lines.append(f"| {row['round']} | {row['label']} | {mix[row['label']]} | colibri failed: "
                          f"{row['colibri']['error']} |" + " |" * (len(COLUMNS) - 1) + f" {loads} |")
@@ -278,6 +296,8 @@ def main(argv=None):
     p.add_argument("--model", type=_labelled, action="append", required=True, help="LABEL=checkpoint dir (repeatable)")
     p.add_argument("--gguf", type=_labelled, action="append", default=[], help="LABEL=GGUF of that checkpoint")
     p.add_argument("--llama-python", default=None, help="python of an environment with llama-cpp-python")
+    p.add_argument("--llama-repack", action=argparse.BooleanOptionalAction, default=False,
+                   help="llama.cpp's weight repacking (off by default: repacked Q4_0 does not load in a small cgroup)")
     p.add_argument("--cgroup", default=None, help="memory cgroup size for every engine (e.g. 16G; needs root)")
     p.add_argument("--ram", default=None, help="colibri's --ram")
     p.add_argument("--tokens", type=int, default=32)
@@ -287,6 +307,8 @@ def main(argv=None):
     p.add_argument("--io-threads", type=int, default=3, help="threads of the O_DIRECT bound (colibri's I/O pool)")
     p.add_argument("--bound-gb", type=float, default=2.0, help="bytes read for the disk bound per round")
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--also-without-prefetch", action="store_true",
+                   help="each round also runs colibri without --prefetch (what prefetch gains or costs)")
     p.add_argument("--direct-io", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--backend", default="cpu")
     p.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")

@@ -551,6 +551,28 @@ def test_prefetch_reads_ahead_and_reports_its_precision(model_dir):
 # the device tier: tests/test_tiers.py
 
 
+def test_prefetch_stops_while_its_reads_go_unused_and_resumes_when_they_pay(model_dir):
+    with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
+        store = model.store
+        experts = len(store.layouts[0])
+        assert experts >= 4 and store.prefetch_pays
+
+        def predict(predicted, used):
+            store.prefetch(0, predicted)
+            store.end_layer(0, np.asarray(used), np.asarray(used))
+
+        predict([0, 1], [2, 3])  # both reads wasted
+        issued = store.stats.prefetch_issued
+        assert issued == 2 and not store.prefetch_pays
+        predict([0, 1], [2, 3])  # scored, not read
+        assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 2
+        predict([2, 3], [2, 3])  # predictions come true: scored though not read
+        assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 4
+        for _ in range(3):
+            predict([2, 3], [2, 3])
+        assert store.prefetch_pays and store.stats.prefetch_issued > issued  # reading ahead again
+
+
 def test_expert_buffers_are_reused_only_when_no_array_views_them():
     import gc
 

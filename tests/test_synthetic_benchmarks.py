@@ -217,7 +217,7 @@ def test_streaming_table_runs_colibri_without_llama_cpp(tmp_path, low, high):
     out = tmp_path / "table"
     cmd = [sys.executable, str(BENCH / "streaming_table.py"), "--model", f"p95={a}", "--model", f"p50={b}",
            "--gguf", f"p95={tmp_path / 'missing.gguf'}", "--tokens", "6", "--prompt-tokens", "4", "--rounds", "2",
-           "--bound-gb", "0.001", "--out", str(out)]
+           "--bound-gb", "0.001", "--also-without-prefetch", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "p95: llama.cpp is not available" in done.stderr and "p50: llama.cpp is not available" in done.stderr
@@ -229,7 +229,11 @@ def test_streaming_table_runs_colibri_without_llama_cpp(tmp_path, low, high):
         bound = r["bound"]
         assert bound["bytes_per_s"] > 0 and bound["request_bytes_median"] > 0
         assert isinstance(r["load_before_colibri"], float)
+        without = r["no_prefetch"]  # --also-without-prefetch: the same run with prefetch off
+        assert without["decode_tok_s"] > 0 and without["generated"] == 6
+        assert without["decode_prefetch_precision"] is None and r["colibri"]["decode_prefetch_precision"] is not None
     med = data["medians"]
+    assert med["p95"]["prefetch_gain"] > 0
     assert med["p95"]["precision"] > med["p50"]["precision"]
     table = (tmp_path / "table.md").read_text()
     assert "| 2 | p50 | 4.0 |" in table and "llama.cpp not available" in table and "Medians" in table

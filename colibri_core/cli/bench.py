@@ -202,7 +202,8 @@ def _child_colibri(spec: dict) -> dict:
                 # over the whole generation, prefill included (as colibri run reports them)
                 "prefetch_precision": s.prefetch_precision if options.get("prefetch") else None,
                 "prefetch_recall": s.prefetch_recall if options.get("prefetch") else None,
-                **measures, "token_ids": result.token_ids, "compute": s.compute}
+                "prefetch_issued": s.prefetch_issued, "prefetch_unused": s.prefetch_unused,
+                "prefetch_skipped": s.prefetch_skipped, **measures, "token_ids": result.token_ids, "compute": s.compute}
 
 
 def _child_transformers(spec: dict, offload: bool) -> dict:

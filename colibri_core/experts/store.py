@@ -35,6 +35,7 @@ class StoreStats:
     misses: int = 0
     prefetch_issued: int = 0  # experts read ahead of use
     prefetch_unused: int = 0  # of those, read but not used by their layer
+    prefetch_skipped: int = 0  # predicted reads not issued: recent ones did not pay (see ExpertStore.prefetch)
     predicted: int = 0  # predictions made (resident or not)
     predicted_used: int = 0  # predictions that the layer really used
     used: int = 0  # experts a layer really used (per forward pass, unique)
@@ -86,6 +87,13 @@ class ExpertStore:
     io_workers: int = 3  # threads reading experts from disk (demand misses and prefetch)
     io_window: int = 8  # demand reads of one layer in flight at once (bounds transient memory)
     history_decay: float = 1.0
+    # Prefetch pays when the reads it would issue (predicted, not resident) are mostly
+    # used: a wasted read costs bandwidth and a share of the two or so cores that compute,
+    # a useful one saves a wait. Over recent layers (counts decayed by this per layer), the
+    # would-be reads are scored whether issued or not; reads are issued only while the used
+    # ones are at least ``prefetch_pay_ratio`` times the unused ones.
+    prefetch_memory: float = 0.98
+    prefetch_pay_ratio: float = 1.0
     save_history: bool = True
     device: DeviceTier | None = None  # prepared experts in the backend's memory, consulted first
     stats: StoreStats = field(default_factory=StoreStats)
@@ -99,6 +107,9 @@ class ExpertStore:
         self._demand: list[dict[int, Future]] = [{} for _ in self.layouts]  # misses being read
         self._queue: list[deque[int]] = [deque() for _ in self.layouts]  # misses waiting for the window
         self._predicted: list[set[int]] = [set() for _ in self.layouts]
+        self._would_read: list[set[int]] = [set() for _ in self.layouts]  # this layer's predicted reads
+        self._read_used = 1.0  # decayed counts of predicted reads the layer used / did not use
+        self._read_unused = 0.0  # (the 1 / 0 start: prefetch begins on)
         self._pool = ThreadPoolExecutor(self.io_workers, thread_name_prefix="colibri-io") if self.io_workers else None
         self._tokens_since_repin = 0
 
@@ -191,6 +202,13 @@ class ExpertStore:
             self.stats.predicted_used += len(predicted & used)
             self.stats.used += len(used)
         self._predicted[layer] = set()
+        would = self._would_read[layer]
+        if would:
+            hit = len(would & used)
+            keep = self.prefetch_memory
+            self._read_used = self._read_used * keep + hit
+            self._read_unused = self._read_unused * keep + len(would) - hit
+            self._would_read[layer] = set()
         for future in self._staged[layer].values():
             if not future.cancel():  # already read (or reading): wasted I/O
                 self.stats.prefetch_unused += 1
@@ -201,13 +219,22 @@ class ExpertStore:
         self._queue[layer].clear()
 
     # -- prefetch ----------------------------------------------------------------------
+    @property
+    def prefetch_pays(self) -> bool:
+        """Whether recent predicted reads were used often enough to issue more."""
+        return self._read_used >= self.prefetch_pay_ratio * self._read_unused
+
     def prefetch(self, layer: int, experts: list[int]) -> None:
-        """Start reading experts predicted for ``layer`` on the I/O pool."""
+        """Start reading experts predicted for ``layer`` on the I/O pool, while such reads
+        pay (``prefetch_pays``); the prediction is scored either way."""
         self._predicted[layer] = set(experts)
         staged = self._staged[layer]
-        for e in experts:
-            if e in staged or self._resident(layer, e):
-                continue
+        reads = [e for e in experts if e not in staged and not self._resident(layer, e)]
+        self._would_read[layer] = set(reads)
+        if not self.prefetch_pays:
+            self.stats.prefetch_skipped += len(reads)
+            return
+        for e in reads:
             staged[e] = self._pool.submit(self._read, layer, e)
             self.stats.prefetch_issued += 1
 
