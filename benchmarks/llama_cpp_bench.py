@@ -158,7 +158,12 @@ def add_experts(dense: Path, model: Path, out: Path, sdist: Path | None = None) 
     for layer in sorted(experts):
         for proj, gname in EXPERT_NAME.items():
             first = f"model.layers.{layer}.mlp.experts.0.{proj}.weight"
-            rows, cols = tensor(first).shape
+            shard = index[first]
+            if shard not in handles:
+                handles[shard] = safe_open(str(model / shard), framework="pt")
+            rows, cols = handles[shard].get_slice(first).get_shape()
+            if cols % 32:
+                raise SystemExit(f"{first}: {cols} inputs, not a multiple of Q4_0's 32-weight blocks")
             shape = (experts[layer], rows, cols // 32 * 18)  # Q4_0: 18 bytes per 32 weights
             writer.add_tensor_info(f"blk.{layer}.{gname}.weight", shape, np.dtype(np.uint8), int(np.prod(shape)),
                                    gguf.GGMLQuantizationType.Q4_0)
@@ -202,21 +207,29 @@ def _peak_rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
+def disable_repacking() -> None:
+    """Models llama.cpp loads from now on keep their weights in the mmap: its CPU repacking
+    (``use_extra_bufts``) copies them to anonymous memory, which a small cgroup cannot hold.
+    llama-cpp-python exposes no option for it, so its defaults are changed where
+    ``llama_cpp.Llama`` (and its server) take them."""
+    import llama_cpp.llama_cpp as bindings
+
+    defaults = bindings.llama_model_default_params
+
+    def no_repack():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    bindings.llama_model_default_params = no_repack
+
+
 def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int, repack: bool = True) -> dict:
     import numpy as np
     import llama_cpp
 
-    if not repack:  # weights stay in the mmap (repacking copies them to anonymous memory)
-        import llama_cpp.llama_cpp as bindings  # what llama_cpp.Llama calls
-
-        defaults = bindings.llama_model_default_params
-
-        def no_repack():
-            params = defaults()
-            params.use_extra_bufts = False
-            return params
-
-        bindings.llama_model_default_params = no_repack
+    if not repack:
+        disable_repacking()
     started = time.perf_counter()
     llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_ctx=prompt_tokens + tokens + 8, verbose=False,
                           use_mmap=True)

@@ -40,15 +40,11 @@ from colibri_core.cli.bench import Cgroup, drop_page_cache
 from colibri_core.units import parse_size
 
 
-NO_REPACK_SERVER = """
+NO_REPACK_SERVER = f"""
 import sys
-import llama_cpp.llama_cpp as lib  # the module llama_cpp.Llama takes its defaults from
-default = lib.llama_model_default_params
-def no_repack():
-    params = default()
-    params.use_extra_bufts = False
-    return params
-lib.llama_model_default_params = no_repack
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from llama_cpp_bench import disable_repacking
+disable_repacking()
 sys.argv[0] = "llama_cpp.server"
 from llama_cpp.server.__main__ import main
 main()

@@ -230,7 +230,8 @@ class ExpertStore:
         self._predicted[layer] = set(experts)
         staged = self._staged[layer]
         reads = [e for e in experts if e not in staged and not self._resident(layer, e)]
-        self._would_read[layer] = set(reads)
+        # layers between two MoE layers each predict the next one: score all their reads
+        self._would_read[layer].update(reads)
         if not self.prefetch_pays:
             self.stats.prefetch_skipped += len(reads)
             return
