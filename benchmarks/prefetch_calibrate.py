@@ -16,6 +16,9 @@ prompt's prefill is one batch, whose prediction the slot bound cuts short):
     # choose --residual-mix: generate small checkpoints at several mixes, measure, delete
     python benchmarks/prefetch_calibrate.py sweep --generator frontier --mixes 0.02,0.3,0.6,1.2 \\
         -- --moe-layers 2 --moe-intermediate 128 --vocab 4096
+    # spread routing at a chosen precision (olmoe): the write gain, at the default mix
+    python benchmarks/prefetch_calibrate.py sweep --generator olmoe --write-gains 0.5,1,2,4 \\
+        -- --hidden 2048 --layers 16 --heads 16 --experts 64 --top-k 8 --intermediate 64 --vocab 4096
 
 Routing predictability depends on the hidden size, the experts and top-k and the mix, not
 on the expert intermediate size or the vocabulary (every write is scaled by 1/sqrt(fan-in)),
@@ -67,8 +70,10 @@ def measure(model: Path, *, tokens: int = 48, prompt_tokens: int = 4, runs: int 
 
 def _line(r: dict) -> str:
     pct = lambda v: f"{v:6.1%}" if v is not None else "     -"  # noqa: E731
-    mix = (r.get("synthetic") or {}).get("residual_mix")
-    return (f"{r['model']}: residual_mix {mix if mix is not None else '?'}: precision {pct(r['precision'])}, "
+    synthetic = r.get("synthetic") or {}
+    mix, gain = synthetic.get("residual_mix"), synthetic.get("write_gain")
+    knobs = f"residual_mix {mix if mix is not None else '?'}" + (f", write_gain {gain:g}" if gain else "")
+    return (f"{r['model']}: {knobs}: precision {pct(r['precision'])}, "
             f"recall {pct(r['recall'])}, expert coverage {pct(r['expert_coverage_mean'])}, "
             f"distinct tokens {r['distinct_tokens']:.0f} / {r['tokens']}")
 
@@ -86,19 +91,26 @@ def cmd_measure(a) -> list[dict]:
 
 def cmd_sweep(a) -> list[dict]:
     generator = GENERATORS[a.generator]
-    mixes = [float(x) for x in a.mixes.split(",")]
+    option, values = ("--write-gain", a.write_gains) if a.write_gains else ("--residual-mix", a.mixes)
+    if option == "--write-gain" and a.generator != "olmoe":
+        raise SystemExit("--write-gains: only the olmoe generator has --write-gain")
+    try:
+        values = [float(x) for x in values.split(",")]
+    except ValueError:
+        raise SystemExit(f"{'--write-gains' if a.write_gains else '--mixes'}: not a comma-separated list of numbers: "
+                         f"{values!r}") from None
     results = []
     work = Path(tempfile.mkdtemp(prefix="colibri-calibrate-", dir=a.work_dir))
     try:
-        for mix in mixes:
-            out = work / f"mix-{mix:g}"
-            cmd = [sys.executable, str(generator), "--out", str(out), "--residual-mix", str(mix), *a.generator_args]
+        for value in values:
+            out = work / f"{option[2:]}-{value:g}"
+            cmd = [sys.executable, str(generator), "--out", str(out), option, str(value), *a.generator_args]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"{generator.name} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
             r = measure(out, tokens=a.tokens, prompt_tokens=a.prompt_tokens, runs=a.runs, seed=a.seed,
                         backend=a.backend)
-            r["model"] = f"{a.generator} mix {mix:g}"
+            r["model"] = f"{a.generator} {option[2:].replace('-', ' ')} {value:g}"
             print(_line(r), file=sys.stderr, flush=True)
             results.append(r)
             shutil.rmtree(out, ignore_errors=True)  # one checkpoint on disk at a time
@@ -122,7 +134,10 @@ def main(argv=None):
             s.add_argument("--model", type=Path, action="append", required=True)
         else:
             s.add_argument("--generator", choices=sorted(GENERATORS), required=True)
-            s.add_argument("--mixes", required=True, help="comma-separated --residual-mix values")
+            knob = s.add_mutually_exclusive_group(required=True)
+            knob.add_argument("--mixes", help="comma-separated --residual-mix values")
+            knob.add_argument("--write-gains", help="comma-separated --write-gain values (olmoe; the mix comes "
+                                                    "from the generator options, default 0.02)")
             s.add_argument("--work-dir", default=None, help="where the checkpoints are written (one at a time)")
             s.add_argument("generator_args", nargs="*", help="after --: the generator's geometry options")
     a = p.parse_args(argv)

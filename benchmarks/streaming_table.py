@@ -1,7 +1,7 @@
 """The issue #20 streaming table: colibri streaming experts under a memory cgroup, per
 routing predictability, beside the disk's bound and llama.cpp.
 
-For each round and each checkpoint (one per ``--residual-mix`` setting, e.g. ~95%, ~75%
+For each round and each checkpoint (one per predictability setting, e.g. ~95%, ~75%
 and ~50% prefetch precision; see ``prefetch_calibrate.py``), in this order and each in a
 fresh process after the page cache is dropped:
 
@@ -257,8 +257,16 @@ def _summary_line(row: dict) -> str:
     return f"round {row['round']} {row['label']}: " + ", ".join(f"{title} {_fmt(d[k], kind)}" for k, title, kind in COLUMNS)
 
 
+def _knobs(synthetic: dict | None) -> str:
+    """The synthetic generator's predictability knobs, as the table shows them."""
+    if not synthetic:
+        return "?"
+    text = f"mix {synthetic.get('residual_mix', '?')}"
+    return text + (f", write gain {synthetic['write_gain']:g}" if synthetic.get("write_gain") else "")
+
+
 def markdown(data: dict) -> str:
-    head = "| round | setting | residual mix | " + " | ".join(t for _, t, _ in COLUMNS) + " | load (bound / colibri / without prefetch / llama) |"
+    head = "| round | setting | generator | " + " | ".join(t for _, t, _ in COLUMNS) + " | load (bound / colibri / without prefetch / llama) |"
     lines = [f"{data['tokens']} tokens after a {data['prompt_tokens']}-token prompt, temperature 1; cgroup "
              f"{_fmt(data['cgroup_bytes'], 'mb') if data['cgroup_bytes'] else 'none'}, colibri options "
              f"{json.dumps(data['options'])}; llama.cpp mmap, repacking {'on' if data.get('llama_repack') else 'off'}", ""]
@@ -266,7 +274,7 @@ def markdown(data: dict) -> str:
         if not s["llama"]:
             lines.append(f"- {s['label']}: llama.cpp not available ({s['llama_unavailable']})")
     lines += ["", head, "|" + "---|" * (head.count("|") - 1)]
-    mix = {s["label"]: (s["synthetic"] or {}).get("residual_mix") for s in data["settings"]}
+    mix = {s["label"]: _knobs(s["synthetic"]) for s in data["settings"]}
     for row in data["runs"]:
         loads = " / ".join(f"{row[k]:.2f}" if k in row else "-" for k in
                            ("load_before_bound", "load_before_colibri", "load_before_no_prefetch", "load_before_llama"))
@@ -277,7 +285,7 @@ def markdown(data: dict) -> str:
         d = _derived(row)
         lines.append(f"| {row['round']} | {row['label']} | {mix[row['label']]} | "
                      + " | ".join(_fmt(d[k], kind) for k, _, kind in COLUMNS) + f" | {loads} |")
-    lines += ["", "Medians over the rounds:", "", "| setting | residual mix | " + " | ".join(t for _, t, _ in COLUMNS) + " |",
+    lines += ["", "Medians over the rounds:", "", "| setting | generator | " + " | ".join(t for _, t, _ in COLUMNS) + " |",
               "|" + "---|" * (len(COLUMNS) + 2)]
     for label, m in data["medians"].items():
         lines.append(f"| {label} | {mix[label]} | " + " | ".join(_fmt(m.get(k), kind) for k, _, kind in COLUMNS) + " |")

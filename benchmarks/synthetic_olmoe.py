@@ -15,6 +15,18 @@ predictable the next MoE layer's routing is from the hidden state before it (wha
 precision ~99%; trained MoEs are nearer 75-80%. ``benchmarks/prefetch_calibrate.py``
 measures precision and recall on a written checkpoint, to choose M for a target.
 
+The mix alone cannot make routing both spread and hard to predict: past M ~ 1.5 the
+accumulated writes lead the residual stream, precision levels off near 74% and the
+tokens all route alike (coverage falls from 93% to 31%; docs/benchmarks.md).
+``--write-gain G`` is the knob for that: each MoE layer's experts write (down_proj) into
+a subspace of their own, which no embedding, no attention and no other layer's write touches, and the
+next MoE layer's router reads that subspace with gain G. What the prefetcher sees (the
+hidden state after attention, before the experts run) holds none of it, so the next
+layer's routing is part token (predictable), part this layer's write (not), in a ratio
+set by G, while the residual stream stays led by each token's embedding (routing stays
+spread). G = 0 (the default) writes exactly the checkpoint without the knob; about G ~ 1
+the write moves the next router's logits about as much as the token does.
+
 Shards are written one at a time (memory bounded by one shard), bf16, with an index.
 
     python benchmarks/synthetic_olmoe.py --out /data/olmoe-syn --layers 12 --hidden 1024 \\
@@ -56,25 +68,51 @@ def tensor_plan(a):
     yield "lm_head.weight", (a.vocab, h)
 
 
+def write_rank(a) -> int:
+    """Dimensions of each MoE layer's write subspace: together they take at most half the hidden size."""
+    return min(Generator.WRITE_RANK, (a.hidden // 2) // max(1, a.layers - 1))
+
+
 class Generator:
     """Draws each tensor; routers and embeddings share the 'common' direction."""
 
     BETA = 1.0  # weight of the shared direction in every embedding (in units of sqrt(hidden))
     ROUTER_LOGIT_STD = 2.5  # spread of the token-dependent part of router logits
+    WRITE_RANK = 64  # dimensions of each MoE layer's own write subspace (--write-gain)
 
     def __init__(self, a):
         self.a = a
         self.rng = np.random.default_rng(a.seed)
         common = self.rng.standard_normal(a.hidden).astype(np.float32)
         self.common = common / np.linalg.norm(common)
+        self.writes = self._write_subspaces() if a.write_gain > 0 else None
+
+    def _write_subspaces(self) -> np.ndarray:
+        """(layers - 1, hidden, rank) orthonormal bases, mutually orthogonal and orthogonal to
+        the shared direction: layer L's experts write into writes[L], router L + 1 reads it.
+        From a generator of their own, so the other tensors are drawn as without the knob."""
+        a = self.a
+        rank = write_rank(a)
+        rng = np.random.default_rng([a.seed, 1])
+        basis = np.linalg.qr(np.concatenate(
+            [self.common[:, None], rng.standard_normal((a.hidden, rank * (a.layers - 1)))], axis=1))[0]
+        return basis[:, 1:].T.reshape(a.layers - 1, rank, a.hidden).transpose(0, 2, 1).astype(np.float32)
+
+    def _outside_writes(self, x: np.ndarray) -> np.ndarray:
+        """x's rows with their parts in every write subspace taken out."""
+        if self.writes is None:
+            return x
+        flat = self.writes.transpose(1, 0, 2).reshape(self.a.hidden, -1)
+        return x - (x @ flat) @ flat.T
 
     def draw(self, name: str, shape) -> np.ndarray:
         a, rng = self.a, self.rng
         h = a.hidden
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None
         if len(shape) == 1:
             return np.ones(shape, dtype=np.float32)
         if name.endswith("embed_tokens.weight"):
-            emb = rng.standard_normal(shape, dtype=np.float32)
+            emb = self._outside_writes(rng.standard_normal(shape, dtype=np.float32))
             emb += np.float32(self.BETA * np.sqrt(h)) * self.common  # shared direction: carries the skew
             return emb
         if name.endswith("mlp.gate.weight"):
@@ -88,12 +126,40 @@ class Generator:
                 bias = -a.skew * np.log(ranks)  # Zipf-like: softmax(bias) ~ rank^-skew
                 along = self.BETA * np.sqrt(h) / np.sqrt(1 + self.BETA**2)  # x . common for every token
                 router += (bias / along).astype(np.float32)[:, None] * self.common[None, :]
+            if self.writes is not None and layer > 0:
+                router += self._reads_previous_write(layer, shape)
             return router
+        if self.writes is not None and "down_proj" in name and layer < a.layers - 1:
+            # into this layer's own subspace, with the norm the full-width write would have
+            basis = self.writes[layer]
+            rank = basis.shape[1]
+            inner = rng.standard_normal((rank, shape[1]), dtype=np.float32)
+            return basis @ (inner * np.float32(a.residual_mix / np.sqrt(shape[1]) * np.sqrt(h / rank)))
+        if self.writes is not None and "o_proj" in name:
+            # attention writes outside every write subspace: a router amplifies only its own
+            # subspace, so anything else there (attention's context averages) would concentrate routing
+            return self._outside_writes(self._small_write(shape).T).T
         if "o_proj" in name or "down_proj" in name:
             # small writes into the residual stream keep each token's embedding dominant (and
             # the next layer's routing predictable); --residual-mix makes them larger
-            return rng.standard_normal(shape, dtype=np.float32) * np.float32(a.residual_mix / np.sqrt(shape[1]))
+            return self._small_write(shape)
         return rng.standard_normal(shape, dtype=np.float32) * np.float32(1 / np.sqrt(shape[1]))
+
+    def _small_write(self, shape) -> np.ndarray:
+        return self.rng.standard_normal(shape, dtype=np.float32) * np.float32(self.a.residual_mix / np.sqrt(shape[1]))
+
+    def _reads_previous_write(self, layer: int, shape) -> np.ndarray:
+        """Router rows over layer - 1's write subspace. A write coordinate there has std about
+        mix * sqrt(E[silu(z)^2]) * sqrt(hidden / rank) (times the routing weights' norm) before
+        the norm divides by the residual's RMS, sqrt(1 + BETA^2): scaled so that such a write
+        moves the logits by G x ROUTER_LOGIT_STD."""
+        a = self.a
+        basis = self.writes[layer - 1]
+        rank = basis.shape[1]
+        write_coord = a.residual_mix * np.sqrt(0.355) * np.sqrt(a.hidden / rank) / np.sqrt(1 + self.BETA**2)
+        weights = np.random.default_rng([a.seed, 2, layer]).standard_normal((shape[0], rank)).astype(np.float32)
+        weights *= np.float32(a.write_gain * self.ROUTER_LOGIT_STD / (write_coord * np.sqrt(rank)))
+        return weights @ basis.T
 
 
 def main(argv=None):
@@ -111,14 +177,22 @@ def main(argv=None):
     parser.add_argument("--residual-mix", type=float, default=0.02,
                         help="scale of each layer's writes into the residual stream (larger: next-layer routing "
                              "less predictable; see benchmarks/prefetch_calibrate.py)")
+    parser.add_argument("--write-gain", type=float, default=0.0,
+                        help="how much the next MoE layer's router reads this layer's expert writes, which the "
+                             "prefetcher cannot see (0: off; larger: routing less predictable, still spread)")
     parser.add_argument("--shard-gb", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     a = parser.parse_args(argv)
     if not a.residual_mix > 0:
         parser.error(f"--residual-mix must be above 0, got {a.residual_mix}")
+    if not a.write_gain >= 0:
+        parser.error(f"--write-gain must be 0 or more, got {a.write_gain}")
     if a.full_size:
         for k, v in FULL_SIZE.items():
             setattr(a, k, v)
+    if a.write_gain > 0 and write_rank(a) < 1:
+        parser.error(f"--write-gain needs --hidden of at least 2 x (layers - 1) = {2 * (a.layers - 1)}, "
+                     f"got {a.hidden}")
     a.out.mkdir(parents=True, exist_ok=False)
     gen = Generator(a)
     shard_bytes = int(a.shard_gb * 1e9)
@@ -157,7 +231,8 @@ def main(argv=None):
         "norm_topk_prob": False, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "hidden_act": "silu",
         "tie_word_embeddings": False, "eos_token_id": None, "torch_dtype": "bfloat16",
-        "colibri_synthetic": {"skew": a.skew, "seed": a.seed, "residual_mix": a.residual_mix},
+        "colibri_synthetic": {"skew": a.skew, "seed": a.seed, "residual_mix": a.residual_mix,
+                              "write_gain": a.write_gain},
     }
     (a.out / "config.json").write_text(json.dumps(config, indent=2))
     print(f"{a.out}: {written / 1e9:.2f} GB in {index} shards (estimated {n_shards_est})", file=sys.stderr)

@@ -172,6 +172,33 @@ def test_residual_mix_lowers_prefetch_precision(tmp_path, kind, request):
         assert 0 < r["expert_coverage_mean"] <= 1 and 1 <= r["distinct_tokens"] <= 16
 
 
+def test_write_gain_lowers_precision_and_keeps_routing_spread(tmp_path):
+    """The residual mix buys unpredictability with concentrated routing; the write gain must not."""
+    calibrate = script("prefetch_calibrate")
+    plain = generate("olmoe", tmp_path / "plain", *OLMOE_TINY)
+    off = generate("olmoe", tmp_path / "off", *OLMOE_TINY, "--write-gain", "0")
+    assert digest(off) == digest(plain)  # gain 0 writes the checkpoint without the knob
+    models = [generate("olmoe", tmp_path / g, *OLMOE_TINY, "--write-gain", g) for g in ("1", "4")]
+    base, mid, far = (calibrate.measure(m, tokens=16, runs=2) for m in (plain, *models))
+    assert mid["synthetic"]["write_gain"] == 1 and far["synthetic"]["write_gain"] == 4
+    assert base["precision"] > 0.9 and far["precision"] < mid["precision"] < base["precision"] - 0.15, \
+        (base["precision"], mid["precision"], far["precision"])
+    for r in (mid, far):
+        assert r["expert_coverage_mean"] > 0.85 and r["distinct_tokens"] >= 12, r
+
+
+def test_write_gain_options_are_checked_before_anything_is_written(tmp_path):
+    cmd = [sys.executable, str(BENCH / "synthetic_olmoe.py"), "--out", str(tmp_path / "x")]
+    for args, named in ((["--write-gain", "-1"], "--write-gain must be 0 or more"),
+                        (["--write-gain", "1", "--hidden", "4", "--heads", "1", "--layers", "4"], "--hidden")):
+        done = subprocess.run([*cmd, *args], capture_output=True, text=True)
+        assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert not (tmp_path / "x").exists()
+    sweep = subprocess.run([sys.executable, str(BENCH / "prefetch_calibrate.py"), "sweep", "--generator", "frontier",
+                            "--write-gains", "1"], capture_output=True, text=True)
+    assert sweep.returncode != 0 and "only the olmoe generator" in sweep.stderr and "Traceback" not in sweep.stderr
+
+
 def test_measured_generation_counts_only_the_decode(high):
     """Coverage and decode prefetch precision against the store's own per-layer calls,
     recorded independently (the prefill is each layer's first call)."""
@@ -236,7 +263,7 @@ def test_streaming_table_runs_colibri_without_llama_cpp(tmp_path, low, high):
     assert med["p95"]["prefetch_gain"] > 0
     assert med["p95"]["precision"] > med["p50"]["precision"]
     table = (tmp_path / "table.md").read_text()
-    assert "| 2 | p50 | 4.0 |" in table and "llama.cpp not available" in table and "Medians" in table
+    assert "| 2 | p50 | mix 4.0 |" in table and "llama.cpp not available" in table and "Medians" in table
 
 
 def test_expert_requests_are_one_span_per_expert(low):
