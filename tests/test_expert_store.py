@@ -573,6 +573,71 @@ def test_prefetch_stops_while_its_reads_go_unused_and_resumes_when_they_pay(mode
         assert store.prefetch_pays and store.stats.prefetch_issued > issued  # reading ahead again
 
 
+def test_reads_run_most_urgent_first_and_a_queued_read_can_be_hurried():
+    import threading
+
+    from colibri_core.experts.reads import ReadPool
+
+    pool = ReadPool(1)
+    gate, ran = threading.Event(), []
+    try:
+        blocker = pool.submit((0, 0), gate.wait)  # holds the one worker while the others queue
+        later = [pool.submit((1, layer), ran.append, f"prefetch {layer}") for layer in (3, 2)]
+        hurried = pool.submit((1, 4), ran.append, "prefetch 4, then needed")
+        dropped = pool.submit((1, 1), ran.append, "never")
+        demand = pool.submit((0, 1), ran.append, "demand 1")
+        pool.hurry(hurried, (0, 1))
+        pool.hurry(later[1], (9, 9))  # a lower priority is not taken
+        assert dropped.cancel()
+        gate.set()
+        for f in (blocker, *later, hurried, demand):
+            f.result(timeout=10)
+        assert ran == ["prefetch 4, then needed", "demand 1", "prefetch 2", "prefetch 3"]
+        failing = pool.submit((0, 0), int, "not a number")
+        with pytest.raises(ValueError):
+            failing.result(timeout=10)
+    finally:
+        gate.set()
+        pool.shutdown()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit((0, 0), ran.append, "after")
+
+
+def test_a_layers_misses_are_read_before_the_next_layers_prefetch(model_dir):
+    """The miss a computation waits for must not queue behind speculative reads."""
+    import threading
+
+    from colibri_core.experts.reads import ReadPool
+
+    with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
+        store = model.store
+        store._pool.shutdown()
+        store._pool = ReadPool(1)  # one reader, held while the reads queue
+        gate, order = threading.Event(), []
+        read = store._read
+
+        def logged(layer, expert):
+            order.append((layer, expert))
+            return read(layer, expert)
+
+        cold = [[e for e in range(len(store.layouts[layer])) if not store._resident(layer, e)] for layer in (0, 1)]
+        assert len(cold[0]) >= 2 and len(cold[1]) >= 2
+        store._read = logged
+        try:
+            store._pool.submit((0, -1), gate.wait, 10)
+            store.prefetch(1, cold[1][:2])  # predicted for the next layer, queued first
+            assert not store.request(0, cold[0][:2])  # then this layer's misses
+            gate.set()
+            weights = [store.get(0, e) for e in cold[0][:2]]
+            store.end_layer(0, np.asarray(cold[0][:2]), np.asarray(cold[0][:2]))
+            weights += [store.get(1, e) for e in cold[1][:2]]
+        finally:
+            gate.set()
+            store._read = read
+        assert order == [(0, e) for e in cold[0][:2]] + [(1, e) for e in cold[1][:2]], order
+        assert store.stats.hits_prefetched == 2
+
+
 def test_expert_buffers_are_reused_only_when_no_array_views_them():
     import gc
 

@@ -16,14 +16,25 @@ and runs the prefetch I/O pool.
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from colibri_core.io.safetensors import TensorInfo
 from colibri_core.experts.history import RoutingHistory
+from colibri_core.experts.reads import ReadPool
 from colibri_core.experts.tiers import CachedTier, DeviceTier, DiskTier, ExpertWeights, RamTier
+
+
+def _demand_priority(layer: int) -> tuple:
+    """A read the computation is waiting for: before every prefetch."""
+    return (0, layer)
+
+
+def _prefetch_priority(layer: int) -> tuple:
+    """A predicted read: after every demand read, nearer layers first."""
+    return (1, layer)
 
 
 @dataclass
@@ -110,7 +121,7 @@ class ExpertStore:
         self._would_read: list[set[int]] = [set() for _ in self.layouts]  # this layer's predicted reads
         self._read_used = 1.0  # decayed counts of predicted reads the layer used / did not use
         self._read_unused = 0.0  # (the 1 / 0 start: prefetch begins on)
-        self._pool = ThreadPoolExecutor(self.io_workers, thread_name_prefix="colibri-io") if self.io_workers else None
+        self._pool = ReadPool(self.io_workers) if self.io_workers else None
         self._tokens_since_repin = 0
 
     # -- serving -----------------------------------------------------------------------
@@ -171,13 +182,15 @@ class ExpertStore:
         computation of the experts already at hand. Returns whether all of them are at
         hand already (no read to wait for)."""
         at_hand = True
-        queue = self._queue[layer]
+        queue, staged = self._queue[layer], self._staged[layer]
         for e in experts:
             e = int(e)
             if self._resident(layer, e):
                 continue
             at_hand = False
-            if self._pool is not None and e not in self._staged[layer] and e not in self._demand[layer]:
+            if e in staged:  # predicted right: if its read has not started, it goes first now
+                self._pool.hurry(staged[e], _demand_priority(layer))
+            elif self._pool is not None and e not in self._demand[layer]:
                 queue.append(e)
         if self._pool is not None:
             self._fill(layer)
@@ -187,7 +200,7 @@ class ExpertStore:
         queue, demand = self._queue[layer], self._demand[layer]
         while queue and len(demand) < self.io_window:
             e = queue.popleft()
-            demand[e] = self._pool.submit(self._read, layer, e)
+            demand[e] = self._pool.submit(_demand_priority(layer), self._read, layer, e)
 
     def end_layer(self, layer: int, indices: np.ndarray, experts: np.ndarray) -> None:
         """A MoE layer finished a forward pass with this routing (``experts``: its unique
@@ -236,7 +249,7 @@ class ExpertStore:
             self.stats.prefetch_skipped += len(reads)
             return
         for e in reads:
-            staged[e] = self._pool.submit(self._read, layer, e)
+            staged[e] = self._pool.submit(_prefetch_priority(layer), self._read, layer, e)
             self.stats.prefetch_issued += 1
 
     # -- pinning -----------------------------------------------------------------------
@@ -379,7 +392,7 @@ class ExpertStore:
             self.compute.close()
             self.compute = None
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
         if self.history is not None and self.save_history:
             self.history.save(self.history_decay)
