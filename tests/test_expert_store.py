@@ -621,7 +621,7 @@ def test_a_layers_misses_are_read_before_the_next_layers_prefetch(model_dir):
             return read(layer, expert)
 
         cold = [[e for e in range(len(store.layouts[layer])) if not store._resident(layer, e)] for layer in (0, 1)]
-        assert len(cold[0]) >= 2 and len(cold[1]) >= 2
+        assert len(cold[0]) >= 4 and len(cold[1]) >= 4
         store._read = logged
         try:
             store._pool.submit((0, -1), gate.wait, 10)
@@ -636,6 +636,22 @@ def test_a_layers_misses_are_read_before_the_next_layers_prefetch(model_dir):
             store._read = read
         assert order == [(0, e) for e in cold[0][:2]] + [(1, e) for e in cold[1][:2]], order
         assert store.stats.hits_prefetched == 2
+
+        # predicted by a MoE layer before its own routing is known: held until its misses are queued
+        order.clear()
+        store._read = logged
+        issued = store.stats.prefetch_issued
+        try:
+            store.prefetch(1, cold[1][2:4], behind=0)
+            assert store.stats.prefetch_issued == issued and not order  # nothing read yet
+            assert not store.request(0, cold[0][2:4])
+            weights += [store.get(0, e) for e in cold[0][2:4]]
+            store.end_layer(0, np.asarray(cold[0][2:4]), np.asarray(cold[0][2:4]))
+            weights += [store.get(1, e) for e in cold[1][2:4]]
+        finally:
+            store._read = read
+        assert store.stats.prefetch_issued == issued + 2 and store.stats.hits_prefetched == 4
+        assert order == [(0, e) for e in cold[0][2:4]] + [(1, e) for e in cold[1][2:4]], order
 
 
 def test_expert_buffers_are_reused_only_when_no_array_views_them():

@@ -19,6 +19,7 @@ class _Next:
     router: object
     moe_index: int
     slots: int
+    behind: int | None  # the MoE index of the predicting layer itself, if it is one
 
 
 class Prefetcher:
@@ -29,8 +30,11 @@ class Prefetcher:
         moe_layers = [(i, layer) for i, layer in enumerate(lm.layers) if getattr(layer, "mlp", None) is not None
                       and hasattr(layer.mlp, "router") and hasattr(layer.mlp, "experts")]
         for (i, _), (j, nxt) in zip(moe_layers, moe_layers[1:]):
+            here = lm.layers[i].mlp.experts.decl.moe_index
             for k in range(i, j):  # every layer from this MoE layer up to the next one predicts it
-                self._next[id(lm.layers[k])] = _Next(nxt.mlp_norm, nxt.mlp.router, nxt.mlp.experts.decl.moe_index, slots)
+                # a MoE layer's own misses are read before what it predicts (ExpertStore.prefetch)
+                self._next[id(lm.layers[k])] = _Next(nxt.mlp_norm, nxt.mlp.router, nxt.mlp.experts.decl.moe_index,
+                                                     slots, here if k == i else None)
         # a first MoE layer routed by token id (DeepSeek-V4's hash layers) is known exactly
         # from the ids, before any layer runs; later ones are predicted exactly as above
         self._first = None
@@ -53,4 +57,4 @@ class Prefetcher:
         votes = np.bincount(indices.ravel())
         order = np.lexsort((np.arange(votes.size), -votes))  # most voted first, then lower ids
         chosen = [int(e) for e in order[: nxt.slots] if votes[e] > 0]
-        self.store.prefetch(nxt.moe_index, chosen)
+        self.store.prefetch(nxt.moe_index, chosen, behind=nxt.behind)

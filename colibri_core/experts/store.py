@@ -119,6 +119,8 @@ class ExpertStore:
         self._queue: list[deque[int]] = [deque() for _ in self.layouts]  # misses waiting for the window
         self._predicted: list[set[int]] = [set() for _ in self.layouts]
         self._would_read: list[set[int]] = [set() for _ in self.layouts]  # this layer's predicted reads
+        # predicted reads waiting for a layer's misses to be queued first: {that layer: [(layer, experts)]}
+        self._held: dict[int, list[tuple[int, list[int]]]] = {}
         self._read_used = 1.0  # decayed counts of predicted reads the layer used / did not use
         self._read_unused = 0.0  # (the 1 / 0 start: prefetch begins on)
         self._pool = ReadPool(self.io_workers) if self.io_workers else None
@@ -194,6 +196,7 @@ class ExpertStore:
                 queue.append(e)
         if self._pool is not None:
             self._fill(layer)
+        self._release(layer)
         return at_hand
 
     def _fill(self, layer: int) -> None:
@@ -206,6 +209,7 @@ class ExpertStore:
         """A MoE layer finished a forward pass with this routing (``experts``: its unique
         expert ids): count it, score the prediction made for it, and drop what was
         prefetched for it but not used."""
+        self._release(layer)  # (a layer computed by a compute tier asks for nothing)
         used = set(experts.tolist())
         if self.history is not None:
             self.history.record(layer, indices)
@@ -237,9 +241,11 @@ class ExpertStore:
         """Whether recent predicted reads were used often enough to issue more."""
         return self._read_used >= self.prefetch_pay_ratio * self._read_unused
 
-    def prefetch(self, layer: int, experts: list[int]) -> None:
+    def prefetch(self, layer: int, experts: list[int], behind: int | None = None) -> None:
         """Start reading experts predicted for ``layer`` on the I/O pool, while such reads
-        pay (``prefetch_pays``); the prediction is scored either way."""
+        pay (``prefetch_pays``); the prediction is scored either way. ``behind``: the MoE
+        layer now running, whose misses are not known yet: the reads wait until that
+        layer's ``request`` has queued them (a read already started cannot give way)."""
         self._predicted[layer] = set(experts)
         staged = self._staged[layer]
         reads = [e for e in experts if e not in staged and not self._resident(layer, e)]
@@ -248,9 +254,23 @@ class ExpertStore:
         if not self.prefetch_pays:
             self.stats.prefetch_skipped += len(reads)
             return
+        if behind is not None:
+            self._held.setdefault(behind, []).append((layer, reads))
+            return
+        self._submit_prefetch(layer, reads)
+
+    def _submit_prefetch(self, layer: int, reads: list[int]) -> None:
+        staged = self._staged[layer]
         for e in reads:
+            if e in staged or self._resident(layer, e):
+                continue
             staged[e] = self._pool.submit(_prefetch_priority(layer), self._read, layer, e)
             self.stats.prefetch_issued += 1
+
+    def _release(self, layer: int) -> None:
+        """Issue the predicted reads held until ``layer``'s misses were queued."""
+        for target, reads in self._held.pop(layer, ()):
+            self._submit_prefetch(target, reads)
 
     # -- pinning -----------------------------------------------------------------------
     def _pin_tiers(self) -> list[CachedTier]:
