@@ -85,9 +85,9 @@ def test_hash_routed_first_layer_is_read_ahead_from_the_token_ids(tmp_path_facto
         predicted = []
         original = model.store.prefetch
 
-        def spy(layer, experts):
+        def spy(layer, experts, **options):
             predicted.append((layer, list(experts)))
-            return original(layer, experts)
+            return original(layer, experts, **options)
 
         model.store.prefetch = spy
         routing = []
