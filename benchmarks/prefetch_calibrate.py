@@ -68,12 +68,17 @@ def measure(model: Path, *, tokens: int = 48, prompt_tokens: int = 4, runs: int 
             "per_run": per_run}
 
 
+def knobs(synthetic: dict | None) -> str:
+    """A synthetic checkpoint's predictability knobs (config.json's ``colibri_synthetic``)."""
+    if not synthetic:
+        return "?"
+    text = f"mix {synthetic.get('residual_mix', '?')}"
+    return text + (f", write gain {synthetic['write_gain']:g}" if synthetic.get("write_gain") else "")
+
+
 def _line(r: dict) -> str:
     pct = lambda v: f"{v:6.1%}" if v is not None else "     -"  # noqa: E731
-    synthetic = r.get("synthetic") or {}
-    mix, gain = synthetic.get("residual_mix"), synthetic.get("write_gain")
-    knobs = f"residual_mix {mix if mix is not None else '?'}" + (f", write_gain {gain:g}" if gain else "")
-    return (f"{r['model']}: {knobs}: precision {pct(r['precision'])}, "
+    return (f"{r['model']}: {knobs(r.get('synthetic'))}: precision {pct(r['precision'])}, "
             f"recall {pct(r['recall'])}, expert coverage {pct(r['expert_coverage_mean'])}, "
             f"distinct tokens {r['distinct_tokens']:.0f} / {r['tokens']}")
 

@@ -52,6 +52,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
+from benchmarks.prefetch_calibrate import knobs  # noqa: E402
+
 EXPERT = re.compile(r"\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 ALIGN = 4096
 
@@ -257,14 +259,6 @@ def _summary_line(row: dict) -> str:
     return f"round {row['round']} {row['label']}: " + ", ".join(f"{title} {_fmt(d[k], kind)}" for k, title, kind in COLUMNS)
 
 
-def _knobs(synthetic: dict | None) -> str:
-    """The synthetic generator's predictability knobs, as the table shows them."""
-    if not synthetic:
-        return "?"
-    text = f"mix {synthetic.get('residual_mix', '?')}"
-    return text + (f", write gain {synthetic['write_gain']:g}" if synthetic.get("write_gain") else "")
-
-
 def markdown(data: dict) -> str:
     head = "| round | setting | generator | " + " | ".join(t for _, t, _ in COLUMNS) + " | load (bound / colibri / without prefetch / llama) |"
     lines = [f"{data['tokens']} tokens after a {data['prompt_tokens']}-token prompt, temperature 1; cgroup "
@@ -274,7 +268,7 @@ def markdown(data: dict) -> str:
         if not s["llama"]:
             lines.append(f"- {s['label']}: llama.cpp not available ({s['llama_unavailable']})")
     lines += ["", head, "|" + "---|" * (head.count("|") - 1)]
-    mix = {s["label"]: _knobs(s["synthetic"]) for s in data["settings"]}
+    mix = {s["label"]: knobs(s["synthetic"]) for s in data["settings"]}
     for row in data["runs"]:
         loads = " / ".join(f"{row[k]:.2f}" if k in row else "-" for k in
                            ("load_before_bound", "load_before_colibri", "load_before_no_prefetch", "load_before_llama"))

@@ -86,6 +86,8 @@ class Generator:
         common = self.rng.standard_normal(a.hidden).astype(np.float32)
         self.common = common / np.linalg.norm(common)
         self.writes = self._write_subspaces() if a.write_gain > 0 else None
+        # every write subspace side by side, (hidden, (layers - 1) x rank)
+        self._all_writes = None if self.writes is None else self.writes.transpose(1, 0, 2).reshape(a.hidden, -1)
 
     def _write_subspaces(self) -> np.ndarray:
         """(layers - 1, hidden, rank) orthonormal bases, mutually orthogonal and orthogonal to
@@ -100,10 +102,9 @@ class Generator:
 
     def _outside_writes(self, x: np.ndarray) -> np.ndarray:
         """x's rows with their parts in every write subspace taken out."""
-        if self.writes is None:
+        if self._all_writes is None:
             return x
-        flat = self.writes.transpose(1, 0, 2).reshape(self.a.hidden, -1)
-        return x - (x @ flat) @ flat.T
+        return x - (x @ self._all_writes) @ self._all_writes.T
 
     def draw(self, name: str, shape) -> np.ndarray:
         a, rng = self.a, self.rng

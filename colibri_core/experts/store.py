@@ -119,8 +119,10 @@ class ExpertStore:
         self._queue: list[deque[int]] = [deque() for _ in self.layouts]  # misses waiting for the window
         self._predicted: list[set[int]] = [set() for _ in self.layouts]
         self._would_read: list[set[int]] = [set() for _ in self.layouts]  # this layer's predicted reads
-        # predicted reads waiting for a layer's misses to be queued first: {that layer: [(layer, experts)]}
-        self._held: dict[int, list[tuple[int, list[int]]]] = {}
+        # predicted reads waiting for a MoE layer's misses to be queued first:
+        # {that layer: (the layer predicted, experts)}; one predictor per layer, so a newer
+        # prediction replaces one a failed forward pass left behind
+        self._held: dict[int, tuple[int, list[int]]] = {}
         self._read_used = 1.0  # decayed counts of predicted reads the layer used / did not use
         self._read_unused = 0.0  # (the 1 / 0 start: prefetch begins on)
         self._pool = ReadPool(self.io_workers) if self.io_workers else None
@@ -255,7 +257,7 @@ class ExpertStore:
             self.stats.prefetch_skipped += len(reads)
             return
         if behind is not None:
-            self._held.setdefault(behind, []).append((layer, reads))
+            self._held[behind] = (layer, reads)
             return
         self._submit_prefetch(layer, reads)
 
@@ -269,8 +271,9 @@ class ExpertStore:
 
     def _release(self, layer: int) -> None:
         """Issue the predicted reads held until ``layer``'s misses were queued."""
-        for target, reads in self._held.pop(layer, ()):
-            self._submit_prefetch(target, reads)
+        held = self._held.pop(layer, None)
+        if held is not None:
+            self._submit_prefetch(*held)
 
     # -- pinning -----------------------------------------------------------------------
     def _pin_tiers(self) -> list[CachedTier]:
