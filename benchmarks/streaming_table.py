@@ -151,8 +151,7 @@ def run_llama(python: str, gguf: Path, *, tokens: int, prompt_tokens: int, seed:
     cmd = [python, str(HERE / "llama_cpp_bench.py"), "run", "--gguf", str(gguf), "--tokens", str(tokens),
            "--prompt-tokens", str(prompt_tokens), "--seed", str(seed), "--threads", str(threads), "--child"]
     cmd += [] if repack else ["--no-repack"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = run_json_child(cmd, cgroup=cgroup, env=env)
+    result = run_json_child(cmd, cgroup=cgroup)
     return {"engine": "llama.cpp", **result} if "error" in result else result
 
 
@@ -293,7 +292,15 @@ def _labelled(text: str) -> tuple[str, Path]:
     return label, Path(path)
 
 
+def children_import_this_tree() -> None:
+    """The engines' child processes (``colibri_core.cli.bench``, llama_cpp_bench.py) import
+    this tree's colibri_core, not the one an editable install points at: A/B runs of two
+    checkouts (git worktrees) then compare the two, not one with itself."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def main(argv=None):
+    children_import_this_tree()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=_labelled, action="append", required=True, help="LABEL=checkpoint dir (repeatable)")
     p.add_argument("--gguf", type=_labelled, action="append", default=[], help="LABEL=GGUF of that checkpoint")

@@ -18,6 +18,7 @@ import colibri_core
 from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.io.drives import drop_page_cache
 from colibri_core.experts.history import FILENAME, RoutingHistory, cache_path
+from colibri_core.experts.prefetch import MeasuredGate
 from colibri_core.warn import ColibriWarning
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
@@ -537,7 +538,19 @@ def test_live_repinning_swaps_only_past_the_margin(model_dir):
 
 
 # -- prefetch ----------------------------------------------------------------------------
-def test_prefetch_reads_ahead_and_reports_its_precision(model_dir):
+class FixedGate(MeasuredGate):
+    """Reads ahead on one-row steps or not, as told (the timing is tested on its own)."""
+
+    def __init__(self, ahead: bool):
+        super().__init__()
+        self.ahead = ahead
+
+    def begin(self, rows):
+        return self.ahead if rows == 1 else True
+
+
+def test_prefetch_reads_ahead_and_reports_its_precision(model_dir, monkeypatch):
+    monkeypatch.setattr(MeasuredGate, "begin", lambda self, rows: True)  # always read ahead
     reference = generate(model_dir, cap=2, max_tokens=16)
     result = generate(model_dir, cap=2, max_tokens=16, prefetch=True)
     same(result, reference)
@@ -546,6 +559,52 @@ def test_prefetch_reads_ahead_and_reports_its_precision(model_dir):
     assert 0 < s.prefetch_precision <= 1 and 0 < s.prefetch_recall <= 1
     assert s.hits_prefetched <= s.prefetch_issued
     assert s.expert_misses < reference.stats.expert_misses  # misses saved
+    assert s.prefetch_steps_off == 0
+
+
+def test_measured_gate_keeps_the_faster_way_and_measures_again():
+    now = [0.0]
+    gate = MeasuredGate(samples=3, hold=4, clock=lambda: now[0])
+
+    def step(rows, cost):  # cost(ahead) -> seconds the step takes
+        ahead = gate.begin(rows)
+        now[0] += cost(ahead)
+        gate.end()
+        return ahead
+
+    slower_ahead = lambda ahead: 2.0 if ahead else 1.0  # noqa: E731
+    trial = [step(1, slower_ahead) for _ in range(6)]
+    assert trial == [True, False] * 3  # alternating, reading ahead first
+    assert [step(1, slower_ahead) for _ in range(4)] == [False] * 4  # the faster way, held
+    assert step(7, slower_ahead) is False  # a prompt runs the way chosen, untimed
+    # measured again: now reading ahead is faster (a tie also reads ahead)
+    faster_ahead = lambda ahead: 1.0 if ahead else 3.0  # noqa: E731
+    assert [step(1, faster_ahead) for _ in range(6)] == [True, False] * 3
+    assert [step(1, faster_ahead) for _ in range(4)] == [True] * 4
+    # an untimed step of several rows between trial steps does not count as one
+    assert step(1, lambda ahead: 5.0) is True and step(3, lambda ahead: 100.0) is True
+    assert step(1, lambda ahead: 1.0) is False and gate._times == {True: [5.0], False: [1.0]}
+    # medians, not means: one slow outlier does not decide
+    gate = MeasuredGate(samples=3, hold=4, clock=lambda: now[0])
+    costs = iter([1.0, 2.0, 1.0, 2.0, 50.0, 2.0])  # ahead: 1, 1, 50 (median 1); without: 2, 2, 2
+    assert [step(1, lambda ahead: next(costs)) for _ in range(6)] == [True, False] * 3
+    assert gate.chosen is True
+
+
+def test_steps_the_gate_runs_without_reading_ahead_read_nothing_ahead(model_dir):
+    reference = generate(model_dir, cap=2, max_tokens=12)
+    with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
+        model.lm.prefetcher.gate = FixedGate(ahead=False)
+        result = model.generate(token_ids=PROMPT, max_tokens=12, ignore_eos=True, return_logits=True)
+    same(result, reference)
+    s = result.stats
+    assert s.prefetch_steps_off == 11  # every decode step; the prompt's step read ahead
+    assert s.prefetch_skipped > 0 and 0 < s.prefetch_precision <= 1  # predictions still scored
+    with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
+        model.lm.prefetcher.gate = FixedGate(ahead=True)
+        ahead = model.generate(token_ids=PROMPT, max_tokens=12, ignore_eos=True, return_logits=True)
+    same(ahead, reference)
+    assert ahead.stats.prefetch_steps_off == 0 and ahead.stats.prefetch_issued > s.prefetch_issued
 
 
 # the device tier: tests/test_tiers.py

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -266,6 +268,23 @@ def test_streaming_table_runs_colibri_without_llama_cpp(tmp_path, low, high):
     assert "| 2 | p50 | mix 4.0 |" in table and "llama.cpp not available" in table and "Medians" in table
 
 
+def test_streaming_table_children_import_the_tree_it_is_run_from(tmp_path, monkeypatch):
+    """A copy of the benchmarks beside a stand-in colibri_core: the engines' children must
+    import that one (an A/B of two checkouts compares two trees, not one with itself)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(BENCH, tree / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "colibri_core").mkdir()
+    (tree / "colibri_core" / "__init__.py").write_text("WHICH = 'the copy'\n")
+    monkeypatch.setenv("PYTHONPATH", "")
+    spec = importlib.util.spec_from_file_location("bench_tree_table", tree / "benchmarks" / "streaming_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.children_import_this_tree()
+    child = subprocess.run([sys.executable, "-c", "import colibri_core; print(getattr(colibri_core, 'WHICH', 'other'))"],
+                           capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert child.stdout.strip() == "the copy"
+
+
 def test_expert_requests_are_one_span_per_expert(low):
     table = script("streaming_table")
     model = low
@@ -274,3 +293,18 @@ def test_expert_requests_are_one_span_per_expert(low):
     found = tensors(model)
     one = sum(t.nbytes for n, t in found.items() if ".layers.0.mlp.experts.0." in n)
     assert {size for _, _, size in requests} == {one}
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_kernel_bandwidth_reports_the_kernel_against_the_load_loop(fmt):
+    from colibri_core.backends.cpu.backend import CpuBackend
+
+    if CpuBackend().kernels is None:
+        pytest.skip("the compiled CPU kernels are not built")
+    out = subprocess.run([sys.executable, str(BENCH / "kernel_bandwidth.py"), "--format", fmt, "--layers", "2",
+                          "--sweeps", "2", "--read-mib", "8"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"kernel ([\d.]+) GB/s, load loop ([\d.]+) GB/s, ratio median ([\d.]+)", out)
+    assert found and out.startswith(f"{fmt}: 2 layers x 8 experts"), out
+    kernel, loop, ratio = map(float, found.groups())
+    assert kernel > 0 and loop > 0 and ratio > 0

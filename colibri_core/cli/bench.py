@@ -203,7 +203,8 @@ def _child_colibri(spec: dict) -> dict:
                 "prefetch_precision": s.prefetch_precision if options.get("prefetch") else None,
                 "prefetch_recall": s.prefetch_recall if options.get("prefetch") else None,
                 "prefetch_issued": s.prefetch_issued, "prefetch_unused": s.prefetch_unused,
-                "prefetch_skipped": s.prefetch_skipped, **measures, "token_ids": result.token_ids, "compute": s.compute}
+                "prefetch_skipped": s.prefetch_skipped, "prefetch_steps_off": s.prefetch_steps_off, **measures,
+                "token_ids": result.token_ids, "compute": s.compute}
 
 
 def _child_transformers(spec: dict, offload: bool) -> dict:

@@ -82,7 +82,9 @@ def stats_table(stats, model):
             drives = " (" + ", ".join(f"{name}: {format_bytes(n)}" for name, n in s.bytes_read_by_drive.items()) + ")"
         table.add_row("read from disk", f"{format_bytes(s.bytes_read)} in {s.disk_reads} reads{split}{drives}")
         if p.prefetch_slots:
-            skipped = f", {s.prefetch_skipped} not read (recent ones did not pay)" if s.prefetch_skipped else ""
+            skipped = f", {s.prefetch_skipped} not read" if s.prefetch_skipped else ""
+            if s.prefetch_steps_off:
+                skipped += f"; {s.prefetch_steps_off} steps without, measured faster or being timed"
             table.add_row("prefetch", f"{s.prefetch_issued} read ahead ({s.prefetch_unused} unused{skipped}), "
                                       f"precision {s.prefetch_precision:.0%}, recall {s.prefetch_recall:.0%}")
     for label, text in compute_rows(s.compute):

@@ -44,7 +44,8 @@ class GenerationStats:
     disk_reads: int = 0
     prefetch_issued: int = 0
     prefetch_unused: int = 0
-    prefetch_skipped: int = 0  # predicted reads not issued because recent ones did not pay
+    prefetch_skipped: int = 0  # predicted reads not issued: recent ones did not pay, or the step ran without
+    prefetch_steps_off: int = 0  # forward passes the measured gate ran without reading ahead (it found them faster, or timed them)
     prefetch_precision: float = 0.0  # predicted experts that were used / predicted
     prefetch_recall: float = 0.0  # used experts that were predicted / used
     repins: int = 0
@@ -198,6 +199,7 @@ class Generation:
         s.disk_reads = delta.get("reads", 0)
         s.prefetch_issued, s.prefetch_unused = delta.get("prefetch_issued", 0), delta.get("prefetch_unused", 0)
         s.prefetch_skipped = delta.get("prefetch_skipped", 0)
+        s.prefetch_steps_off = delta.get("prefetch_steps_off", 0)
         predicted, used = delta.get("predicted", 0), delta.get("used", 0)
         s.prefetch_precision = delta.get("predicted_used", 0) / predicted if predicted else 0.0
         s.prefetch_recall = delta.get("predicted_used", 0) / used if used else 0.0

@@ -4,13 +4,61 @@ While layer L computes, predict the experts of the next MoE layer by applying th
 layer's own norm and router to the hidden state leaving layer L's attention, and start
 reading the predicted experts on the store's I/O pool. The prediction changes only what
 is read early; the routing itself is computed as always when the layer runs.
+
+Whether reading ahead pays is measured, step by step (``MeasuredGate``): on a disk busy
+with demand reads, or with few cores, a wasted read can cost more than a used one saves.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import numpy as np
+
+
+class MeasuredGate:
+    """Whether a decode step reads predicted experts ahead, decided by timing steps both ways.
+
+    Reading ahead trades disk time and a share of the cores for the waits it saves; which
+    wins depends on the disk, the cores and the routing, and only the clock knows. The gate
+    alternates one-row decode steps with and without reads ahead until it has ``samples``
+    of each, keeps the faster way (by median; reads ahead on a tie) for the next ``hold``
+    one-row steps, then measures again. Steps of several rows (prompts, batches) run the
+    way last chosen and are not timed. Either way the tokens are the same.
+    """
+
+    def __init__(self, samples: int = 5, hold: int = 48, clock=time.perf_counter):
+        self.samples, self.hold, self.clock = samples, hold, clock
+        self.chosen = True  # reads ahead until measured otherwise
+        self._times: dict[bool, list[float]] = {True: [], False: []}
+        self._hold_left = 0  # one-row steps left before the next trial
+        self._timing: tuple[bool, float] | None = None  # (way, start) of the step being timed
+
+    def begin(self, rows: int) -> bool:
+        """A step of ``rows`` rows starts: whether it reads ahead."""
+        self._timing = None
+        if rows != 1:
+            return self.chosen
+        if self._hold_left > 0:
+            self._hold_left -= 1
+            return self.chosen
+        ahead = len(self._times[True]) <= len(self._times[False])  # alternate, reading ahead first
+        self._timing = (ahead, self.clock())
+        return ahead
+
+    def end(self) -> None:
+        """The step begun last has finished its layers."""
+        if self._timing is None:
+            return
+        ahead, started = self._timing
+        self._timing = None
+        self._times[ahead].append(self.clock() - started)
+        if min(len(t) for t in self._times.values()) >= self.samples:
+            self.chosen = statistics.median(self._times[True]) <= statistics.median(self._times[False])
+            self._times = {True: [], False: []}
+            self._hold_left = self.hold
 
 
 @dataclass
@@ -23,9 +71,12 @@ class _Next:
 
 
 class Prefetcher:
-    def __init__(self, lm, store, slots: int):
-        """``slots``: at most this many experts are read ahead per layer."""
+    def __init__(self, lm, store, slots: int, gate: MeasuredGate | None = None):
+        """``slots``: at most this many experts are read ahead per layer; ``gate`` decides
+        per step whether to (default: a ``MeasuredGate``)."""
         self.store = store
+        self.gate = gate if gate is not None else MeasuredGate()
+        self._ahead = True  # whether this step reads ahead (predictions are scored either way)
         self._next: dict[int, _Next] = {}
         moe_layers = [(i, layer) for i, layer in enumerate(lm.layers) if getattr(layer, "mlp", None) is not None
                       and hasattr(layer.mlp, "router") and hasattr(layer.mlp, "experts")]
@@ -43,11 +94,20 @@ class Prefetcher:
             self._first = (first.router, first.experts.decl.moe_index)
 
     def after_embedding(self, step) -> None:
-        """Start reading the first MoE layer's experts when the token ids alone decide them."""
+        """A step starts: ask the gate whether it reads ahead, and start reading the first
+        MoE layer's experts when the token ids alone decide them."""
+        self._ahead = self.gate.begin(len(step.positions))
+        if not self._ahead:
+            self.store.stats.prefetch_steps_off += 1
         if self._first is None or step.ids is None:
             return
         router, moe_index = self._first
-        self.store.prefetch(moe_index, [int(e) for e in np.unique(router.experts_for(step.ids, step.ops))])
+        self.store.prefetch(moe_index, [int(e) for e in np.unique(router.experts_for(step.ids, step.ops))],
+                            issue=self._ahead)
+
+    def after_layers(self, step) -> None:
+        """The step's layers are done (the gate times the step up to here)."""
+        self.gate.end()
 
     def after_attention(self, layer, h, step) -> None:
         nxt = self._next.get(id(layer))
@@ -57,4 +117,4 @@ class Prefetcher:
         votes = np.bincount(indices.ravel())
         order = np.lexsort((np.arange(votes.size), -votes))  # most voted first, then lower ids
         chosen = [int(e) for e in order[: nxt.slots] if votes[e] > 0]
-        self.store.prefetch(nxt.moe_index, chosen, behind=nxt.behind)
+        self.store.prefetch(nxt.moe_index, chosen, behind=nxt.behind, issue=self._ahead)

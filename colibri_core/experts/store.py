@@ -46,7 +46,8 @@ class StoreStats:
     misses: int = 0
     prefetch_issued: int = 0  # experts read ahead of use
     prefetch_unused: int = 0  # of those, read but not used by their layer
-    prefetch_skipped: int = 0  # predicted reads not issued: recent ones did not pay (see ExpertStore.prefetch)
+    prefetch_skipped: int = 0  # predicted reads not issued: recent ones did not pay, or the step ran without
+    prefetch_steps_off: int = 0  # steps the prefetcher's measured gate ran without reading ahead
     predicted: int = 0  # predictions made (resident or not)
     predicted_used: int = 0  # predictions that the layer really used
     used: int = 0  # experts a layer really used (per forward pass, unique)
@@ -243,9 +244,10 @@ class ExpertStore:
         """Whether recent predicted reads were used often enough to issue more."""
         return self._read_used >= self.prefetch_pay_ratio * self._read_unused
 
-    def prefetch(self, layer: int, experts: list[int], behind: int | None = None) -> None:
+    def prefetch(self, layer: int, experts: list[int], behind: int | None = None, issue: bool = True) -> None:
         """Start reading experts predicted for ``layer`` on the I/O pool, while such reads
-        pay (``prefetch_pays``); the prediction is scored either way. ``behind``: the MoE
+        pay (``prefetch_pays``) and ``issue`` asks for them (the prefetcher's measured
+        gate); the prediction is scored either way. ``behind``: the MoE
         layer now running, whose misses are not known yet: the reads wait until that
         layer's ``request`` has queued them (a read already started cannot give way)."""
         self._predicted[layer] = set(experts)
@@ -253,7 +255,7 @@ class ExpertStore:
         reads = [e for e in experts if e not in staged and not self._resident(layer, e)]
         # layers between two MoE layers each predict the next one: score all their reads
         self._would_read[layer].update(reads)
-        if not self.prefetch_pays:
+        if not issue or not self.prefetch_pays:
             self.stats.prefetch_skipped += len(reads)
             return
         if behind is not None:

@@ -390,6 +390,8 @@ class CausalLM:
                 watch(f"layer {n} (of {len(self.layers)}, counting from 0 as the weight names do)", x)
             if after_layer is not None:
                 after_layer(n + 1)
+        if self.prefetcher is not None:
+            self.prefetcher.after_layers(step)
         cache.length += len(ids)
         x = x if all_logits else x[-1:]
         x = self.norm(x, step)
@@ -437,6 +439,8 @@ class CausalLM:
         x = self.embed(step.ids, step)
         for layer in self.layers:
             x = layer(x, step)
+        if self.prefetcher is not None:
+            self.prefetcher.after_layers(step)
         for seq_ids, (_, cache) in zip(ids, seqs):
             cache.length += len(seq_ids)
         last = np.asarray([b - 1 for _, b in rows], dtype=np.int64)

@@ -1,0 +1,115 @@
+"""How close the CPU backend's decode kernel streams experts to the memory's read rate,
+measured in one process: each sweep runs the ``moe`` kernel once per layer over distinct
+experts of the OLMoE shape (a working set far past the caches, as decode streams them,
+in the store's own huge-page buffers), then reads a buffer with a plain load loop on the
+same threads (C, compiled here with ``cc -O2 -march=native -fopenmp``). The ratio of the
+two rates is the figure to compare between kernel variants: on shared machines the
+memory's rate itself moves by tens of percent within minutes.
+
+    python benchmarks/kernel_bandwidth.py [--format q8|q4] [--layers 40] [--sweeps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+from colibri_core.backends.cpu.backend import CpuBackend  # noqa: E402
+from colibri_core.formats.base import QuantTensor  # noqa: E402
+from colibri_core.formats.integer import Int4GS64, Int8Row  # noqa: E402
+from colibri_core.io.buffers import expert_buffer, huge_buffer  # noqa: E402
+
+LOAD_LOOP = r"""
+#include <stddef.h>
+#include <stdint.h>
+uint64_t read_all(const uint64_t *p, size_t n) {  /* n a multiple of 8 */
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    #pragma omp parallel for reduction(+:a0,a1,a2,a3,a4,a5,a6,a7) schedule(static)
+    for (size_t i = 0; i < n; i += 8) {
+        a0 += p[i]; a1 += p[i + 1]; a2 += p[i + 2]; a3 += p[i + 3];
+        a4 += p[i + 4]; a5 += p[i + 5]; a6 += p[i + 6]; a7 += p[i + 7];
+    }
+    return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+"""
+
+
+def load_loop(workdir: Path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("kernel_bandwidth.py needs a C compiler (cc) for its load loop")
+    src, lib = workdir / "loop.c", workdir / "loop.so"
+    src.write_text(LOAD_LOOP)
+    subprocess.run([cc, "-O2", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    fn = ctypes.CDLL(str(lib)).read_all
+    fn.restype, fn.argtypes = ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_size_t]
+    return fn
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--format", choices=["q8", "q4"], default="q8", help="int8-row or int4-gs64 experts")
+    p.add_argument("--layers", type=int, default=40, help="layers of 8 distinct experts each (q8: 48 MiB a layer)")
+    p.add_argument("--sweeps", type=int, default=10)
+    p.add_argument("--read-mib", type=int, default=1024, help="size of the load loop's buffer")
+    a = p.parse_args(argv)
+    backend = CpuBackend()
+    if backend.kernels is None:
+        raise SystemExit("the compiled CPU kernels are not built")
+    hidden, inter, top_k = 2048, 1024, 8
+    fmt = Int8Row() if a.format == "q8" else Int4GS64()
+    rng = np.random.default_rng(0)
+    encoded = {}
+    for shape in ((inter, hidden), (hidden, inter)):
+        t = fmt.encode("w", (rng.standard_normal(shape) * 0.02).astype(np.float32))
+        encoded[shape] = (t["w"][1], t["w.qs"][1])
+
+    def placed(shape):
+        data, scales = encoded[shape]
+        buf = expert_buffer(data.nbytes + scales.nbytes)
+        d = buf[: data.nbytes].view(data.dtype).reshape(data.shape)
+        s = buf[data.nbytes :].view(scales.dtype).reshape(scales.shape)
+        d[...], s[...] = data, scales
+        return backend._prepared(QuantTensor(a.format, d, s, shape))
+
+    layers = [[(placed((inter, hidden)), placed((inter, hidden)), placed((hidden, inter))) for _ in range(top_k)]
+              for _ in range(a.layers)]
+    nbytes = a.layers * top_k * sum(d.nbytes + s.nbytes for d, s in (encoded[(inter, hidden)],) * 2
+                                    + (encoded[(hidden, inter)],))
+    with tempfile.TemporaryDirectory() as tmp:
+        read_all = load_loop(Path(tmp))
+        raw = huge_buffer(a.read_mib << 20)
+        raw[:] = 1
+        x = rng.standard_normal((1, hidden)).astype(np.float32)
+        out = np.zeros((1, hidden), np.float32)
+        weights, rows = np.full(top_k, 1 / top_k, np.float32), np.zeros(top_k, np.int32)
+        offsets = np.arange(top_k + 1, dtype=np.int64)
+        kernel_rates, load_rates = [], []
+        for _ in range(a.sweeps):
+            start = time.perf_counter()
+            for experts in layers:
+                backend.kernels.moe(x, experts, rows, weights, offsets, out)
+            kernel_rates.append(nbytes / (time.perf_counter() - start) / 1e9)
+            start = time.perf_counter()
+            read_all(raw.ctypes.data, raw.nbytes // 8)
+            load_rates.append(raw.nbytes / (time.perf_counter() - start) / 1e9)
+    ratios = [k / r for k, r in zip(kernel_rates, load_rates)]
+    print(f"{a.format}: {a.layers} layers x {top_k} experts, {nbytes / 2**30:.2f} GiB; kernel "
+          f"{statistics.median(kernel_rates):.1f} GB/s, load loop {statistics.median(load_rates):.1f} GB/s, "
+          f"ratio median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}; "
+          f"INT4_PATH {backend.kernels.INT4_PATH})")
+
+
+if __name__ == "__main__":
+    main()
