@@ -85,8 +85,8 @@ def main(argv=None):
 
     layers = [[(placed((inter, hidden)), placed((inter, hidden)), placed((hidden, inter))) for _ in range(top_k)]
               for _ in range(a.layers)]
-    nbytes = a.layers * top_k * sum(d.nbytes + s.nbytes for d, s in (encoded[(inter, hidden)],) * 2
-                                    + (encoded[(hidden, inter)],))
+    matrix_bytes = {shape: data.nbytes + scales.nbytes for shape, (data, scales) in encoded.items()}
+    nbytes = a.layers * top_k * (2 * matrix_bytes[(inter, hidden)] + matrix_bytes[(hidden, inter)])  # gate, up, down
     with tempfile.TemporaryDirectory() as tmp:
         read_all = load_loop(Path(tmp))
         raw = huge_buffer(a.read_mib << 20)

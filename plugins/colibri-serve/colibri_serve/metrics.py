@@ -28,6 +28,7 @@ STATS = [
     ("prefetch_issued", "counter", "Experts read ahead"),
     ("prefetch_unused", "counter", "Experts read ahead and not used"),
     ("prefetch_skipped", "counter", "Predicted expert reads not issued (recent ones did not pay, or the step ran without)"),
+    ("prefetch_steps_off", "counter", "Steps the measured prefetch gate ran without reading ahead"),
 ]
 # expert lookups by where they were served from
 LOOKUPS = [("hits_device", "device"), ("hits_pinned", "ram_pinned"), ("hits_lru", "ram_lru"),
