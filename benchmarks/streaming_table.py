@@ -173,6 +173,8 @@ def run_table(a) -> dict:
     options = {"history": "read", "prefetch": a.prefetch, "direct_io": a.direct_io, "backend": a.backend}
     if a.ram:
         options["ram"] = a.ram
+    if a.prefetch_window:
+        options["prefetch_window"] = a.prefetch_window
     runs = []
     for r in range(a.rounds):
         for s in settings:
@@ -316,6 +318,7 @@ def main(argv=None):
     p.add_argument("--io-threads", type=int, default=3, help="threads of the O_DIRECT bound (colibri's I/O pool)")
     p.add_argument("--bound-gb", type=float, default=2.0, help="bytes read for the disk bound per round")
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--prefetch-window", default=None, help="colibri's --prefetch-window (default: top-k experts)")
     p.add_argument("--also-without-prefetch", action="store_true",
                    help="each round also runs colibri without --prefetch (what prefetch gains or costs)")
     p.add_argument("--direct-io", action=argparse.BooleanOptionalAction, default=True)

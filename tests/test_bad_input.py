@@ -147,6 +147,9 @@ def test_prompt_with_invalid_utf8_bytes_is_a_clean_error(model_dir):
     (["--max-tokens", "-1"], ["--max-tokens", ">= 0"]),
     (["--prefetch", "--prefetch-slots", "-3"], ["--prefetch-slots", ">= 1"]),
     (["--prefetch-slots", "0"], ["--prefetch-slots"]),
+    (["--prefetch", "--prefetch-window", "lots"], ["--prefetch-window", "'lots'"]),
+    (["--prefetch", "--prefetch-window", "0"], ["--prefetch-window", "above 0"]),
+    (["--prefetch", "--prefetch-slots", "2", "--prefetch-window", "64M"], ["--prefetch-slots", "--prefetch-window"]),
     (["--pin-share", "1.5"], ["--pin-share", "[0, 1)"]),
     (["--cap", "-2"], ["--cap", ">= 0"]),
     (["--history-decay", "0"], ["--history-decay", "(0, 1]"]),
@@ -185,7 +188,8 @@ def test_api_checks_sampling_options_when_the_generation_is_created(model_dir):
             assert next(iter(bad)) in str(info.value) and "--" not in str(info.value)
 
 
-@pytest.mark.parametrize("options", [dict(prefetch=True, prefetch_slots=-3), dict(cap=-1), dict(pin_share=2.0),
+@pytest.mark.parametrize("options", [dict(prefetch=True, prefetch_slots=-3), dict(prefetch=True, prefetch_window="-1G"),
+                                     dict(prefetch=True, prefetch_window=2.5), dict(cap=-1), dict(pin_share=2.0),
                                      dict(history_decay=0), dict(pin="always")])
 def test_api_checks_placement_options_before_reading_the_model(tmp_path, options):
     with pytest.raises(UsageError) as info:
@@ -320,6 +324,8 @@ def test_a_runaway_chat_template_is_one_line_from_the_cli(model_dir):
 @pytest.mark.parametrize("command, args, fragments", [
     ("plan", ["--cap", "-1"], ["--cap"]),
     ("plan", ["--pin-share", "7"], ["--pin-share"]),
+    ("plan", ["--prefetch", "--prefetch-window", "x"], ["--prefetch-window"]),
+    ("bench", ["--prefetch", "--prefetch-window", "-5"], ["--prefetch-window"]),
     ("bench", ["--tokens", "0"], ["--tokens"]),
     ("bench", ["--repeats", "-1"], ["--repeats"]),
     ("bench", ["--temperature", "-1"], ["--temperature"]),

@@ -16,6 +16,7 @@ import pytest
 
 import colibri_core
 from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.errors import UsageError
 from colibri_core.io.drives import drop_page_cache
 from colibri_core.experts.history import FILENAME, RoutingHistory, cache_path
 from colibri_core.experts.prefetch import MeasuredGate
@@ -605,6 +606,39 @@ def test_steps_the_gate_runs_without_reading_ahead_read_nothing_ahead(model_dir)
         ahead = model.generate(token_ids=PROMPT, max_tokens=12, ignore_eos=True, return_logits=True)
     same(ahead, reference)
     assert ahead.stats.prefetch_steps_off == 0 and ahead.stats.prefetch_issued > s.prefetch_issued
+
+
+def test_a_prefetch_window_in_bytes_sets_the_experts_read_ahead_and_the_ram_they_reserve(model_dir):
+    with colibri_core.load(model_dir, prefetch=True, history=False) as model:
+        one, default = model.placement.expert_bytes, model.placement
+    assert default.prefetch_slots == SPEC.num_experts_per_tok
+    for window, slots in ((one, 1), (3 * one + one // 2, 3), (100 * one, SPEC.num_experts)):
+        with colibri_core.load(model_dir, prefetch=True, prefetch_window=window, history=False) as model:
+            assert model.placement.prefetch_slots == slots
+            assert model.placement.prefetch_reserve_bytes == 2 * slots * one
+            assert model.lm.prefetcher._next and all(n.slots == slots for n in model.lm.prefetcher._next.values())
+    with pytest.raises(UsageError, match="prefetch_window.*holds no expert"):
+        colibri_core.load(model_dir, prefetch=True, prefetch_window=one - 1, history=False)
+    # a window of one expert reads ahead only the likeliest one, and the tokens do not change
+    reference = generate(model_dir, cap=2, max_tokens=12)
+    narrow = generate(model_dir, cap=2, max_tokens=12, prefetch=True, prefetch_window=one)
+    same(narrow, reference)
+    assert 0 < narrow.stats.prefetch_issued <= 12 * (SPEC.num_hidden_layers - 1)
+
+
+def test_predicted_experts_are_ranked_by_routing_weight_then_votes():
+    from colibri_core.experts.prefetch import ranked
+
+    # one row: the router's weights decide, not the ids
+    assert ranked(np.array([[5, 2]]), np.array([[0.7, 0.3]])) == [5, 2]
+    assert ranked(np.array([[5, 2]]), np.array([[0.2, 0.8]])) == [2, 5]
+    # rows: weight summed over them; equal weight goes to more votes, then lower ids
+    indices = np.array([[1, 4], [4, 6], [3, 6]])
+    weights = np.array([[0.9, 0.1], [0.5, 0.5], [0.5, 0.5]])
+    assert ranked(indices, weights) == [6, 1, 4, 3]
+    assert ranked(np.array([[3, 1], [1, 3]]), np.array([[0.5, 0.5], [0.5, 0.5]])) == [1, 3]
+    # no usable weights: votes, then lower ids
+    assert ranked(np.array([[2, 7], [7, 0]]), None) == [7, 0, 2]
 
 
 # the device tier: tests/test_tiers.py

@@ -63,6 +63,21 @@ def test_plan_refuses_a_context_beyond_the_models_limit(tiny):
     assert ok.returncode == 0, ok.stderr
 
 
+def test_plan_reads_ahead_what_run_would(tiny):
+    def plan(*args):
+        out = run_colibri("plan", "--model", tiny, "--json", "--disk-bw", "1G", *args)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    assert plan()["prefetch_slots"] == 0
+    default = plan("--prefetch")
+    assert default["prefetch_slots"] == TINY.num_experts_per_tok
+    one = default["prefetch_reserve_bytes"] // (2 * TINY.num_experts_per_tok)
+    assert plan("--prefetch", "--prefetch-slots", "5")["prefetch_slots"] == 5
+    windowed = plan("--prefetch", "--prefetch-window", str(3 * one + 1))
+    assert windowed["prefetch_slots"] == 3 and windowed["prefetch_reserve_bytes"] == 6 * one
+
+
 def test_the_compute_estimate_is_stable_across_similar_configurations(tiny, tmp_path):
     """It used to jump 0.001 -> 0.29 s/token between two budgets; now it is a mean over
     half a second of the model's own expert on the backend, in a run's decode shape."""

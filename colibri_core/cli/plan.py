@@ -331,7 +331,8 @@ class PlanReport:
 
 
 def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "auto", pin_share: float = 0.5,
-              prefetch: bool = False, context: int | None = None, disk_bw: float | None = None,
+              prefetch: bool = False, prefetch_slots: int | None = None, prefetch_window: int | None = None,
+              context: int | None = None, disk_bw: float | None = None,
               use_history: bool = True, vram: int | None = None, prompt_tokens: int | None = None,
               tokens: int | None = None, preload: bool = False) -> PlanReport:
     """The plan on ``bp.backend`` (its device memory decides the tiers), for a run of a
@@ -360,7 +361,8 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
     policy = PinPolicy(mode=pin, share=pin_share)
     pinning = history is not None and (pin == "on" or (pin == "auto" and history.total_tokens >= policy.min_tokens))
     placement = bp.placement(ram=ram, cap=cap, pin_share=pin_share if pinning else 0.0,
-                             prefetch_slots=top_k if prefetch and moe_layers else 0, vram=vram)
+                             prefetch_slots=bp.prefetch_slots(prefetch=prefetch, slots=prefetch_slots, window=prefetch_window),
+                             vram=vram)
     scores = history.scores() if history is not None and history.total_tokens > 0 else None
     hot: list[tuple[int, int]] = []
     if scores is not None:
@@ -434,7 +436,8 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
         "vram_budget": device.budget if device else None, "vram_budget_source": device.budget_source if device else None,
         "tiers": tiers,
         "cache_slots_per_layer": placement.slots, "pinned_experts": len(pinned), "pinned_capacity": placement.pinned,
-        "prefetch_slots": placement.prefetch_slots, "all_resident": placement.all_resident,
+        "prefetch_slots": placement.prefetch_slots, "prefetch_reserve_bytes": placement.prefetch_reserve_bytes,
+        "all_resident": placement.all_resident,
         "history_tokens": history.total_tokens if history is not None else 0,
         "run_prompt_tokens": prompt_tokens, "run_tokens": tokens, "preload": preload,
         "projected_hit_rate": hit, "steady_hit_rate": steady, "missed_bytes_per_token": missed_bytes,

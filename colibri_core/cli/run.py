@@ -147,6 +147,8 @@ def placement_options(f):
         click.option("--prefetch/--no-prefetch", default=False, show_default=True,
                      help="Read the next layer's predicted experts while this layer computes."),
         click.option("--prefetch-slots", type=int, default=None, help="Experts read ahead per layer (default: top-k)."),
+        click.option("--prefetch-window", default=None, metavar="SIZE",
+                     help="Bytes of experts read ahead per layer, e.g. 256M, instead of --prefetch-slots."),
         click.option("--direct-io", is_flag=True, help="Read experts with O_DIRECT (bypasses the page cache)."),
         click.option("--mirror", "mirrors", multiple=True, metavar="DIR[@BW]",
                      help="A read-only copy of the model on another drive, optionally with its bandwidth (e.g. @2G per second). Repeatable."),
@@ -181,14 +183,14 @@ def backend_options(f):
 
 
 def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_io, mirrors, history, history_decay,
-                     preload, backend, vram, verify=False, **plugin_values) -> dict:
+                     preload, backend, vram, verify=False, prefetch_window=None, **plugin_values) -> dict:
     from colibri_core.cli.extend import plugin_load_kwargs, split_plugin_values
 
     rest, values = split_plugin_values(plugin_values)
     if rest:
         raise TypeError(f"placement_kwargs() got unexpected options {sorted(rest)}")
     return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
-                direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,
+                prefetch_window=prefetch_window, direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,
                 preload=preload, backend=backend, vram=vram, verify=verify, **plugin_load_kwargs(values))
 
 
@@ -238,7 +240,8 @@ def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     check_max_tokens(max_tokens)
     options = placement_kwargs(**placement)
-    check_load_options(**{k: options[k] for k in ("cap", "pin", "pin_share", "prefetch_slots", "history", "history_decay")})
+    check_load_options(**{k: options[k] for k in ("cap", "pin", "pin_share", "prefetch_slots", "prefetch_window", "history",
+                                             "history_decay")})
 
     model = load_with_progress(model_dir, quiet=quiet or as_json, show_progress=show_progress, **options)
     from colibri_core.cli import progress

@@ -20,6 +20,9 @@ from colibri_core.units import format_bytes, parse_size
 @click.option("--pin", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
 @click.option("--pin-share", type=float, default=0.5, show_default=True)
 @click.option("--prefetch/--no-prefetch", default=False, show_default=True)
+@click.option("--prefetch-slots", type=int, default=None, help="Experts read ahead per layer (default: top-k).")
+@click.option("--prefetch-window", default=None, metavar="SIZE",
+              help="Bytes of experts read ahead per layer, e.g. 256M, instead of --prefetch-slots.")
 @click.option("--context", type=int, default=None,
               help="Context length for the KV estimate, at most the model's (default: the model's).")
 @click.option("--prompt-tokens", type=int, default=None,
@@ -31,8 +34,8 @@ from colibri_core.units import format_bytes, parse_size
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @backend_options
 @add_plugin_options
-def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, prompt_tokens, tokens, preload, disk_bw, as_json,
-         backend, vram, **plugin_values):
+def plan(model_dir, ram, cap, pin, pin_share, prefetch, prefetch_slots, prefetch_window, context, prompt_tokens, tokens,
+         preload, disk_bw, as_json, backend, vram, **plugin_values):
     """Show how a model would be placed, tier by tier (device memory, RAM, disk), the
     expert hit rate per tier a run from empty caches would see (and after warm-up), the
     decode speed and the bottleneck."""
@@ -41,7 +44,8 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, prompt_tokens, 
     from colibri_core.cli.extend import plugin_load_kwargs, plugin_plan_rows, split_plugin_values
     from colibri_core.model.blueprint import inspect_model
 
-    check_load_options(cap=cap, pin=pin, pin_share=pin_share)
+    check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots,
+                       prefetch_window=prefetch_window)
     _, plugin_vals = split_plugin_values(plugin_values)
     plugin_load_kwargs(plugin_vals)  # bad plugin options fail before the model is read
     backend_obj, vram_budget = open_backend(backend, vram)
@@ -50,6 +54,8 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, prompt_tokens, 
     bp = inspect_model(model_dir, backend_obj)
     try:
         report = make_plan(bp, ram=ram_budget, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch,
+                           prefetch_slots=prefetch_slots,
+                           prefetch_window=parse_size(prefetch_window) if prefetch_window is not None else None,
                            context=context, disk_bw=disk_budget, vram=vram_budget, prompt_tokens=prompt_tokens,
                            tokens=tokens, preload=preload)
         extra_rows = plugin_plan_rows(bp, report.data, plugin_vals)
@@ -101,7 +107,8 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, context, prompt_tokens, 
     routing = (f"history of {d['history_tokens']:.0f} tokens" if d["history_tokens"]
                else "no history: uniform routing assumed")
     rows += [
-        ("prefetch", f"{d['prefetch_slots']} experts per layer read ahead" if d["prefetch_slots"] else "off"),
+        ("prefetch", f"{d['prefetch_slots']} experts per layer read ahead ({format_bytes(d['prefetch_reserve_bytes'])} "
+                     "of the RAM budget reserved for two layers of them)" if d["prefetch_slots"] else "off"),
         ("projected run", run),
         ("projected hit rate", f"{d['projected_hit_rate']:.1%} over the run, {d['steady_hit_rate']:.1%} once warm ({routing})"),
         ("disk per token", f"{format_bytes(d['missed_bytes_per_token'])} at {format_bytes(d['disk_bandwidth'])}/s ({d['disk_bandwidth_source']})"),
@@ -224,6 +231,8 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="Sampling temperature (seeded); above 0 keeps random-weight models from repeating one token.")
 @click.option("--prefetch/--no-prefetch", default=False, show_default=True)
+@click.option("--prefetch-window", default=None, metavar="SIZE",
+              help="colibri: bytes of experts read ahead per layer, e.g. 256M (default: the router's top-k experts).")
 @click.option("--preload", is_flag=True, help="colibri: fill the expert cache before generating.")
 @click.option("--direct-io", is_flag=True, help="colibri: read experts with O_DIRECT.")
 @click.option("--verify", is_flag=True,
@@ -232,8 +241,8 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @backend_options
 @add_plugin_options
-def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, preload, direct_io,
-          verify, peer_model, as_json, backend, vram, **plugin_values):
+def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, prefetch_window,
+          preload, direct_io, verify, peer_model, as_json, backend, vram, **plugin_values):
     """Measure prefill and decode speed, time to first token, disk reads and peak memory,
     beside transformers (resident) or transformers + accelerate disk offload."""
     from rich.console import Console
@@ -250,12 +259,14 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
         if value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
     SamplingParams(temperature=temperature)
-    check_load_options(cap=cap)
+    check_load_options(cap=cap, prefetch_window=prefetch_window)
     open_backend(backend, vram)
     options = {"history": "read", "prefetch": prefetch, "preload": preload, "direct_io": direct_io, "backend": backend,
                "verify": verify}
     if cap is not None:
         options["cap"] = cap
+    if prefetch_window is not None:
+        options["prefetch_window"] = prefetch_window
     if vram is not None:
         options["vram"] = vram
     from colibri_core.cli.extend import plugin_load_kwargs, split_plugin_values

@@ -184,8 +184,8 @@ def open_backend(name: str, vram: int | str | None = None):
     return backend, budget
 
 
-def check_load_options(*, cap=None, pin="auto", pin_share=0.5, prefetch_slots=None, history=True,
-                       history_decay=1.0) -> None:
+def check_load_options(*, cap=None, pin="auto", pin_share=0.5, prefetch_slots=None, prefetch_window=None,
+                       history=True, history_decay=1.0) -> None:
     """The placement options of ``load``, checked before anything is read."""
     def is_int(v):
         return isinstance(v, int) and not isinstance(v, bool)
@@ -206,12 +206,26 @@ def check_load_options(*, cap=None, pin="auto", pin_share=0.5, prefetch_slots=No
     if prefetch_slots is not None and (not is_int(prefetch_slots) or prefetch_slots < 1):
         raise UsageError(f"{option('prefetch_slots')} must be an integer >= 1 (experts read ahead per layer), "
                          f"got {prefetch_slots!r}")
+    if prefetch_window is not None:
+        if prefetch_slots is not None:
+            raise UsageError(f"{option('prefetch_slots')} and {option('prefetch_window')} both bound the read-ahead: "
+                             "give one of them")
+        try:
+            if not isinstance(prefetch_window, str) and not is_int(prefetch_window):
+                raise UsageError("not a size")
+            window = parse_size(prefetch_window)
+        except UsageError:
+            window = -1
+        if window < 1:
+            raise UsageError(f"{option('prefetch_window')} must be a size above 0 (bytes, or e.g. 512M), "
+                             f"got {prefetch_window!r}")
 
 
 def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str = "cpu",
          vram: int | str | None = None, preload: bool = False, progress: LoadProgress | None = None,
          direct_io: bool = False, mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5,
-         prefetch: bool = False, prefetch_slots: int | None = None, history: bool | str = True,
+         prefetch: bool = False, prefetch_slots: int | None = None, prefetch_window: int | str | None = None,
+         history: bool | str = True,
          history_decay: float = 1.0, verify: bool = False, compute: str | None = None,
          compute_options: dict | None = None) -> Model:
     """Load a Hugging Face model directory.
@@ -231,7 +245,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     pin: "auto" (pin the hottest experts once the routing history holds enough tokens),
          "on" or "off"; pin_share is the part of the expert budget they may take.
     prefetch: read the predicted experts of the next layer while this one computes;
-         prefetch_slots experts per layer (default: the router's top-k).
+         prefetch_slots experts per layer, or as many as prefetch_window bytes hold
+         (e.g. "512M"; default: the router's top-k).
     history: True reads and saves the routing history (colibri-usage.json), "read" only
          reads it, False ignores it; history_decay multiplies the saved counts at each save.
     verify: check every read from the model directory against the integrity manifest
@@ -240,8 +255,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          experts instead of the backend, e.g. on other machines; compute_options are its
          options. The local store still serves every expert, for the tier to fall back on.
     """
-    check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots, history=history,
-                       history_decay=history_decay)
+    check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots,
+                       prefetch_window=prefetch_window, history=history, history_decay=history_decay)
     started = time.perf_counter()
     registry = get_registry()
     compute_tier = _compute_tier(registry, compute) if compute is not None else None
@@ -263,7 +278,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
                                        bp.experts_per_layer) if history and moe else None)
         policy = PinPolicy(mode=pin, share=pin_share)
         pinning = routing is not None and (pin == "on" or (pin == "auto" and routing.total_tokens >= policy.min_tokens))
-        slots_ahead = (prefetch_slots if prefetch_slots is not None else bp.top_k) if prefetch and moe else 0
+        slots_ahead = bp.prefetch_slots(prefetch=prefetch, slots=prefetch_slots,
+                                        window=parse_size(prefetch_window) if prefetch_window is not None else None)
         placement = bp.placement(ram=budget, cap=cap, pin_share=pin_share if pinning else 0.0,
                                  prefetch_slots=slots_ahead, vram=vram_budget)
         beyond = budget_beyond_memory(budget) if budget is not None else None

@@ -61,6 +61,21 @@ class MeasuredGate:
             self._hold_left = self.hold
 
 
+def ranked(indices: np.ndarray, weights) -> list[int]:
+    """The experts a router chose for a step's rows, surest first: by the routing weight
+    they got summed over the rows (with one row, the router's own order), then by how
+    many rows chose them, then lower ids. A window smaller than the step's experts
+    (``--prefetch-window``) then reads the likeliest."""
+    flat = np.asarray(indices).ravel()
+    votes = np.bincount(flat)
+    mass = np.zeros(votes.size)
+    w = None if weights is None else np.asarray(weights)
+    if w is not None and w.shape == np.shape(indices):
+        np.add.at(mass, flat, np.abs(w.ravel().astype(np.float64)))
+    order = np.lexsort((np.arange(votes.size), -votes, -mass))
+    return [int(e) for e in order if votes[e] > 0]
+
+
 @dataclass
 class _Next:
     norm: object
@@ -113,8 +128,6 @@ class Prefetcher:
         nxt = self._next.get(id(layer))
         if nxt is None:
             return
-        indices, _ = nxt.router(nxt.norm(h, step), step)
-        votes = np.bincount(indices.ravel())
-        order = np.lexsort((np.arange(votes.size), -votes))  # most voted first, then lower ids
-        chosen = [int(e) for e in order[: nxt.slots] if votes[e] > 0]
+        indices, weights = nxt.router(nxt.norm(h, step), step)
+        chosen = ranked(indices, weights)[: nxt.slots]
         self.store.prefetch(nxt.moe_index, chosen, behind=nxt.behind, issue=self._ahead)

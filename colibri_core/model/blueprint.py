@@ -13,13 +13,14 @@ from pathlib import Path
 from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.io.hub_cache import model_directory
 from colibri_core.model.config import check_family_keys, read_json
-from colibri_core.errors import ModelFormatError
+from colibri_core.errors import ModelFormatError, UsageError, option
 from colibri_core.nn.layers import CausalLM
 from colibri_core.nn.weights import Weights
 from colibri_core.engine.placement import Placement, plan
 from colibri_core.plugins.discovery import DEFAULT_BACKEND, create_backend, get_registry
 from colibri_core.formats.base import FormatResolver
 from colibri_core.plugins.registry import Entry
+from colibri_core.units import format_bytes
 
 
 @dataclass
@@ -60,6 +61,23 @@ class Blueprint:
     def _expert_nbytes(self, nbytes) -> int:
         return max((sum(nbytes(i, self.backend, getattr(d.matrices[0], "forms", {}).get(role, ("linear",))[0]) for role, i in d.matrices[0].items())
                     for d in self.moe), default=0)
+
+    def prefetch_slots(self, *, prefetch: bool, slots: int | None = None, window: int | None = None) -> int:
+        """Experts read ahead per MoE layer: ``slots``, or as many as ``window`` bytes hold
+        (experts as the RAM tier holds them), by default the router's top-k; 0 without
+        prefetch. A window in bytes means the same read-ahead whether experts are 2 MB or
+        40 MB (the reads staged for two layers are reserved from the RAM budget)."""
+        if not prefetch or not self.moe:
+            return 0
+        if slots is not None:
+            return slots
+        if window is None:
+            return self.top_k
+        one = self.expert_ram_bytes
+        if window < one:
+            raise UsageError(f"{option('prefetch_window')} {format_bytes(window)} holds no expert of this model "
+                             f"(one is {format_bytes(one)} on backend {self.backend.name!r})")
+        return min(window // one, self.experts_per_layer)
 
     def placement(self, *, ram: int | None, cap: int | None, pin_share: float = 0.0, prefetch_slots: int = 0,
                   vram: int | None = None) -> Placement:
