@@ -6,7 +6,7 @@ same threads (C, compiled here with ``cc -O2 -march=native -fopenmp``). The rati
 two rates is the figure to compare between kernel variants: on shared machines the
 memory's rate itself moves by tens of percent within minutes.
 
-    python benchmarks/kernel_bandwidth.py [--format q8|q4] [--layers 40] [--sweeps 10]
+    python benchmarks/kernel_bandwidth.py [--format q8|q4|mxfp4pair] [--layers 40] [--sweeps 10]
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def load_loop(workdir: Path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--format", choices=["q8", "q4"], default="q8", help="int8-row or int4-gs64 experts")
+    p.add_argument("--format", choices=["q8", "q4", "mxfp4pair"], default="q8",
+                   help="int8-row, int4-gs64 or MXFP4 (gpt-oss / fp4-e2m1-g32 layout) experts")
     p.add_argument("--layers", type=int, default=40, help="layers of 8 distinct experts each (q8: 48 MiB a layer)")
     p.add_argument("--sweeps", type=int, default=10)
     p.add_argument("--read-mib", type=int, default=1024, help="size of the load loop's buffer")
@@ -68,10 +69,15 @@ def main(argv=None):
     if backend.kernels is None:
         raise SystemExit("the compiled CPU kernels are not built")
     hidden, inter, top_k = 2048, 1024, 8
-    fmt = Int8Row() if a.format == "q8" else Int4GS64()
     rng = np.random.default_rng(0)
     encoded = {}
     for shape in ((inter, hidden), (hidden, inter)):
+        if a.format == "mxfp4pair":  # 16 bytes of e2m1 pairs and one E8M0 exponent per 32 inputs
+            rows, cols = shape
+            encoded[shape] = (rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8),
+                              rng.integers(118, 124, (rows, cols // 32), dtype=np.uint8))
+            continue
+        fmt = Int8Row() if a.format == "q8" else Int4GS64()
         t = fmt.encode("w", (rng.standard_normal(shape) * 0.02).astype(np.float32))
         encoded[shape] = (t["w"][1], t["w.qs"][1])
 
@@ -108,7 +114,7 @@ def main(argv=None):
     print(f"{a.format}: {a.layers} layers x {top_k} experts, {nbytes / 2**30:.2f} GiB; kernel "
           f"{statistics.median(kernel_rates):.1f} GB/s, load loop {statistics.median(load_rates):.1f} GB/s, "
           f"ratio median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}; "
-          f"INT4_PATH {backend.kernels.INT4_PATH})")
+          f"INT4_PATH {backend.kernels.INT4_PATH}, MXFP4PAIR_PATH {backend.kernels.MXFP4PAIR_PATH})")
 
 
 if __name__ == "__main__":
