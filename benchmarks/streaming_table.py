@@ -211,7 +211,8 @@ def _derived(row: dict) -> dict:
     c, bound = row["colibri"], row["bound"]["bytes_per_s"]
     d = {"precision": c.get("decode_prefetch_precision"), "recall": c.get("decode_prefetch_recall"),
          "coverage": c.get("expert_coverage_mean"), "distinct": c.get("distinct_tokens"),
-         "colibri_tok_s": c.get("decode_tok_s"), "colibri_disk_per_token": c.get("decode_bytes_per_token")}
+         "colibri_tok_s": c.get("decode_tok_s"), "colibri_disk_per_token": c.get("decode_bytes_per_token"),
+         "read_wait": c.get("decode_read_wait_share"), "hit_rate": c.get("hit_rate")}
     per_token = d["colibri_disk_per_token"]
     d["bound_tok_s"] = bound / per_token if per_token else None
     d["share_of_bound"] = d["colibri_tok_s"] / d["bound_tok_s"] if d["bound_tok_s"] and d["colibri_tok_s"] else None
@@ -248,7 +249,8 @@ def _fmt(v, kind):
 COLUMNS = [("precision", "prefetch precision", "pct"), ("recall", "recall", "pct"), ("coverage", "expert coverage", "pct"),
            ("distinct", "distinct tokens", "n"), ("colibri_tok_s", "colibri tok/s", "tok"),
            ("colibri_disk_per_token", "colibri disk / token", "mb"), ("bound_tok_s", "disk bound tok/s", "tok"),
-           ("share_of_bound", "share of bound", "pct"), ("no_prefetch_tok_s", "colibri tok/s without prefetch", "tok"),
+           ("share_of_bound", "share of bound", "pct"), ("read_wait", "decode waiting on reads", "pct"),
+           ("hit_rate", "expert hit rate", "pct"), ("no_prefetch_tok_s", "colibri tok/s without prefetch", "tok"),
            ("prefetch_gain", "with / without prefetch", "x"), ("llama_tok_s", "llama.cpp tok/s", "tok"),
            ("llama_disk_per_token", "llama.cpp disk / token", "mb"), ("ratio", "colibri / llama.cpp", "x")]
 

@@ -563,6 +563,14 @@ def test_prefetch_reads_ahead_and_reports_its_precision(model_dir, monkeypatch):
     assert s.prefetch_steps_off == 0
 
 
+def test_the_time_spent_waiting_for_reads_is_counted(model_dir):
+    streamed = generate(model_dir, cap=1, max_tokens=8).stats
+    assert streamed.misses > 0 and streamed.read_wait_s > 0
+    assert 0 < streamed.decode_read_wait_s <= streamed.read_wait_s and streamed.decode_read_wait_s < streamed.decode_s
+    resident = generate(model_dir, preload=True, max_tokens=8).stats
+    assert resident.misses == 0 and resident.read_wait_s == 0 and resident.decode_read_wait_s == 0
+
+
 def test_measured_gate_keeps_the_faster_way_and_measures_again():
     now = [0.0]
     gate = MeasuredGate(samples=3, hold=4, clock=lambda: now[0])

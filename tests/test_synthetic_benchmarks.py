@@ -258,6 +258,7 @@ def test_streaming_table_runs_colibri_without_llama_cpp(tmp_path, low, high):
         bound = r["bound"]
         assert bound["bytes_per_s"] > 0 and bound["request_bytes_median"] > 0
         assert isinstance(r["load_before_colibri"], float)
+        assert 0 <= r["colibri"]["decode_read_wait_share"] <= 1
         without = r["no_prefetch"]  # --also-without-prefetch: the same run with prefetch off
         assert without["decode_tok_s"] > 0 and without["generated"] == 6
         assert without["decode_prefetch_precision"] is None and r["colibri"]["decode_prefetch_precision"] is not None

@@ -203,7 +203,9 @@ def _child_colibri(spec: dict) -> dict:
                 "prefetch_precision": s.prefetch_precision if options.get("prefetch") else None,
                 "prefetch_recall": s.prefetch_recall if options.get("prefetch") else None,
                 "prefetch_issued": s.prefetch_issued, "prefetch_unused": s.prefetch_unused,
-                "prefetch_skipped": s.prefetch_skipped, "prefetch_steps_off": s.prefetch_steps_off, **measures,
+                "prefetch_skipped": s.prefetch_skipped, "prefetch_steps_off": s.prefetch_steps_off,
+                # the share of decode the computation spent blocked on expert reads
+                "decode_read_wait_share": s.decode_read_wait_s / s.decode_s if s.decode_s > 0 else None, **measures,
                 "token_ids": result.token_ids, "compute": s.compute}
 
 

@@ -81,6 +81,9 @@ def stats_table(stats, model):
         if len(s.bytes_read_by_drive) > 1:
             drives = " (" + ", ".join(f"{name}: {format_bytes(n)}" for name, n in s.bytes_read_by_drive.items()) + ")"
         table.add_row("read from disk", f"{format_bytes(s.bytes_read)} in {s.disk_reads} reads{split}{drives}")
+        if s.read_wait_s > 0:
+            share = f" ({s.decode_read_wait_s / s.decode_s:.0%} of decode)" if s.decode_s > 0 else ""
+            table.add_row("waited for reads", f"{s.read_wait_s:.2f} s: decode {s.decode_read_wait_s:.2f} s{share}")
         if p.prefetch_slots:
             skipped = f", {s.prefetch_skipped} not read" if s.prefetch_skipped else ""
             if s.prefetch_steps_off:

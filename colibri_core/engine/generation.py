@@ -49,6 +49,8 @@ class GenerationStats:
     prefetch_precision: float = 0.0  # predicted experts that were used / predicted
     prefetch_recall: float = 0.0  # used experts that were predicted / used
     repins: int = 0
+    read_wait_s: float = 0.0  # time the computation waited for expert reads
+    decode_read_wait_s: float = 0.0  # of that, after the first token (a share of decode_s: what the disk cost decode)
     host_syncs: int = 0  # backend -> host synchronisations (Backend.to_host) during this generation
     host_syncs_per_token: float = 0.0  # of those, per decoded token (after the first)
     resident_bytes: int = 0  # dense weights + experts held in the RAM and device tiers, at the end
@@ -204,6 +206,9 @@ class Generation:
         s.prefetch_precision = delta.get("predicted_used", 0) / predicted if predicted else 0.0
         s.prefetch_recall = delta.get("predicted_used", 0) / used if used else 0.0
         s.repins = delta.get("repins", 0)
+        s.read_wait_s = delta.get("read_wait_ns", 0) / 1e9
+        s.decode_read_wait_s = ((after.get("read_wait_ns", 0) - at_first.get("read_wait_ns", 0)) / 1e9
+                                if at_first is not None else 0.0)
         s.compute = _counter_delta(after.get("compute", {}), before.get("compute", {}))
         s.host_syncs = delta["host_syncs"]
         decode_syncs = after["host_syncs"] - at_first["host_syncs"] if at_first is not None else 0

@@ -15,6 +15,7 @@ and runs the prefetch I/O pool.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -52,6 +53,9 @@ class StoreStats:
     predicted_used: int = 0  # predictions that the layer really used
     used: int = 0  # experts a layer really used (per forward pass, unique)
     repins: int = 0
+    # time the computing thread spent blocked on expert reads (demand misses, and
+    # predicted reads not finished when their layer asked): what the disk cost the step
+    read_wait_ns: int = 0
 
     @property
     def hits_ram(self) -> int:
@@ -161,18 +165,29 @@ class ExpertStore:
             return weights
         future = self._staged[layer].pop(expert, None)
         if future is not None:
-            weights = future.result()
+            weights = self._wait(future)
             self.stats.hits_prefetched += 1
         else:
             self.stats.misses += 1
             future = self._demand[layer].pop(expert, None)
             if future is not None:  # already being read, with the layer's other misses
-                weights = future.result()
+                weights = self._wait(future)
                 self._fill(layer)
             else:
+                started = time.perf_counter_ns()
                 weights = self._read(layer, expert)
+                self.stats.read_wait_ns += time.perf_counter_ns() - started
         self.ram.put(layer, expert, weights)
         return weights
+
+    def _wait(self, future: Future) -> ExpertWeights:
+        if future.done():
+            return future.result()
+        started = time.perf_counter_ns()
+        try:
+            return future.result()
+        finally:
+            self.stats.read_wait_ns += time.perf_counter_ns() - started
 
     def ready(self, layer: int, expert: int) -> bool:
         """Whether ``get`` would answer without waiting for a read."""

@@ -69,3 +69,7 @@ class _SchedulerCollector:
         for drive, n in sorted((stats.get("bytes_by_drive") or {}).items()):
             read.add_metric([str(drive)], n)
         yield read
+        if isinstance(stats.get("read_wait_ns"), int):
+            yield CounterMetricFamily("colibri_expert_read_wait_seconds",
+                                      "Time the engine's computation spent blocked on expert reads",
+                                      value=stats["read_wait_ns"] / 1e9)

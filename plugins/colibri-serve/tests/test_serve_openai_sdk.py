@@ -143,3 +143,4 @@ def test_metrics_count_requests_tokens_and_expert_lookups(client, scripted_serve
     lookups = sum(v for k, v in values.items() if k.startswith("colibri_expert_lookups_total{"))
     assert lookups > 0 and 'colibri_expert_lookups_total{tier="disk"}' in values
     assert any(k.startswith("colibri_expert_bytes_read_total{") for k in values)
+    assert values["colibri_expert_read_wait_seconds_total"] >= 0
