@@ -22,7 +22,10 @@ fresh process after the page cache is dropped:
 
 ``--also-without-prefetch`` runs colibri a second time per row without ``--prefetch``
 (after dropping the cache again): what prefetch gains, or costs when routing is hard to
-predict.
+predict. The two runs swap places every other round (``first`` in the JSON), so neither
+always runs right after the bound's reads: with prefetch always first, its gain at the
+frontier shape measured 0.87-1.04x; alternated, without the bound between, 0.90-1.11x
+(docs/benchmarks.md).
 
 Rounds interleave the settings and engines, so drift on a shared machine hits all alike;
 the 1-minute load average is recorded before every run. Writes ``OUT.json`` (every run)
@@ -182,18 +185,21 @@ def run_table(a) -> dict:
             row = {"round": r + 1, "label": s["label"]}
             row["load_before_bound"] = os.getloadavg()[0]
             row["bound"] = disk_bound(model, budget=int(a.bound_gb * 1e9), threads=a.io_threads, seed=r)
-            row["load_before_colibri"] = os.getloadavg()[0]
-            row["cache_colibri"] = drop_page_cache(model)
             spec = {"model": str(model), "tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "temperature": 1.0,
                     "options": options, "ram": a.ram, "seed": r}
-            row["colibri"] = run_engine("colibri", spec, cgroup=limit)
-            row["colibri"].pop("token_ids", None)
+            runs_here = [("colibri", spec)]
             if a.also_without_prefetch and a.prefetch:  # what prefetch gains (or costs) on this setting
-                row["load_before_no_prefetch"] = os.getloadavg()[0]
-                row["cache_no_prefetch"] = drop_page_cache(model)
-                row["no_prefetch"] = run_engine("colibri", {**spec, "options": {**options, "prefetch": False}},
-                                                cgroup=limit)
-                row["no_prefetch"].pop("token_ids", None)
+                runs_here.append(("no_prefetch", {**spec, "options": {**options, "prefetch": False}}))
+                # alternate which of the pair runs right after the disk bound's reads, so that
+                # whatever those reads leave behind (a virtual disk's throttle) hits both alike
+                if r % 2 == 1:
+                    runs_here.reverse()
+                row["first"] = runs_here[0][0]
+            for key, run_spec in runs_here:
+                row[f"load_before_{key}"] = os.getloadavg()[0]
+                row[f"cache_{key}"] = drop_page_cache(model)
+                row[key] = run_engine("colibri", run_spec, cgroup=limit)
+                row[key].pop("token_ids", None)
             if s["llama"]:
                 row["load_before_llama"] = os.getloadavg()[0]
                 row["cache_llama"] = drop_page_cache(Path(s["gguf"]).parent)

@@ -262,6 +262,8 @@ def test_streaming_table_runs_colibri_without_llama_cpp(tmp_path, low, high):
         without = r["no_prefetch"]  # --also-without-prefetch: the same run with prefetch off
         assert without["decode_tok_s"] > 0 and without["generated"] == 6
         assert without["decode_prefetch_precision"] is None and r["colibri"]["decode_prefetch_precision"] is not None
+    # the pair swaps places every other round, so neither always runs right after the bound's reads
+    assert [r["first"] for r in data["runs"]] == ["colibri", "colibri", "no_prefetch", "no_prefetch"]
     med = data["medians"]
     assert med["p95"]["prefetch_gain"] > 0
     assert med["p95"]["precision"] > med["p50"]["precision"]
@@ -309,3 +311,24 @@ def test_kernel_bandwidth_reports_the_kernel_against_the_load_loop(fmt):
     assert found and out.startswith(f"{fmt}: 2 layers x 8 experts"), out
     kernel, loop, ratio = map(float, found.groups())
     assert kernel > 0 and loop > 0 and ratio > 0
+
+
+def test_decode_stages_times_every_stage_without_changing_the_tokens(low, tmp_path):
+    import colibri_core
+    from colibri_core.cli.bench import prompt_ids
+
+    stages = script("decode_stages")
+    out = tmp_path / "stages.json"
+    assert stages.main(["--model", str(low), "--prefetch", "--ram", "6M", "--tokens", "6", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["decode_steps"] == 5  # the first token comes from the prefill, which is not counted
+    ms = data["stages_ms_per_token"]
+    for name in ("embedding", "layer 0 mixer", "layer 2 mixer", "routers", "routed experts (compute)",
+                 "waiting on reads", "shared experts", "prefetch prediction", "final norm and LM head"):
+        assert name in ms, (name, sorted(ms))
+    assert all(v >= 0 for k, v in ms.items() if not k.startswith("other")), ms
+    assert abs(sum(data["stages_share"].values()) - 1) < 1e-9
+    with colibri_core.load(low, ram="6M", prefetch=True, history="read") as model:  # the wrapping changed nothing
+        plain = model.generate(token_ids=prompt_ids(model.lm.vocab_size, 8, 0), max_tokens=6, ignore_eos=True,
+                               temperature=1.0, seed=0)
+    assert plain.token_ids == data["token_ids"]
