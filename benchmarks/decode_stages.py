@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -162,21 +163,27 @@ def main(argv=None) -> int:
             options[key] = getattr(a, key)
     spec = {"model": str(a.model), "options": options, "tokens": a.tokens, "prompt_tokens": a.prompt_tokens,
             "seed": a.seed}
-    if a.cgroup is None:
-        data = profile(spec)
-    else:
-        from colibri_core.cli.bench import drop_page_cache, run_json_child
-        from colibri_core.units import parse_size
+    from colibri_core.errors import ColibriError
 
-        data = {"cache": drop_page_cache(a.model),
-                **run_json_child([sys.executable, str(Path(__file__).resolve()), "--model", str(a.model),
-                                  "--child", json.dumps(spec)], cgroup=parse_size(a.cgroup))}
-        if "error" in data:
-            print(f"decode_stages: the child failed: {data['error']}", file=sys.stderr)
-            return 1
+    try:
+        if a.cgroup is None:
+            data = profile(spec)
+        else:
+            from colibri_core.cli.bench import drop_page_cache, run_json_child
+            from colibri_core.units import parse_size
+
+            data = {"cache": drop_page_cache(a.model),
+                    **run_json_child([sys.executable, str(Path(__file__).resolve()), "--model", str(a.model),
+                                      "--child", json.dumps(spec)], cgroup=parse_size(a.cgroup))}
+    except ColibriError as exc:  # a bad model or option, no writable memory cgroup for --cgroup
+        raise SystemExit(f"error: {exc}") from None
+    if "error" in data:
+        raise SystemExit(f"error: the measuring child failed: {data['error']}")
     print(render(data))
     if a.json is not None:
-        a.json.write_text(json.dumps(data, indent=1) + "\n")
+        tmp = a.json.with_name(f".{a.json.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, a.json)
     return 0
 
 

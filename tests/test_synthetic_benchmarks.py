@@ -332,3 +332,10 @@ def test_decode_stages_times_every_stage_without_changing_the_tokens(low, tmp_pa
         plain = model.generate(token_ids=prompt_ids(model.lm.vocab_size, 8, 0), max_tokens=6, ignore_eos=True,
                                temperature=1.0, seed=0)
     assert plain.token_ids == data["token_ids"]
+
+
+def test_decode_stages_refuses_a_missing_model_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "decode_stages.py"), "--model", str(tmp_path / "absent"),
+                           "--tokens", "4"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [f"error: {tmp_path / 'absent'}: does not exist"]
