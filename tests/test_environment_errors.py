@@ -215,6 +215,36 @@ def test_ctrl_c_during_run_prints_the_statistics_so_far_and_exits_130(source):
     assert 0 < generated < 60000  # the tokens made before Ctrl-C
 
 
+
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_the_generation(source):
+    """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored"),
+    and the expert buffers run finalizers on every eviction: with the command line's
+    handler installed, the next step raises the Ctrl-C the finalizer swallowed."""
+    import weakref
+
+    from colibri_core import interrupts
+
+    class Evicted:
+        pass
+
+    before = signal.getsignal(signal.SIGINT)
+    interrupts.install()
+    try:
+        with colibri_core.load(source, history=False) as model:
+            events = iter(model.stream(token_ids=[1, 2, 3], max_tokens=50, ignore_eos=True))
+            next(events)
+            gone = Evicted()
+            weakref.finalize(gone, os.kill, os.getpid(), signal.SIGINT)  # the signal arrives inside the finalizer
+            del gone
+            with pytest.raises(KeyboardInterrupt):
+                for _ in events:
+                    pass
+            # the next generation is not interrupted by the Ctrl-C already dealt with
+            assert len(model.generate(token_ids=[1, 2, 3], max_tokens=3, ignore_eos=True).token_ids) == 3
+    finally:
+        signal.signal(signal.SIGINT, before)
+        interrupts.clear()
+
 # -- converting a container into its own format -----------------------------------------
 def test_converting_a_container_into_its_own_format_copies_it(reference, tmp_path):
     again = tmp_path / "again"

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from colibri_core import __version__
+from colibri_core import __version__, interrupts
 from colibri_core.errors import ColibriError, cli_spelling
 from colibri_core.plugins.discovery import get_manager
 
@@ -209,6 +209,7 @@ def main(argv=None) -> None:
     global _default_showwarning
     _default_showwarning = warnings.showwarning
     warnings.showwarning = _show_warning
+    interrupts.install()
     try:
         with cli_spelling():
             build_cli()

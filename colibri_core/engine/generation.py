@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from colibri_core import interrupts
 from colibri_core.errors import NonFiniteError, UsageError
 from colibri_core.engine.sampling import Sampler, SamplingParams, check_max_tokens
 
@@ -121,11 +122,13 @@ class Generation:
         cache = lm.new_cache(ops)
         store = model.store
         self.finish_reason = "interrupted"  # until the loop below says otherwise
+        interrupts.clear()  # a Ctrl-C before this generation is not for it
         report = self.prefill_progress
         layers = max(1, len(lm.layers))
         try:
             logits = None
             for i in range(0, len(prompt), PREFILL_CHUNK):
+                interrupts.check()
                 chunk = prompt[i : i + PREFILL_CHUNK]
                 after_layer = None
                 if report is not None:
@@ -158,11 +161,15 @@ class Generation:
                 if cache.length >= lm.max_context:
                     finish = "context"
                     break
+                interrupts.check()
                 logits = lm.forward(np.asarray([token]), cache, ops)
                 clock.decode_steps += 1
                 if store is not None:
                     store.after_tokens(1)
             self.finish_reason = finish
+        except KeyboardInterrupt:
+            interrupts.clear()  # delivered: nothing left for check() to raise
+            raise
         finally:  # also when interrupted (Ctrl-C, or the caller stopped iterating): stats of what was made
             self._record_stats(clock, store_stats(), len(prompt), cache)
         if decoder is not None:
