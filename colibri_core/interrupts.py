@@ -1,12 +1,14 @@
 """Ctrl-C that is never lost.
 
 Python raises KeyboardInterrupt in whatever Python code runs when SIGINT arrives. When
-that code is a finalizer (the expert buffers give their slots back from weakref
-finalizers, on every eviction), Python prints "Exception ignored" and drops the
-exception, and the run goes on as if no key had been pressed. The command line installs
-``install()``'s handler, which also records the signal; the generation loop calls
-``check()`` once per step, which raises the KeyboardInterrupt a finalizer swallowed.
-Without the handler (colibri used as a library) ``check()`` does nothing."""
+that code is a finalizer (a ``__del__``, a weakref callback: colibri's own, a library's),
+Python prints "Exception ignored" and drops the exception, and the run goes on as if no
+key had been pressed. (The expert buffers, released on every eviction, run no Python
+code when they die, see ``io.buffers``; other finalizers remain.) The command line
+installs ``install()``'s handler, which also records the signal; the generation loop
+calls ``check()`` once per step, which raises the KeyboardInterrupt a finalizer
+swallowed, also one swallowed while the model loaded. Without the handler (colibri used
+as a library) ``check()`` does nothing."""
 
 from __future__ import annotations
 

@@ -215,7 +215,6 @@ def test_ctrl_c_during_run_prints_the_statistics_so_far_and_exits_130(source):
     assert 0 < generated < 60000  # the tokens made before Ctrl-C
 
 
-
 def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_the_generation(source):
     """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored"),
     and the expert buffers run finalizers on every eviction: with the command line's
@@ -241,9 +240,30 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_the_generation(source):
                     pass
             # the next generation is not interrupted by the Ctrl-C already dealt with
             assert len(model.generate(token_ids=[1, 2, 3], max_tokens=3, ignore_eos=True).token_ids) == 3
+            # one swallowed before the generation began (while the model loaded) stops it at its first step
+            interrupts._pending = True
+            with pytest.raises(KeyboardInterrupt):
+                model.generate(token_ids=[1, 2, 3], max_tokens=3, ignore_eos=True)
     finally:
         signal.signal(signal.SIGINT, before)
         interrupts.clear()
+
+
+def test_an_expert_buffer_runs_no_python_code_when_it_is_released():
+    """Slots go back to the pool on every eviction; a Python finalizer there would be where
+    a Ctrl-C lands and is dropped. Their release is a C call (list.append), and the next
+    ``take`` hands the slot out again."""
+    calls = []
+    pool = buffers.BufferPool(chunk=1 << 16)
+    a = pool.take(5000)
+    address = a.ctypes.data
+    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        del a  # the last reference: the slot dies here (no cycle, no collection needed)
+    finally:
+        sys.setprofile(None)
+    assert calls == [], calls
+    assert pool.take(5000).ctypes.data == address
 
 # -- converting a container into its own format -----------------------------------------
 def test_converting_a_container_into_its_own_format_copies_it(reference, tmp_path):

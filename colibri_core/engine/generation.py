@@ -122,7 +122,6 @@ class Generation:
         cache = lm.new_cache(ops)
         store = model.store
         self.finish_reason = "interrupted"  # until the loop below says otherwise
-        interrupts.clear()  # a Ctrl-C before this generation is not for it
         report = self.prefill_progress
         layers = max(1, len(lm.layers))
         try:

@@ -29,24 +29,35 @@ CHUNK = 64 << 20  # bytes mapped at a time per slot size (untouched pages cost n
 class BufferPool:
     def __init__(self, chunk: int = CHUNK):
         self.chunk = chunk
-        # reentrant: a garbage collection inside ``take`` may free a slot and call
-        # ``_give_back`` on this same thread
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._free: dict[int, list[tuple[mmap.mmap, int]]] = defaultdict(list)
         self._maps: list[mmap.mmap] = []
         self.mapped_bytes = 0
+        # A slot's death only appends its weakref to ``_dead`` (list.append, a C call): no
+        # Python code runs in the finalization, so a Ctrl-C cannot land there and be
+        # dropped as "Exception ignored" (it would on every eviction). ``take`` returns
+        # the dead slots to the free lists.
+        self._dead: list[weakref.ref] = []
+        self._live: dict[int, tuple[weakref.ref, int, mmap.mmap, int]] = {}  # id(ref) -> (ref, size, mapping, offset)
 
     def take(self, nbytes: int) -> np.ndarray:
         """A uint8 array of ``nbytes`` in a slot of its own (contents undefined)."""
         size = max(PAGE, -(-nbytes // PAGE) * PAGE)
         with self._lock:
+            self._reclaim()
             free = self._free[size]
             if not free:
                 self._map_more(size, free)
             mapping, offset = free.pop()
-        slot = (ctypes.c_uint8 * size).from_buffer(mapping, offset)
-        weakref.finalize(slot, self._give_back, size, mapping, offset)
+            slot = (ctypes.c_uint8 * size).from_buffer(mapping, offset)
+            ref = weakref.ref(slot, self._dead.append)
+            self._live[id(ref)] = (ref, size, mapping, offset)
         return np.frombuffer(slot, dtype=np.uint8, count=nbytes)
+
+    def _reclaim(self) -> None:
+        while self._dead:
+            _, size, mapping, offset = self._live.pop(id(self._dead.pop()))
+            self._free[size].append((mapping, offset))
 
     def _map_more(self, size: int, free: list) -> None:
         per_map = max(1, self.chunk // size)
@@ -55,10 +66,6 @@ class BufferPool:
         self._maps.append(mapping)
         self.mapped_bytes += length
         free.extend((mapping, i * size) for i in reversed(range(per_map)))
-
-    def _give_back(self, size: int, mapping: mmap.mmap, offset: int) -> None:
-        with self._lock:
-            self._free[size].append((mapping, offset))
 
 
 def _huge_mapping(length: int) -> mmap.mmap:
