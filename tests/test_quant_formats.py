@@ -463,7 +463,47 @@ def test_the_lower_kernel_paths_pass_the_kernel_tests_too(level):
     probe = subprocess.run([sys.executable, "-c", "from colibri_core.backends.cpu import _kernels; print(_kernels.INT4_PATH)"],
                            env=env, capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == ("float" if level == "portable" else "avx2")
-    selection = "(kernel or fused or routed or linears or every_byte) and not lower_kernel_paths"
+    selection = "(kernel or fused or routed or linears or every_byte) and not lower_kernel_paths and not x86_paths"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", selection],
                          env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_the_kernels_build_and_pass_the_kernel_tests_without_the_x86_paths(tmp_path):
+    """On other CPUs (ARM: Apple silicon, Graviton) the x86 blocks are not compiled and
+    setup.py's optional extension would fail silently, leaving colibri on numpy. So the
+    kernels are built here as they build there (-DCOLIBRI_NO_X86, without OpenMP, implicit
+    declarations refused), and the kernel tests run on that build in a child process."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    import colibri_core.backends.cpu as cpu_package
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) here")
+    source = Path(cpu_package.__file__).parent / "_kernels.c"
+    built = tmp_path / ("_kernels" + sysconfig.get_config_var("EXT_SUFFIX"))
+    compiled = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-std=c11", "-DCOLIBRI_NO_X86", "-Wall", "-Wno-unknown-pragmas",
+                               "-Werror=implicit-function-declaration", "-Werror=incompatible-pointer-types",
+                               f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(built)],
+                              capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert "warning" not in compiled.stderr, compiled.stderr[-3000:]
+    # the child imports the portable build under the package's own name before any test
+    child = ("import importlib.util, sys\n"
+             f"spec = importlib.util.spec_from_file_location('colibri_core.backends.cpu._kernels', {str(built)!r})\n"
+             "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+             "sys.modules[spec.name] = module\n"
+             "assert (module.INT4_PATH, module.MXFP4PAIR_PATH, module.OPENMP) == ('float', 'float', 0), module.INT4_PATH\n"
+             "import pytest\n"
+             f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', {__file__!r}, '-k', sys.argv[1]]))\n")
+    selection = "(kernel or fused or routed or linears or every_byte) and not lower_kernel_paths and not x86_paths"
+    run = subprocess.run([sys.executable, "-c", child, selection], env={**os.environ, "COLIBRI_KERNEL_PATH": ""},
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and str(built) not in run.stderr

@@ -146,10 +146,12 @@ def test_a_batched_step_gives_each_row_the_bits_of_a_one_row_step(name, tmp_path
             feed = [(np.asarray([int(np.argmax(r))]), c) for r, (_, c) in zip(rows, feed)]
 
 
-@pytest.mark.parametrize("kind", ["q8", "q4", "mxfp4", "fp8", "bf16"])
-def test_cpu_kernels_compute_rows_independently_up_to_the_rows_they_claim(kind):
+@pytest.mark.parametrize("kind", ["q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair"])
+@pytest.mark.parametrize("k", [256, 1040])
+def test_cpu_kernels_compute_rows_independently_up_to_the_rows_they_claim(kind, k):
     """What ``batch_invariant_rows`` promises, measured: every row of an M-row product
-    equals that row alone, for every M up to the claim."""
+    equals that row alone, for every M up to the claim. K = 1040: kernels that split K
+    into chunks by the number of rows split it more than once, and a partial last group."""
     from colibri_core.backends.cpu.backend import CpuBackend
     from colibri_core.testing.backend_kit import pack
 
@@ -157,14 +159,14 @@ def test_cpu_kernels_compute_rows_independently_up_to_the_rows_they_claim(kind):
     if be.kernels is None:
         pytest.skip("the compiled CPU kernels are not built")
     rng = np.random.default_rng(0)
-    w = pack(kind, rng.standard_normal((96, 256)).astype(np.float32))
+    w = pack(kind, rng.standard_normal((96, k)).astype(np.float32))
     claim = be.batch_invariant_rows("linear", [w])
     assert claim >= 8
-    x = rng.standard_normal((claim, 256)).astype(np.float32)
+    x = rng.standard_normal((claim, k)).astype(np.float32)
     alone = np.concatenate([be.linear(x[i : i + 1], w) for i in range(claim)])
-    for m in sorted({2, 5, claim}):
-        assert np.array_equal(be.linear(x[:m], w), alone[:m])
-    router = rng.standard_normal((16, 256)).astype(np.float32)
+    for m in sorted({2, 3, 4, 5, 8, 9, claim}):  # every size the kernels treat apart (1-4, 5-8, past 8)
+        assert np.array_equal(be.linear(x[:m], w), alone[:m]), f"{m} rows"
+    router = rng.standard_normal((16, k)).astype(np.float32)
     rows = be.batch_invariant_rows("router", [router])
     one = [be.softmax_top_k(x[i : i + 1], router, 4, True) for i in range(rows)]
     many = be.softmax_top_k(x[:rows], router, 4, True)

@@ -36,7 +36,13 @@
 #include <math.h>
 #include <stdlib.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(COLIBRI_NO_CLONES)
+/* The x86 vector paths (AVX2, AVX-512) are compiled where GCC or Clang targets x86-64;
+ * -DCOLIBRI_NO_X86 leaves them out, building the kernels as on any other CPU (tested). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(COLIBRI_NO_X86)
+#define COLIBRI_X86 1
+#endif
+
+#if defined(COLIBRI_X86) && !defined(COLIBRI_NO_CLONES)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CLONES
@@ -204,7 +210,7 @@ static inline void mxfp4_group_portable(const uint8_t *b, float scale, float *ds
     }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef COLIBRI_X86
 #include <immintrin.h>
 __attribute__((target("avx2"))) static void mxfp4_row_avx2(const uint8_t *row, const uint8_t *ex, int64_t G, float *out) {
     const __m128i lut = _mm_loadu_si128((const __m128i *)E2M1_X2);
@@ -423,7 +429,7 @@ static int quantize_x(const float *x, int64_t M, int64_t K, int forms, int slot,
     return 0;
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef COLIBRI_X86
 #define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
@@ -714,31 +720,33 @@ static void mx4_tables_fill(void) {
  * vector operations before its two FMAs, where the AVX2 path's shuffle, unpack and
  * widening took over twenty. The
  * products and sums are float32 ones as on the AVX2 path; only their order differs. Two
- * groups per step, with their own accumulators for up to four x rows, hide the FMA
- * latency. */
+ * groups per step, with their own accumulators, hide the FMA latency. A row's sums take
+ * the same order whatever the number of x rows (the batch must not change a token): the
+ * four accumulators are kept across K chunks and added only at the end, so the chunk
+ * size may follow M. (Until 2026-12-04 rows past four shared two accumulators, and the
+ * partial sums were added at each chunk's end: a row in a batch of five to eight
+ * differed in its last bits from the same row alone.) */
 V4_INLINE void mxfp4p_rows_v4_m(const Weight *W, const float *xp, float *out, int64_t ld, int64_t n0, int64_t n1,
                                 const int M) {
     const uint8_t *q = W->data, *ex = W->scales;
     const int64_t K = W->K, G = (K + 31) / 32, Gw = K / 32, KP = G * 32;
-    const int B = M <= 4 ? 2 : 0;  /* the second group's accumulator offset (0: shared) */
     /* groups per K chunk: the chunk's x rows (16 KiB) stay in L1 while MX4_TILE weight rows
        pass over them (whole rows of x for several x rows did not fit: 3 rows ran 2x slower
        than 2) */
-    const int64_t CH = (128 / M) & ~(int64_t)1;
-    __m512 state[MX4_TILE][MAX_ROWS][2];
+    const int64_t CH = (128 / M) & ~(int64_t)1;  /* even: a pair of groups never straddles two chunks */
+    __m512 state[MX4_TILE][MAX_ROWS][4];
     for (int64_t t0 = n0; t0 < n1; t0 += MX4_TILE) {
         const int64_t t1 = t0 + MX4_TILE < n1 ? t0 + MX4_TILE : n1;
         for (int64_t n = t0; n < t1; n++)
-            for (int m = 0; m < M; m++) state[n - t0][m][0] = state[n - t0][m][1] = _mm512_setzero_ps();
+            for (int m = 0; m < M; m++)
+                for (int a = 0; a < 4; a++) state[n - t0][m][a] = _mm512_setzero_ps();
         for (int64_t c0 = 0; c0 < Gw; c0 += CH) {
             const int64_t c1 = c0 + CH < Gw ? c0 + CH : Gw;
             for (int64_t n = t0; n < t1; n++) {
                 const uint8_t *row = q + n * G * 16, *e = ex + n * G;
                 __m512 acc[MAX_ROWS][4];
-                for (int m = 0; m < M; m++) {
-                    acc[m][0] = state[n - t0][m][0]; acc[m][1] = state[n - t0][m][1];
-                    acc[m][2] = acc[m][3] = _mm512_setzero_ps();
-                }
+                for (int m = 0; m < M; m++)
+                    for (int a = 0; a < 4; a++) acc[m][a] = state[n - t0][m][a];
 #define MX4_GROUP(g, o, TABLE)                                                                                        \
                 do {                                                                                                   \
                     const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + (g) * 16)));       \
@@ -752,14 +760,12 @@ V4_INLINE void mxfp4p_rows_v4_m(const Weight *W, const float *xp, float *out, in
                 } while (0)
 #define MX4_TABLE(g) _mm512_load_ps(MX4_TABLES[e[g]])
                 int64_t g = c0;
-                for (; g + 2 <= c1; g += 2) { MX4_GROUP(g, 0, MX4_TABLE(g)); MX4_GROUP(g + 1, B, MX4_TABLE(g + 1)); }
+                for (; g + 2 <= c1; g += 2) { MX4_GROUP(g, 0, MX4_TABLE(g)); MX4_GROUP(g + 1, 2, MX4_TABLE(g + 1)); }
                 if (g < c1) MX4_GROUP(g, 0, MX4_TABLE(g));
 #undef MX4_GROUP
 #undef MX4_TABLE
-                for (int m = 0; m < M; m++) {
-                    state[n - t0][m][0] = _mm512_add_ps(acc[m][0], acc[m][2]);
-                    state[n - t0][m][1] = _mm512_add_ps(acc[m][1], acc[m][3]);
-                }
+                for (int m = 0; m < M; m++)
+                    for (int a = 0; a < 4; a++) state[n - t0][m][a] = acc[m][a];
             }
         }
         for (int64_t n = t0; n < t1; n++) {
@@ -774,7 +780,8 @@ V4_INLINE void mxfp4p_rows_v4_m(const Weight *W, const float *xp, float *out, in
             }
             const float last_scale = Gw < G ? 0.5f * e8m0_to_float(e[Gw]) : 0.f;
             for (int m = 0; m < M; m++)
-                out[m * ld + n] = _mm512_reduce_add_ps(_mm512_add_ps(state[n - t0][m][0], state[n - t0][m][1])) +
+                out[m * ld + n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(state[n - t0][m][0], state[n - t0][m][2]),
+                                                                     _mm512_add_ps(state[n - t0][m][1], state[n - t0][m][3]))) +
                                   tail[m] * last_scale;
         }
     }
@@ -923,6 +930,7 @@ static void rows_mxfp4p_v4(const Weight *W, const float *x, int64_t M, float *ou
 }
 static int have_vnni(void) { return 0; }
 static int have_vbmi(void) { return 0; }
+static void mx4_tables_fill(void) {}
 #endif
 
 static void mxfp4_row(const uint8_t *row, const uint8_t *ex, int64_t G, float *out) {
