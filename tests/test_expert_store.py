@@ -573,7 +573,7 @@ def test_the_time_spent_waiting_for_reads_is_counted(model_dir):
 
 def test_measured_gate_keeps_the_faster_way_and_measures_again():
     now = [0.0]
-    gate = MeasuredGate(samples=3, hold=4, clock=lambda: now[0])
+    gate = MeasuredGate(samples=3, hold=4, block=4, settle=1, clock=lambda: now[0])
 
     def step(rows, cost):  # cost(ahead) -> seconds the step takes
         ahead = gate.begin(rows)
@@ -582,22 +582,60 @@ def test_measured_gate_keeps_the_faster_way_and_measures_again():
         return ahead
 
     slower_ahead = lambda ahead: 2.0 if ahead else 1.0  # noqa: E731
-    trial = [step(1, slower_ahead) for _ in range(6)]
-    assert trial == [True, False] * 3  # alternating, reading ahead first
+    trial = [step(1, slower_ahead) for _ in range(8)]
+    assert trial == [True] * 4 + [False] * 4  # a block each way, reading ahead first
+    assert gate._times == {True: [], False: []} and gate.chosen is False  # 3 timed steps each: decided
     assert [step(1, slower_ahead) for _ in range(4)] == [False] * 4  # the faster way, held
     assert step(7, slower_ahead) is False  # a prompt runs the way chosen, untimed
     # measured again: now reading ahead is faster (a tie also reads ahead)
     faster_ahead = lambda ahead: 1.0 if ahead else 3.0  # noqa: E731
-    assert [step(1, faster_ahead) for _ in range(6)] == [True, False] * 3
+    assert [step(1, faster_ahead) for _ in range(8)] == [True] * 4 + [False] * 4
     assert [step(1, faster_ahead) for _ in range(4)] == [True] * 4
-    # an untimed step of several rows between trial steps does not count as one
+    # a block's first step is not timed; an untimed step of several rows inside a block
+    # neither counts nor ends the block
+    assert step(1, lambda ahead: 50.0) is True and gate._times == {True: [], False: []}
     assert step(1, lambda ahead: 5.0) is True and step(3, lambda ahead: 100.0) is True
-    assert step(1, lambda ahead: 1.0) is False and gate._times == {True: [5.0], False: [1.0]}
+    assert gate._times == {True: [5.0], False: []}
     # medians, not means: one slow outlier does not decide
-    gate = MeasuredGate(samples=3, hold=4, clock=lambda: now[0])
-    costs = iter([1.0, 2.0, 1.0, 2.0, 50.0, 2.0])  # ahead: 1, 1, 50 (median 1); without: 2, 2, 2
-    assert [step(1, lambda ahead: next(costs)) for _ in range(6)] == [True, False] * 3
+    gate = MeasuredGate(samples=3, hold=4, block=4, settle=1, clock=lambda: now[0])
+    costs = iter([9.0, 1.0, 1.0, 50.0, 9.0, 2.0, 2.0, 2.0])  # ahead: 1, 1, 50 (median 1); without: 2, 2, 2
+    assert [step(1, lambda ahead: next(costs)) for _ in range(8)] == [True] * 4 + [False] * 4
     assert gate.chosen is True
+    with pytest.raises(ValueError, match="settle"):
+        MeasuredGate(block=2, settle=2)
+
+
+def test_measured_gate_charges_reading_ahead_with_the_costs_it_puts_on_later_steps():
+    """A step that reads ahead saves its own wait but leaves a cost on the next step (an
+    expert evicted for a wrong prediction is read again; reads still queued). Steadily
+    reading ahead then loses: every step pays the cost of the one before. Single steps
+    alternating charged that cost to the steps without reads ahead and kept reading
+    ahead; blocks whose first steps go untimed see it."""
+    now = [0.0]
+
+    def run(gate, steps):
+        ways, owed = [], 0.0
+        for _ in range(steps):
+            ahead = gate.begin(1)
+            now[0] += 1.0 + owed - (0.2 if ahead else 0.0)  # saves 0.2 now ...
+            owed = 0.5 if ahead else 0.0  # ... and costs the next step 0.5
+            gate.end()
+            ways.append(ahead)
+        return ways
+
+    blocks = MeasuredGate(samples=4, hold=20, block=6, settle=2, clock=lambda: now[0])
+    run(blocks, 12)
+    assert blocks.chosen is False and run(blocks, 20) == [False] * 20
+    single_steps = MeasuredGate(samples=4, hold=20, block=1, settle=0, clock=lambda: now[0])
+    run(single_steps, 8)
+    assert single_steps.chosen is True  # the blind spot: a cost landing on the next step
+    # where reading ahead leaves nothing behind, blocks keep it
+    kept = MeasuredGate(samples=4, hold=20, block=6, settle=2, clock=lambda: now[0])
+    for _ in range(12):
+        ahead = kept.begin(1)
+        now[0] += 0.8 if ahead else 1.0
+        kept.end()
+    assert kept.chosen is True
 
 
 def test_steps_the_gate_runs_without_reading_ahead_read_nothing_ahead(model_dir):

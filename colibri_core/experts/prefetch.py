@@ -23,17 +23,28 @@ class MeasuredGate:
 
     Reading ahead trades disk time and a share of the cores for the waits it saves; which
     wins depends on the disk, the cores and the routing, and only the clock knows. The gate
-    alternates one-row decode steps with and without reads ahead until it has ``samples``
-    of each, keeps the faster way (by median; reads ahead on a tie) for the next ``hold``
-    one-row steps, then measures again. Steps of several rows (prompts, batches) run the
-    way last chosen and are not timed. Either way the tokens are the same.
+    runs blocks of ``block`` one-row decode steps, alternately with and without reads
+    ahead, until it has timed ``samples`` steps each way, keeps the faster way (by median;
+    reads ahead on a tie) for the next ``hold`` one-row steps, then measures again. Steps
+    of several rows (prompts, batches) run the way last chosen and are not timed. Either
+    way the tokens are the same.
+
+    Blocks, not single steps, because reading ahead also costs later steps: a wrong
+    prediction evicts an expert that a later step then reads again, and reads still queued
+    delay the next step's. Alternating single steps charged those costs to the steps
+    without reads ahead, so the gate kept reading ahead where it lost. The first
+    ``settle`` steps of a block are not timed (they pay for the block before), and the
+    rest of the cost of a block's reads falls on its own steps.
     """
 
-    def __init__(self, samples: int = 5, hold: int = 48, clock=time.perf_counter):
-        self.samples, self.hold, self.clock = samples, hold, clock
+    def __init__(self, samples: int = 4, hold: int = 72, block: int = 6, settle: int = 2, clock=time.perf_counter):
+        if not 0 <= settle < block:
+            raise ValueError(f"settle ({settle}) must be below block ({block})")
+        self.samples, self.hold, self.block, self.settle, self.clock = samples, hold, block, settle, clock
         self.chosen = True  # reads ahead until measured otherwise
         self._times: dict[bool, list[float]] = {True: [], False: []}
         self._hold_left = 0  # one-row steps left before the next trial
+        self._way, self._block_step = True, block  # the current trial block's way, and its steps so far
         self._timing: tuple[bool, float] | None = None  # (way, start) of the step being timed
 
     def begin(self, rows: int) -> bool:
@@ -44,9 +55,12 @@ class MeasuredGate:
         if self._hold_left > 0:
             self._hold_left -= 1
             return self.chosen
-        ahead = len(self._times[True]) <= len(self._times[False])  # alternate, reading ahead first
-        self._timing = (ahead, self.clock())
-        return ahead
+        if self._block_step >= self.block:  # a new block: the way with fewer samples, reading ahead first
+            self._way, self._block_step = len(self._times[True]) <= len(self._times[False]), 0
+        self._block_step += 1
+        if self._block_step > self.settle:
+            self._timing = (self._way, self.clock())
+        return self._way
 
     def end(self) -> None:
         """The step begun last has finished its layers."""
@@ -58,7 +72,7 @@ class MeasuredGate:
         if min(len(t) for t in self._times.values()) >= self.samples:
             self.chosen = statistics.median(self._times[True]) <= statistics.median(self._times[False])
             self._times = {True: [], False: []}
-            self._hold_left = self.hold
+            self._hold_left, self._block_step = self.hold, self.block
 
 
 def ranked(indices: np.ndarray, weights) -> list[int]:
