@@ -305,8 +305,12 @@ def _labelled(text: str) -> tuple[str, Path]:
 def children_import_this_tree() -> None:
     """The engines' child processes (``colibri_core.cli.bench``, llama_cpp_bench.py) import
     this tree's colibri_core, not the one an editable install points at: A/B runs of two
-    checkouts (git worktrees) then compare the two, not one with itself."""
+    checkouts (git worktrees) then compare the two, not one with itself. PYTHONSAFEPATH
+    too: ``python -m`` puts the working directory first on the path, so a run started from
+    inside another checkout imported that one's (the 2026-12-04 gate A/B, run from /work/main,
+    compared the new tree with itself)."""
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONSAFEPATH"] = "1"
 
 
 def main(argv=None):

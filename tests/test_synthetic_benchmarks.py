@@ -273,19 +273,23 @@ def test_streaming_table_runs_colibri_without_llama_cpp(tmp_path, low, high):
 
 def test_streaming_table_children_import_the_tree_it_is_run_from(tmp_path, monkeypatch):
     """A copy of the benchmarks beside a stand-in colibri_core: the engines' children must
-    import that one (an A/B of two checkouts compares two trees, not one with itself)."""
+    import that one (an A/B of two checkouts compares two trees, not one with itself),
+    also when run from inside another checkout (the working directory comes first on the
+    path of ``python -m`` and ``-c``)."""
     tree = tmp_path / "tree"
     shutil.copytree(BENCH, tree / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
     (tree / "colibri_core").mkdir()
     (tree / "colibri_core" / "__init__.py").write_text("WHICH = 'the copy'\n")
     monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)  # restored after the test: the function sets it
     spec = importlib.util.spec_from_file_location("bench_tree_table", tree / "benchmarks" / "streaming_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.children_import_this_tree()
-    child = subprocess.run([sys.executable, "-c", "import colibri_core; print(getattr(colibri_core, 'WHICH', 'other'))"],
-                           capture_output=True, text=True, cwd=tmp_path, check=True)
-    assert child.stdout.strip() == "the copy"
+    for cwd in (tmp_path, BENCH.parent):  # BENCH.parent: this checkout, with its own colibri_core
+        child = subprocess.run([sys.executable, "-c", "import colibri_core; print(getattr(colibri_core, 'WHICH', 'other'))"],
+                               capture_output=True, text=True, cwd=cwd, check=True)
+        assert child.stdout.strip() == "the copy", cwd
 
 
 def test_expert_requests_are_one_span_per_expert(low):
