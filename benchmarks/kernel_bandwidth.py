@@ -4,7 +4,9 @@ experts of the OLMoE shape (a working set far past the caches, as decode streams
 in the store's own huge-page buffers), then reads a buffer with a plain load loop on the
 same threads (C, compiled here with ``cc -O2 -march=native -fopenmp``). The ratio of the
 two rates is the figure to compare between kernel variants: on shared machines the
-memory's rate itself moves by tens of percent within minutes.
+memory's rate itself moves by tens of percent within minutes. The script imports the
+colibri_core of the tree it lies in, whatever PYTHONPATH says: to compare two builds,
+run each tree's own copy, alternating.
 
     python benchmarks/kernel_bandwidth.py [--format q8|q4|mxfp4pair] [--layers 40] [--sweeps 10]
 """
