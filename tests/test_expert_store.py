@@ -16,7 +16,7 @@ import pytest
 
 import colibri_core
 from colibri_core.cli.demo import DemoSpec, build_demo_model
-from colibri_core.errors import UsageError
+from colibri_core.errors import BudgetError, UsageError
 from colibri_core.io.drives import drop_page_cache
 from colibri_core.experts.history import FILENAME, RoutingHistory, cache_path
 from colibri_core.experts.prefetch import MeasuredGate
@@ -652,6 +652,59 @@ def test_steps_the_gate_runs_without_reading_ahead_read_nothing_ahead(model_dir)
         ahead = model.generate(token_ids=PROMPT, max_tokens=12, ignore_eos=True, return_logits=True)
     same(ahead, reference)
     assert ahead.stats.prefetch_steps_off == 0 and ahead.stats.prefetch_issued > s.prefetch_issued
+
+
+def test_the_ram_reserved_for_reads_ahead_caches_experts_while_the_gate_makes_none(model_dir):
+    from colibri_core.model.blueprint import inspect_model
+
+    bp = inspect_model(model_dir)
+
+    def slots(budget, ahead):
+        try:
+            return bp.placement(ram=budget, cap=None, prefetch_slots=ahead).slots
+        except BudgetError:
+            return 0
+
+    try:  # a budget where prefetch's reserve costs the cache slots
+        k = SPEC.num_experts_per_tok
+        budget = next(b for b in range(bp.dense_bytes, bp.dense_bytes + (1 << 20), 256)
+                      if 1 <= slots(b, k) < slots(b, 0) < SPEC.num_experts)
+        reading, idle = slots(budget, k), slots(budget, 0)
+    finally:
+        bp.close()
+    reference = generate(model_dir, ram=budget, max_tokens=16)
+    assert reference.model_store.ram.slots == idle
+    with colibri_core.load(model_dir, ram=budget, prefetch=True, history=False) as model:
+        ram = model.store.ram
+        assert ram.slots == reading  # the prompt's step reads ahead
+        model.lm.prefetcher.gate = FixedGate(ahead=False)
+        off = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
+        assert ram.slots == idle and max(len(ram.cached(layer)) for layer in range(SPEC.num_hidden_layers)) > reading
+        model.lm.prefetcher.gate = FixedGate(ahead=True)
+        on = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
+        # back to the reserve at once: the cache gave up its extra experts before reading ahead
+        assert ram.slots == reading and all(len(ram.cached(layer)) <= reading for layer in range(SPEC.num_hidden_layers))
+    same(off, reference)
+    same(on, reference)
+
+
+def test_a_smaller_cache_evicts_its_least_recently_used_experts_at_once():
+    from colibri_core.experts.tiers import ExpertWeights, RamTier
+
+    tier = RamTier(2, slots=3)
+    weights = {e: ExpertWeights({"w": np.zeros(4, np.float32)}, 16) for e in range(4)}
+    for e in (0, 1, 2):
+        tier.put(0, e, weights[e])
+    tier.put(1, 3, weights[3])
+    tier.get(0, 0)  # 1 is now the least recently used of layer 0
+    bytes_before = tier.resident_bytes
+    tier.resize(1)
+    assert tier.cached(0) == [0] and tier.cached(1) == [3] and tier.evictions == 2
+    assert tier.resident_bytes == bytes_before - 2 * weights[1].nbytes
+    tier.resize(3)
+    tier.put(0, 1, weights[1])
+    tier.put(0, 2, weights[2])
+    assert tier.cached(0) == [0, 1, 2] and tier.evictions == 2
 
 
 def test_a_prefetch_window_in_bytes_sets_the_experts_read_ahead_and_the_ram_they_reserve(model_dir):

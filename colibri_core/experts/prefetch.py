@@ -100,12 +100,17 @@ class _Next:
 
 
 class Prefetcher:
-    def __init__(self, lm, store, slots: int, gate: MeasuredGate | None = None):
+    def __init__(self, lm, store, slots: int, gate: MeasuredGate | None = None, idle_slots: int | None = None):
         """``slots``: at most this many experts are read ahead per layer; ``gate`` decides
-        per step whether to (default: a ``MeasuredGate``)."""
+        per step whether to (default: a ``MeasuredGate``). ``idle_slots``: the RAM tier's
+        LRU slots per layer while no step reads ahead (the budget without prefetch's
+        reserve); its slots as given hold while steps read ahead."""
         self.store = store
         self.gate = gate if gate is not None else MeasuredGate()
         self._ahead = True  # whether this step reads ahead (predictions are scored either way)
+        # the reserve for reads ahead (two layers of them) is RAM the cache may use while
+        # none are made: (slots while reading ahead, slots while not)
+        self._ram_slots = (store.ram.slots, max(store.ram.slots, idle_slots if idle_slots is not None else 0))
         self._next: dict[int, _Next] = {}
         moe_layers = [(i, layer) for i, layer in enumerate(lm.layers) if getattr(layer, "mlp", None) is not None
                       and hasattr(layer.mlp, "router") and hasattr(layer.mlp, "experts")]
@@ -125,8 +130,11 @@ class Prefetcher:
     def after_embedding(self, step) -> None:
         """A step starts: ask the gate whether it reads ahead, and start reading the first
         MoE layer's experts when the token ids alone decide them."""
-        self._ahead = self.gate.begin(len(step.positions))
-        if not self._ahead:
+        ahead = self.gate.begin(len(step.positions))
+        if ahead != self._ahead:  # the previous step's reads ahead were dropped at its layers' ends
+            self.store.ram.resize(self._ram_slots[0] if ahead else self._ram_slots[1])
+        self._ahead = ahead
+        if not ahead:
             self.store.stats.prefetch_steps_off += 1
         if self._first is None or step.ids is None:
             return

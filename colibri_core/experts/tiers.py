@@ -241,6 +241,16 @@ class CachedTier:
     def holds(self, layer: int, expert: int) -> bool:
         return expert in self._pinned[layer] or expert in self._lru[layer]
 
+    def resize(self, slots: int) -> None:
+        """Set the LRU slots per layer; a smaller count evicts each layer's least recently
+        used experts down to it at once (their memory is free on return)."""
+        self.slots = slots
+        for cache in self._lru:
+            while len(cache) > max(slots, 0):
+                _, old = cache.popitem(last=False)
+                self.resident_bytes -= old.nbytes
+                self.evictions += 1
+
     def cached(self, layer: int) -> list[int]:
         return list(self._lru[layer])
 
