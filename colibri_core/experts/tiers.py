@@ -230,10 +230,7 @@ class CachedTier:
         if self.slots <= 0:
             return held
         cache = self._lru[layer]
-        while len(cache) >= self.slots:
-            _, old = cache.popitem(last=False)
-            self.resident_bytes -= old.nbytes
-            self.evictions += 1
+        self._evict_down_to(cache, self.slots - 1)
         cache[expert] = held
         self.resident_bytes += held.nbytes
         return held
@@ -246,10 +243,13 @@ class CachedTier:
         used experts down to it at once (their memory is free on return)."""
         self.slots = slots
         for cache in self._lru:
-            while len(cache) > max(slots, 0):
-                _, old = cache.popitem(last=False)
-                self.resident_bytes -= old.nbytes
-                self.evictions += 1
+            self._evict_down_to(cache, max(slots, 0))
+
+    def _evict_down_to(self, cache: OrderedDict, size: int) -> None:
+        while len(cache) > size:
+            _, old = cache.popitem(last=False)
+            self.resident_bytes -= old.nbytes
+            self.evictions += 1
 
     def cached(self, layer: int) -> list[int]:
         return list(self._lru[layer])

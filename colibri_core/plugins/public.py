@@ -15,7 +15,7 @@ PUBLIC_API: dict[str, tuple[str, ...] | None] = {
     "colibri_core.plugins.registry": ("FamilySpec", "QuantSpec", "TierSpec", "BackendSpec", "LoadOptionsSpec"),
     # a plugin's options on the commands that load a model, and a compute tier
     "colibri_core.cli.extend": ("LoadOptions",),
-    "colibri_core.experts.tiers": ("ComputeTier", "ExpertWeights", "routed_output"),
+    "colibri_core.experts.tiers": ("CachedTier", "ComputeTier", "DeviceTier", "ExpertWeights", "RamTier", "routed_output"),
     # a family: its config, its blocks, its assembly
     "colibri_core.model.config": ("ModelArgs", "bounded"),
     "colibri_core.model.family": ("Family",),
