@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections import deque
 
 import numpy as np
 import pytest
@@ -583,23 +584,23 @@ def test_measured_gate_keeps_the_faster_way_and_measures_again():
 
     slower_ahead = lambda ahead: 2.0 if ahead else 1.0  # noqa: E731
     trial = [step(1, slower_ahead) for _ in range(8)]
-    assert trial == [True] * 4 + [False] * 4  # a block each way, reading ahead first
+    assert trial == [False] * 4 + [True] * 4  # a block each way, without reading ahead first
     assert gate._times == {True: [], False: []} and gate.chosen is False  # 3 timed steps each: decided
     assert [step(1, slower_ahead) for _ in range(4)] == [False] * 4  # the faster way, held
     assert step(7, slower_ahead) is False  # a prompt runs the way chosen, untimed
     # measured again: now reading ahead is faster (a tie also reads ahead)
     faster_ahead = lambda ahead: 1.0 if ahead else 3.0  # noqa: E731
-    assert [step(1, faster_ahead) for _ in range(8)] == [True] * 4 + [False] * 4
+    assert [step(1, faster_ahead) for _ in range(8)] == [False] * 4 + [True] * 4
     assert [step(1, faster_ahead) for _ in range(4)] == [True] * 4
     # a block's first step is not timed; an untimed step of several rows inside a block
     # neither counts nor ends the block
-    assert step(1, lambda ahead: 50.0) is True and gate._times == {True: [], False: []}
-    assert step(1, lambda ahead: 5.0) is True and step(3, lambda ahead: 100.0) is True
-    assert gate._times == {True: [5.0], False: []}
+    assert step(1, lambda ahead: 50.0) is False and gate._times == {True: [], False: []}
+    assert step(1, lambda ahead: 5.0) is False and step(3, lambda ahead: 100.0) is True
+    assert gate._times == {True: [], False: [5.0]}
     # medians, not means: one slow outlier does not decide
     gate = MeasuredGate(samples=3, hold=4, block=4, settle=1, clock=lambda: now[0])
-    costs = iter([9.0, 1.0, 1.0, 50.0, 9.0, 2.0, 2.0, 2.0])  # ahead: 1, 1, 50 (median 1); without: 2, 2, 2
-    assert [step(1, lambda ahead: next(costs)) for _ in range(8)] == [True] * 4 + [False] * 4
+    costs = iter([9.0, 2.0, 2.0, 2.0, 9.0, 1.0, 1.0, 50.0])  # without: 2, 2, 2; ahead: 1, 1, 50 (median 1)
+    assert [step(1, lambda ahead: next(costs)) for _ in range(8)] == [False] * 4 + [True] * 4
     assert gate.chosen is True
     with pytest.raises(ValueError, match="settle"):
         MeasuredGate(block=2, settle=2)
@@ -636,6 +637,125 @@ def test_measured_gate_charges_reading_ahead_with_the_costs_it_puts_on_later_ste
         now[0] += 0.8 if ahead else 1.0
         kept.end()
     assert kept.chosen is True
+
+
+def test_the_gate_measures_less_often_while_measurements_confirm_its_choice():
+    import itertools
+
+    now, ahead_costs = [0.0], [0.3]  # what a step reading ahead costs more than one without
+
+    def run(gate, steps):
+        ways = []
+        for _ in range(steps):
+            ahead = gate.begin(1)
+            now[0] += 1.0 + (ahead_costs[0] if ahead else 0.0)
+            gate.end()
+            ways.append(ahead)
+        return [(way, len(list(group))) for way, group in itertools.groupby(ways)]
+
+    gate = MeasuredGate(samples=4, hold=72, block=6, settle=2, clock=lambda: now[0], longest_hold=576)
+    # each trial: a block without reading ahead, a block with, then the hold without; the
+    # hold doubles each time a trial confirms the choice
+    assert run(gate, 1716) == [(False, 6), (True, 6), (False, 72 + 6), (True, 6), (False, 144 + 6), (True, 6),
+                               (False, 288 + 6), (True, 6), (False, 576 + 6), (True, 6), (False, 576)]
+    ahead_costs[0] = -0.3  # the phase changes: reading ahead now pays; the next trial sees it
+    assert run(gate, 12 + 72 + 12 + 144) == [(False, 6), (True, 6 + 72), (False, 6), (True, 6 + 144)]
+
+
+def test_a_bound_that_rules_reading_ahead_out_spares_the_trial_its_block_reading_ahead():
+    import itertools
+
+    now, rules_out = [0.0], [True]
+
+    def run(gate, steps):
+        ways = []
+        for _ in range(steps):
+            ahead = gate.begin(1)
+            now[0] += 0.7 if ahead else 1.0  # the clock alone would read ahead
+            gate.end()
+            ways.append(ahead)
+        return [(way, len(list(group))) for way, group in itertools.groupby(ways)]
+
+    gate = MeasuredGate(samples=4, hold=72, block=6, settle=2, clock=lambda: now[0], cannot_pay=lambda: rules_out[0])
+    # each trial runs its block without reading ahead, then asks the bound: no block with
+    assert run(gate, 6 + 72 + 6 + 144) == [(False, 6 + 72 + 6 + 144)]
+    assert gate.chosen is False and gate.spared == 2  # the second confirmed the first: a longer hold
+    rules_out[0] = False  # the bound no longer rules it out: the clock decides again
+    assert run(gate, 6 + 6 + 72) == [(False, 6), (True, 6 + 72)]
+    assert gate.chosen is True and gate.spared == 2
+
+
+def _prefetcher_with(quiet):
+    from colibri_core.experts.prefetch import QUIET_STEPS, Prefetcher
+
+    prefetcher = Prefetcher.__new__(Prefetcher)
+    prefetcher._quiet = deque(quiet, maxlen=QUIET_STEPS)
+    return prefetcher
+
+
+def test_reading_ahead_cannot_pay_when_its_unused_reads_would_outlast_the_disk_s_idle_time():
+    ms = 1_000_000
+    # steps of 100 ms with the disk busy 90 of them reading 90 MB (1 GB/s): 10 ms idle a step
+    wasteful = [(100 * ms, 90 * ms, 90_000_000, 25_000_000)] * 4  # 25 ms of unused reads a step
+    thrifty = [(100 * ms, 90 * ms, 90_000_000, 15_000_000)] * 4  # 15 ms: within the margin (BOUND_MARGIN)
+    assert _prefetcher_with(wasteful).cannot_pay() is True
+    assert _prefetcher_with(thrifty).cannot_pay() is False
+    assert _prefetcher_with(wasteful[:3]).cannot_pay() is False  # too few steps to go by
+    assert _prefetcher_with([(100 * ms, 0, 0, 25_000_000)] * 4).cannot_pay() is False  # no reads: no rate known
+
+
+def test_the_disk_tier_counts_overlapping_reads_once_in_its_busy_time(model_dir):
+    import threading
+
+    with colibri_core.load(model_dir, cap=1, history=False) as model:
+        disk, layouts = model.store.disk, model.store.layouts
+        plain = type(disk)._read
+        assert disk.busy_ns() == 0
+        both_reading = threading.Barrier(2)
+
+        def slow(drive, infos):
+            both_reading.wait(timeout=10)
+            time.sleep(0.2)
+            return plain(drive, infos)
+
+        disk._read = slow
+        readers = [threading.Thread(target=disk.load, args=(0, e, layouts[0][e])) for e in (0, 1)]
+        started = time.perf_counter_ns()
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
+        elapsed = time.perf_counter_ns() - started
+        assert 200_000_000 <= disk.busy_ns() <= elapsed  # two reads of 0.2 s at once: ~0.2 s busy, not 0.4
+        assert disk.busy_ns() == disk.busy_ns()  # nothing in flight: it stands still
+
+
+def test_on_a_disk_kept_busy_by_demand_reads_the_gate_makes_no_trial_reading_ahead(model_dir, monkeypatch):
+    from colibri_core.experts.tiers import DiskTier
+
+    reference = generate(model_dir, cap=2, max_tokens=10)
+    # hopeless predictions: always the experts the router did not choose
+    monkeypatch.setattr("colibri_core.experts.prefetch.ranked",
+                        lambda indices, weights: [e for e in range(SPEC.num_experts) if e not in set(np.ravel(indices))])
+    plain = DiskTier._read
+
+    def slow(drive, infos):  # a disk far slower than the computation
+        time.sleep(0.2)
+        return plain(drive, infos)
+
+    with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
+        monkeypatch.setattr(model.store.disk, "_read", slow)
+        result = model.generate(token_ids=PROMPT, max_tokens=10, ignore_eos=True, return_logits=True)
+        gate = model.lm.prefetcher.gate
+    same(result, reference)
+    assert gate.spared == 1 and gate.chosen is False
+    assert result.stats.prefetch_steps_off == 9  # every decode step: the trial ran none reading ahead
+    # where the disk is fast (the page cache), the same unused reads cost little: the gate measures
+    with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
+        fast = model.generate(token_ids=PROMPT, max_tokens=10, ignore_eos=True, return_logits=True)
+        assert model.lm.prefetcher.gate.spared == 0
+    same(fast, reference)
+    assert fast.stats.prefetch_steps_off == 6  # the trial's block without; then it reads ahead
 
 
 def test_steps_the_gate_runs_without_reading_ahead_read_nothing_ahead(model_dir):

@@ -13,9 +13,17 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+
+
+QUIET_STEPS = 4  # steps without reads ahead that ``Prefetcher.cannot_pay`` goes by
+# how much longer than the disk's idle time the unused reads must take before reading ahead
+# is ruled out: the rate measured over the busy time includes spells with a single read in
+# flight, which the I/O pool's other threads could have used
+BOUND_MARGIN = 2.0
 
 
 class MeasuredGate:
@@ -23,11 +31,20 @@ class MeasuredGate:
 
     Reading ahead trades disk time and a share of the cores for the waits it saves; which
     wins depends on the disk, the cores and the routing, and only the clock knows. The gate
-    runs blocks of ``block`` one-row decode steps, alternately with and without reads
+    runs blocks of ``block`` one-row decode steps, alternately without and with reads
     ahead, until it has timed ``samples`` steps each way, keeps the faster way (by median;
-    reads ahead on a tie) for the next ``hold`` one-row steps, then measures again. Steps
-    of several rows (prompts, batches) run the way last chosen and are not timed. Either
-    way the tokens are the same.
+    reads ahead on a tie) for the next ``hold`` one-row steps, then measures again. Each
+    time a measurement confirms the way it had chosen, the hold doubles (up to
+    ``longest_hold``), and it is ``hold`` again after a change: a trial runs one block the
+    slower way, so on a steady machine trials grow rare, and a change of phase is still
+    followed. Steps of several rows (prompts, batches) run the way last chosen and are
+    not timed. Either way the tokens are the same.
+
+    A trial's block without reads ahead comes first, so that ``cannot_pay`` (when given:
+    a bound computed from the steps just run without them) can spare it the block with
+    them: the way without is then chosen as if measured faster. On a disk that the
+    demand reads keep busy, a trial's reads ahead cost more than the block they are
+    measured in.
 
     Blocks, not single steps, because reading ahead also costs later steps: a wrong
     prediction evicts an expert that a later step then reads again, and reads still queued
@@ -37,11 +54,19 @@ class MeasuredGate:
     rest of the cost of a block's reads falls on its own steps.
     """
 
-    def __init__(self, samples: int = 4, hold: int = 72, block: int = 6, settle: int = 2, clock=time.perf_counter):
+    def __init__(self, samples: int = 4, hold: int = 72, block: int = 6, settle: int = 2, clock=time.perf_counter,
+                 longest_hold: int = 576, cannot_pay=None):
         if not 0 <= settle < block:
             raise ValueError(f"settle ({settle}) must be below block ({block})")
+        if longest_hold < hold:
+            raise ValueError(f"longest_hold ({longest_hold}) must be at least hold ({hold})")
         self.samples, self.hold, self.block, self.settle, self.clock = samples, hold, block, settle, clock
+        self.longest_hold = longest_hold
+        self.cannot_pay = cannot_pay  # () -> whether reading ahead cannot pay, by a bound; None: measure always
+        self.spared = 0  # trials decided by ``cannot_pay`` without a block reading ahead
         self.chosen = True  # reads ahead until measured otherwise
+        self._measured = False  # whether ``chosen`` comes from a measurement yet
+        self._next_hold = hold
         self._times: dict[bool, list[float]] = {True: [], False: []}
         self._hold_left = 0  # one-row steps left before the next trial
         self._way, self._block_step = True, block  # the current trial block's way, and its steps so far
@@ -55,8 +80,12 @@ class MeasuredGate:
         if self._hold_left > 0:
             self._hold_left -= 1
             return self.chosen
-        if self._block_step >= self.block:  # a new block: the way with fewer samples, reading ahead first
-            self._way, self._block_step = len(self._times[True]) <= len(self._times[False]), 0
+        if self._block_step >= self.block:  # a new block: the way with fewer samples, without first
+            self._way, self._block_step = len(self._times[True]) < len(self._times[False]), 0
+            if self._way and self.cannot_pay is not None and self.cannot_pay():
+                self.spared += 1
+                self._decide(False)
+                return self.begin(rows)
         self._block_step += 1
         if self._block_step > self.settle:
             self._timing = (self._way, self.clock())
@@ -70,9 +99,15 @@ class MeasuredGate:
         self._timing = None
         self._times[ahead].append(self.clock() - started)
         if min(len(t) for t in self._times.values()) >= self.samples:
-            self.chosen = statistics.median(self._times[True]) <= statistics.median(self._times[False])
-            self._times = {True: [], False: []}
-            self._hold_left, self._block_step = self.hold, self.block
+            self._decide(statistics.median(self._times[True]) <= statistics.median(self._times[False]))
+
+    def _decide(self, chosen: bool) -> None:
+        """A trial chose: hold ``chosen`` (longer each time a trial confirms the way held)."""
+        confirmed = self._measured and chosen == self.chosen
+        self._next_hold = min(2 * self._next_hold, self.longest_hold) if confirmed else self.hold
+        self.chosen, self._measured = chosen, True
+        self._times = {True: [], False: []}
+        self._hold_left, self._block_step = self._next_hold, self.block
 
 
 def ranked(indices: np.ndarray, weights) -> list[int]:
@@ -106,8 +141,12 @@ class Prefetcher:
         LRU slots per layer while no step reads ahead (the budget without prefetch's
         reserve); its slots as given hold while steps read ahead."""
         self.store = store
-        self.gate = gate if gate is not None else MeasuredGate()
+        self.gate = gate if gate is not None else MeasuredGate(cannot_pay=self.cannot_pay)
         self._ahead = True  # whether this step reads ahead (predictions are scored either way)
+        # the last one-row steps run without reading ahead: (ns, disk busy ns, bytes read,
+        # unused predicted bytes), and the same counters as the step now running began
+        self._quiet: deque[tuple[int, int, int, int]] = deque(maxlen=QUIET_STEPS)
+        self._began: tuple[int, int, int, int] | None = None
         # the reserve for reads ahead (two layers of them) is RAM the cache may use while
         # none are made: (slots while reading ahead, slots while not)
         self._ram_slots = (store.ram.slots, max(store.ram.slots, idle_slots if idle_slots is not None else 0))
@@ -130,7 +169,9 @@ class Prefetcher:
     def after_embedding(self, step) -> None:
         """A step starts: ask the gate whether it reads ahead, and start reading the first
         MoE layer's experts when the token ids alone decide them."""
-        ahead = self.gate.begin(len(step.positions))
+        rows = len(step.positions)
+        ahead = self.gate.begin(rows)
+        self._began = self._counters() if rows == 1 and not ahead else None
         if ahead != self._ahead:  # the previous step's reads ahead were dropped at its layers' ends
             self.store.ram.resize(self._ram_slots[0] if ahead else self._ram_slots[1])
         self._ahead = ahead
@@ -145,6 +186,31 @@ class Prefetcher:
     def after_layers(self, step) -> None:
         """The step's layers are done (the gate times the step up to here)."""
         self.gate.end()
+        if self._began is not None:
+            self._quiet.append(tuple(b - a for a, b in zip(self._began, self._counters())))
+            self._began = None
+
+    def _counters(self) -> tuple[int, int, int, int]:
+        disk = self.store.disk
+        busy = disk.busy_ns() if hasattr(disk, "busy_ns") else 0
+        return time.perf_counter_ns(), busy, disk.bytes_read, self.store.stats.predicted_reads_unused_bytes
+
+    def cannot_pay(self) -> bool:
+        """Whether the last steps run without reading ahead show that it cannot pay: the
+        predicted reads their layers did not use would have kept the disk busy (at the
+        rate it read in those steps) for longer than it stood idle in them (by
+        ``BOUND_MARGIN``). Reads ahead can only save waits by using the disk's idle time,
+        and every unused one takes some; so this spares the measured gate a trial that
+        could only lose. Steps without reads to go by (all hits, or a tier that does not
+        time its reads) decide nothing: the gate measures. A disk whose idle time is not
+        lost (a throttle that lets a burst make up for it) looks less busy than it is:
+        the bound then rules out less, and the gate measures."""
+        if len(self._quiet) < QUIET_STEPS:
+            return False
+        ns, busy, nbytes, unused = (sum(c) for c in zip(*self._quiet))
+        if busy <= 0 or nbytes <= 0:
+            return False
+        return unused * busy / nbytes > BOUND_MARGIN * (ns - busy)
 
     def after_attention(self, layer, h, step) -> None:
         nxt = self._next.get(id(layer))

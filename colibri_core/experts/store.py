@@ -52,6 +52,9 @@ class StoreStats:
     predicted: int = 0  # predictions made (resident or not)
     predicted_used: int = 0  # predictions that the layer really used
     used: int = 0  # experts a layer really used (per forward pass, unique)
+    # bytes (the matrices, not their scales) of the predicted reads, issued or not, that
+    # their layer did not use: what reading ahead spends for nothing
+    predicted_reads_unused_bytes: int = 0
     repins: int = 0
     # time the computing thread spent blocked on expert reads (demand misses, and
     # predicted reads not finished when their layer asked): what the disk cost the step
@@ -243,6 +246,8 @@ class ExpertStore:
             keep = self.prefetch_memory
             self._read_used = self._read_used * keep + hit
             self._read_unused = self._read_unused * keep + len(would) - hit
+            self.stats.predicted_reads_unused_bytes += sum(
+                info.nbytes for e in would - used for info in self.layouts[layer][e].values())
             self._would_read[layer] = set()
         for future in self._staged[layer].values():
             if not future.cancel():  # already read (or reading): wasted I/O

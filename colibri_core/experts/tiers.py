@@ -71,6 +71,7 @@ class DiskTier:
         self.seconds = 0.0
         self.loads = 0  # experts read
         self._lock = threading.Lock()
+        self._in_flight, self._busy_since, self._busy_ns = 0, 0, 0  # see busy_ns
         self._warned_primary = False
 
     @property
@@ -80,6 +81,24 @@ class DiskTier:
     @property
     def reads(self) -> int:
         return sum(d.reads for d in self.drives)
+
+    def busy_ns(self) -> int:
+        """Nanoseconds so far in which at least one read was in flight: the time the disk
+        worked for colibri (overlapping reads count once; turning bytes into host forms
+        does not count). A step's time less this is what reading ahead could still use."""
+        with self._lock:
+            return self._busy_ns + (time.perf_counter_ns() - self._busy_since if self._in_flight else 0)
+
+    def _reading(self, started: bool) -> None:
+        with self._lock:
+            if started:
+                if not self._in_flight:
+                    self._busy_since = time.perf_counter_ns()
+                self._in_flight += 1
+            else:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._busy_ns += time.perf_counter_ns() - self._busy_since
 
     def drive_for(self, layer: int, expert: int, infos: list[TensorInfo]) -> Drive:
         candidates = [d for d in self.drives if all(d.has(t.path) for t in infos)]
@@ -91,7 +110,11 @@ class DiskTier:
         started = time.perf_counter()
         infos = list(matrices.values())
         wanted = self.resolver.with_companions(infos)
-        raw = self._read_somewhere(self.drive_for(layer, expert, wanted), wanted)
+        self._reading(True)
+        try:
+            raw = self._read_somewhere(self.drive_for(layer, expert, wanted), wanted)
+        finally:
+            self._reading(False)
         typed = {t.name: as_array(t, raw[t.name]) for t in wanted}
         arrays = {}
         for role, info in matrices.items():
