@@ -198,8 +198,8 @@ class Prefetcher:
     def cannot_pay(self) -> bool:
         """Whether the last steps run without reading ahead show that it cannot pay: the
         predicted reads their layers did not use would have kept the disk busy (at the
-        rate it read in those steps) for longer than it stood idle in them (by
-        ``BOUND_MARGIN``). Reads ahead can only save waits by using the disk's idle time,
+        rate it read in those steps) for more than ``BOUND_MARGIN`` times as long as it
+        stood idle in them. Reads ahead can only save waits by using the disk's idle time,
         and every unused one takes some; so this spares the measured gate a trial that
         could only lose. Steps without reads to go by (all hits, or a tier that does not
         time its reads) decide nothing: the gate measures. A disk whose idle time is not
