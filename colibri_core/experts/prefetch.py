@@ -31,7 +31,7 @@ class MeasuredGate:
 
     Reading ahead trades disk time and a share of the cores for the waits it saves; which
     wins depends on the disk, the cores and the routing, and only the clock knows. The gate
-    runs blocks of ``block`` one-row decode steps, alternately without and with reads
+    runs blocks of ``block`` one-row decode steps, alternately with and without reads
     ahead, until it has timed ``samples`` steps each way, keeps the faster way (by median;
     reads ahead on a tie) for the next ``hold`` one-row steps, then measures again. Each
     time a measurement confirms the way it had chosen, the hold doubles (up to
@@ -40,11 +40,12 @@ class MeasuredGate:
     followed. Steps of several rows (prompts, batches) run the way last chosen and are
     not timed. Either way the tokens are the same.
 
-    A trial's block without reads ahead comes first, so that ``cannot_pay`` (when given:
-    a bound computed from the steps just run without them) can spare it the block with
-    them: the way without is then chosen as if measured faster. On a disk that the
-    demand reads keep busy, a trial's reads ahead cost more than the block they are
-    measured in.
+    A trial's block reading ahead comes first: the first trial's first block runs on the
+    coldest cache, which biases it toward not reading ahead, the side that cannot cost.
+    While the gate holds "without", ``cannot_pay`` (when given: a bound computed from the
+    steps just run without reads ahead) can spare a trial its block reading ahead: the
+    way without is then chosen as if measured faster. On a disk that the demand reads
+    keep busy, a trial's reads ahead cost more than the block they are measured in.
 
     Blocks, not single steps, because reading ahead also costs later steps: a wrong
     prediction evicts an expert that a later step then reads again, and reads still queued
@@ -80,9 +81,10 @@ class MeasuredGate:
         if self._hold_left > 0:
             self._hold_left -= 1
             return self.chosen
-        if self._block_step >= self.block:  # a new block: the way with fewer samples, without first
-            self._way, self._block_step = len(self._times[True]) < len(self._times[False]), 0
-            if self._way and self.cannot_pay is not None and self.cannot_pay():
+        if self._block_step >= self.block:  # a new block: the way with fewer samples, reading ahead first
+            self._way, self._block_step = len(self._times[True]) <= len(self._times[False]), 0
+            if (self._way and self._measured and not self.chosen and self.cannot_pay is not None
+                    and self.cannot_pay()):
                 self.spared += 1
                 self._decide(False)
                 return self.begin(rows)
