@@ -639,19 +639,23 @@ def test_measured_gate_charges_reading_ahead_with_the_costs_it_puts_on_later_ste
     assert kept.chosen is True
 
 
-def test_the_gate_measures_less_often_while_measurements_confirm_its_choice():
+def _run_gate(gate, steps, now, ahead_cost):
+    """``steps`` one-row steps of 1 s on the simulated clock ``now`` (plus ``ahead_cost``
+    for one reading ahead): the ways the gate chose, as (way, run length) pairs."""
     import itertools
 
-    now, ahead_costs = [0.0], [0.3]  # what a step reading ahead costs more than one without
+    ways = []
+    for _ in range(steps):
+        ahead = gate.begin(1)
+        now[0] += 1.0 + (ahead_cost if ahead else 0.0)
+        gate.end()
+        ways.append(ahead)
+    return [(way, len(list(group))) for way, group in itertools.groupby(ways)]
 
-    def run(gate, steps):
-        ways = []
-        for _ in range(steps):
-            ahead = gate.begin(1)
-            now[0] += 1.0 + (ahead_costs[0] if ahead else 0.0)
-            gate.end()
-            ways.append(ahead)
-        return [(way, len(list(group))) for way, group in itertools.groupby(ways)]
+
+def test_the_gate_measures_less_often_while_measurements_confirm_its_choice():
+    now, ahead_costs = [0.0], [0.3]  # what a step reading ahead costs more than one without
+    run = lambda gate, steps: _run_gate(gate, steps, now, ahead_costs[0])  # noqa: E731
 
     gate = MeasuredGate(samples=4, hold=72, block=6, settle=2, clock=lambda: now[0], longest_hold=576)
     # each trial: a block reading ahead, a block without, then the hold without; the hold
@@ -663,18 +667,8 @@ def test_the_gate_measures_less_often_while_measurements_confirm_its_choice():
 
 
 def test_a_bound_that_rules_reading_ahead_out_spares_the_trial_its_block_reading_ahead():
-    import itertools
-
     now, rules_out, ahead_costs = [0.0], [True], [0.3]
-
-    def run(gate, steps):
-        ways = []
-        for _ in range(steps):
-            ahead = gate.begin(1)
-            now[0] += 1.0 + (ahead_costs[0] if ahead else 0.0)
-            gate.end()
-            ways.append(ahead)
-        return [(way, len(list(group))) for way, group in itertools.groupby(ways)]
+    run = lambda gate, steps: _run_gate(gate, steps, now, ahead_costs[0])  # noqa: E731
 
     gate = MeasuredGate(samples=4, hold=72, block=6, settle=2, clock=lambda: now[0], cannot_pay=lambda: rules_out[0])
     # the first trial is measured (nothing to go by yet); once "without" is held, each trial
@@ -686,6 +680,7 @@ def test_a_bound_that_rules_reading_ahead_out_spares_the_trial_its_block_reading
     rules_out[0] = False  # the bound no longer rules it out: the clock decides again
     assert run(gate, 12 + 72) == [(True, 6), (False, 6), (True, 72)]
     assert gate.chosen is True and gate.spared == 2
+
 
 def _prefetcher_with(quiet):
     from colibri_core.experts.prefetch import QUIET_STEPS, Prefetcher

@@ -149,6 +149,8 @@ class Prefetcher:
         # unused predicted bytes), and the same counters as the step now running began
         self._quiet: deque[tuple[int, int, int, int]] = deque(maxlen=QUIET_STEPS)
         self._began: tuple[int, int, int, int] | None = None
+        # a disk tier plugin need not time its reads: then the bound decides nothing
+        self._disk_timed = hasattr(store.disk, "busy_ns") and hasattr(store.disk, "bytes_read")
         # the reserve for reads ahead (two layers of them) is RAM the cache may use while
         # none are made: (slots while reading ahead, slots while not)
         self._ram_slots = (store.ram.slots, max(store.ram.slots, idle_slots if idle_slots is not None else 0))
@@ -173,7 +175,7 @@ class Prefetcher:
         MoE layer's experts when the token ids alone decide them."""
         rows = len(step.positions)
         ahead = self.gate.begin(rows)
-        self._began = self._counters() if rows == 1 and not ahead else None
+        self._began = self._counters() if rows == 1 and not ahead and self._disk_timed else None
         if ahead != self._ahead:  # the previous step's reads ahead were dropped at its layers' ends
             self.store.ram.resize(self._ram_slots[0] if ahead else self._ram_slots[1])
         self._ahead = ahead
@@ -194,8 +196,7 @@ class Prefetcher:
 
     def _counters(self) -> tuple[int, int, int, int]:
         disk = self.store.disk
-        busy = disk.busy_ns() if hasattr(disk, "busy_ns") else 0
-        return time.perf_counter_ns(), busy, disk.bytes_read, self.store.stats.predicted_reads_unused_bytes
+        return time.perf_counter_ns(), disk.busy_ns(), disk.bytes_read, self.store.stats.predicted_reads_unused_bytes
 
     def cannot_pay(self) -> bool:
         """Whether the last steps run without reading ahead show that it cannot pay: the
