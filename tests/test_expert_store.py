@@ -564,6 +564,36 @@ def test_prefetch_reads_ahead_and_reports_its_precision(model_dir, monkeypatch):
     assert s.prefetch_steps_off == 0
 
 
+def test_predicted_reads_a_layer_does_not_use_are_cancelled_when_it_asks_for_its_experts(model_dir):
+    import threading
+
+    from colibri_core.experts.reads import ReadPool
+
+    with colibri_core.load(model_dir, cap=1, history=False) as model:
+        store = model.store
+        store._pool.shutdown()
+        store._pool = ReadPool(1)  # one worker: the order of the reads is the order they run in
+        plain, read = store._read, []
+
+        def recording(layer, expert):
+            read.append((layer, expert))
+            return plain(layer, expert)
+
+        store._read = recording
+        busy = threading.Event()
+        blocker = store._pool.submit((0, -1), busy.wait, 10)  # the worker is busy: what follows queues
+        store.prefetch(1, [0, 1, 2, 3])
+        store.request(1, [0, 1])  # the layer turns out to use 0 and 1
+        busy.set()
+        blocker.result()
+        for e in (0, 1):
+            store.get(1, e)
+        store._pool.submit((9,), lambda: None).result()  # after every read queued before it
+        store.end_layer(1, np.array([[0, 1]]), np.array([0, 1]))
+        assert read == [(1, 0), (1, 1)]  # 2 and 3 were never read
+        assert store.stats.hits_prefetched == 2 and store.stats.prefetch_unused == 0
+
+
 def test_the_time_spent_waiting_for_reads_is_counted(model_dir):
     streamed = generate(model_dir, cap=1, max_tokens=8).stats
     assert streamed.misses > 0 and streamed.read_wait_s > 0

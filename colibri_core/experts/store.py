@@ -203,11 +203,15 @@ class ExpertStore:
         """A layer is about to use these experts (ascending): start reading the ones not
         resident, up to ``io_window`` at a time, so their reads overlap each other and the
         computation of the experts already at hand. Returns whether all of them are at
-        hand already (no read to wait for)."""
+        hand already (no read to wait for). Predicted reads for this layer that it does
+        not use and that have not started are cancelled now, not when the layer ends: a
+        worker would otherwise spend the layer's computation reading them."""
         at_hand = True
         queue, staged = self._queue[layer], self._staged[layer]
+        wanted = set()
         for e in experts:
             e = int(e)
+            wanted.add(e)
             if self._resident(layer, e):
                 continue
             at_hand = False
@@ -215,6 +219,9 @@ class ExpertStore:
                 self._pool.hurry(staged[e], _demand_priority(layer))
             elif self._pool is not None and e not in self._demand[layer]:
                 queue.append(e)
+        for e in [e for e in staged if e not in wanted]:
+            if staged[e].cancel():
+                del staged[e]
         if self._pool is not None:
             self._fill(layer)
         self._release(layer)
