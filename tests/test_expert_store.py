@@ -594,6 +594,58 @@ def test_predicted_reads_a_layer_does_not_use_are_cancelled_when_it_asks_for_its
         assert store.stats.hits_prefetched == 2 and store.stats.prefetch_unused == 0
 
 
+def test_a_running_read_ahead_its_layer_does_not_use_stops_midway(model_dir, monkeypatch):
+    import threading
+
+    from colibri_core.experts.reads import ReadPool
+    from colibri_core.io import drives
+
+    with colibri_core.load(model_dir, cap=1, history=False) as model:
+        store = model.store
+        store._pool.shutdown()
+        store._pool = ReadPool(1)
+        monkeypatch.setattr(drives, "STOP_CHUNK", 256)  # the demo's experts span several chunks
+        infos = store.layouts[1][2].values()
+        lo, hi = min(t.offset for t in infos), max(t.offset + t.nbytes for t in infos)
+        assert hi - lo > 3 * 256
+        plain, offsets, started, go = os.preadv, [], threading.Event(), threading.Event()
+
+        def preadv(fd, buffers, offset):
+            offsets.append(offset)
+            if len(offsets) == 1:  # expert 2's first chunk: its layer's routing arrives meanwhile
+                started.set()
+                go.wait(10)
+            return plain(fd, buffers, offset)
+
+        monkeypatch.setattr(drives.os, "preadv", preadv)
+        store.prefetch(1, [2])
+        assert started.wait(10)
+        store.request(1, [0])  # the layer uses expert 0, not 2
+        go.set()
+        store.get(1, 0)
+        assert isinstance(store._staged[1][2].exception(10), drives.ReadStopped)
+        assert [o for o in offsets if lo <= o < hi] == [lo]  # one chunk of expert 2 read, not all
+        store.end_layer(1, np.array([[0]]), np.array([0]))
+        assert store.stats.prefetch_unused == 1
+
+
+def test_reads_ahead_stopped_midway_change_no_token(model_dir, monkeypatch):
+    from colibri_core.io import drives
+
+    reference = generate(model_dir, cap=2, max_tokens=12)
+    monkeypatch.setattr(drives, "STOP_CHUNK", 256)
+    # hopeless predictions: every read ahead is one its layer does not use
+    monkeypatch.setattr("colibri_core.experts.prefetch.ranked",
+                        lambda indices, weights: [e for e in range(SPEC.num_experts) if e not in set(np.ravel(indices))])
+    with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
+        model.lm.prefetcher.gate = FixedGate(ahead=True)
+        model.store.prefetch_pay_ratio = 0.0  # keep issuing them (whether one is running when
+        # its layer asks is up to the threads: the test above stops one for certain)
+        result = model.generate(token_ids=PROMPT, max_tokens=12, ignore_eos=True, return_logits=True)
+    same(result, reference)
+    assert result.stats.prefetch_issued > 11
+
+
 def test_the_time_spent_waiting_for_reads_is_counted(model_dir):
     streamed = generate(model_dir, cap=1, max_tokens=8).stats
     assert streamed.misses > 0 and streamed.read_wait_s > 0

@@ -15,6 +15,7 @@ and runs the prefetch I/O pool.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from colibri_core.io.drives import stop_reads_when
 from colibri_core.io.safetensors import TensorInfo
 from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.reads import ReadPool
@@ -123,6 +125,7 @@ class ExpertStore:
         # without a device tier, the RAM tier keeps what the backend computes with
         self._backend = None if self.device is not None else self.disk.backend
         self._staged: list[dict[int, Future]] = [{} for _ in self.layouts]  # prefetched (predicted)
+        self._stops: list[dict[int, threading.Event]] = [{} for _ in self.layouts]  # set: give that read up
         self._demand: list[dict[int, Future]] = [{} for _ in self.layouts]  # misses being read
         self._queue: list[deque[int]] = [deque() for _ in self.layouts]  # misses waiting for the window
         self._predicted: list[set[int]] = [set() for _ in self.layouts]
@@ -204,8 +207,9 @@ class ExpertStore:
         resident, up to ``io_window`` at a time, so their reads overlap each other and the
         computation of the experts already at hand. Returns whether all of them are at
         hand already (no read to wait for). Predicted reads for this layer that it does
-        not use and that have not started are cancelled now, not when the layer ends: a
-        worker would otherwise spend the layer's computation reading them."""
+        not use are given up now, not when the layer ends: those not started are
+        cancelled (a worker would otherwise spend the layer's computation reading them),
+        and those running stop at their next ``STOP_CHUNK`` (``io/drives.py``)."""
         at_hand = True
         queue, staged = self._queue[layer], self._staged[layer]
         wanted = set()
@@ -222,6 +226,8 @@ class ExpertStore:
         for e in [e for e in staged if e not in wanted]:
             if staged[e].cancel():
                 del staged[e]
+            else:  # running: it stops at its next chunk (DiskTier reads; a plugin's may finish)
+                self._stops[layer][e].set()
         if self._pool is not None:
             self._fill(layer)
         self._release(layer)
@@ -260,6 +266,7 @@ class ExpertStore:
             if not future.cancel():  # already read (or reading): wasted I/O
                 self.stats.prefetch_unused += 1
         self._staged[layer] = {}
+        self._stops[layer] = {}
         for future in self._demand[layer].values():  # only left when a computation failed midway
             future.cancel()
         self._demand[layer] = {}
@@ -295,8 +302,14 @@ class ExpertStore:
         for e in reads:
             if e in staged or self._resident(layer, e):
                 continue
-            staged[e] = self._pool.submit(_prefetch_priority(layer), self._read, layer, e)
+            stop = self._stops[layer][e] = threading.Event()
+            staged[e] = self._pool.submit(_prefetch_priority(layer), self._read_ahead, layer, e, stop)
             self.stats.prefetch_issued += 1
+
+    def _read_ahead(self, layer: int, expert: int, stop: threading.Event) -> ExpertWeights:
+        """A predicted read: given up midway (``ReadStopped``) once ``stop`` is set."""
+        with stop_reads_when(stop.is_set):
+            return self._read(layer, expert)
 
     def _release(self, layer: int) -> None:
         """Issue the predicted reads held until ``layer``'s misses were queued."""

@@ -23,6 +23,7 @@ import math
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,35 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
     start = (-raw.ctypes.data) % ALIGN
     return raw[start : start + nbytes]
+
+
+# A read that may be given up midway (``stop_reads_when``) reads this much between two
+# looks at whether it is still wanted; a multiple of ALIGN, for O_DIRECT.
+STOP_CHUNK = 4 << 20
+
+
+class ReadStopped(Exception):
+    """A read given up midway because its bytes are no longer wanted (``stop_reads_when``):
+    not a failure of the drive. ``nbytes``: what it had read."""
+
+    def __init__(self, nbytes: int):
+        super().__init__(f"read stopped after {nbytes} bytes")
+        self.nbytes = nbytes
+
+
+_stopping = threading.local()
+
+
+@contextmanager
+def stop_reads_when(stop):
+    """Within the block, this thread's reads look at ``stop()`` every ``STOP_CHUNK`` bytes
+    and raise ``ReadStopped`` once it is true (the store's reads ahead, when their layer
+    turns out not to use them)."""
+    _stopping.check = stop
+    try:
+        yield
+    finally:
+        _stopping.check = None
 
 
 class ReadFailed(ColibriError):
@@ -89,16 +119,22 @@ class Drive:
         start = group[0].offset
         end = max(t.offset + t.nbytes for t in group)
         fd, direct_fd = self._open(group[0].path)
-        if direct_fd is not None:
-            lo = start - start % ALIGN
-            hi = -(-end // ALIGN) * ALIGN
-            buf = expert_buffer(hi - lo)
-            got = _read_full(direct_fd, buf, lo, minimum=end - lo)
-            data = buf[start - lo : end - lo]
-            nread = got
-        else:
-            data = expert_buffer(end - start)
-            nread = _read_full(fd, data, start, minimum=end - start)
+        try:
+            if direct_fd is not None:
+                lo = start - start % ALIGN
+                hi = -(-end // ALIGN) * ALIGN
+                buf = expert_buffer(hi - lo)
+                got = _read_full(direct_fd, buf, lo, minimum=end - lo)
+                data = buf[start - lo : end - lo]
+                nread = got
+            else:
+                data = expert_buffer(end - start)
+                nread = _read_full(fd, data, start, minimum=end - start)
+        except ReadStopped as stopped:
+            with self._lock:  # the bytes it did read were read
+                self.bytes_read += stopped.nbytes
+                self.reads += 1
+            raise
         if self.fadvise:
             forget(fd, start, end - start)
         with self._lock:
@@ -120,11 +156,15 @@ class Drive:
 
 
 def _read_full(fd: int, buf: np.ndarray, offset: int, minimum: int) -> int:
-    """preadv into buf until at least ``minimum`` bytes arrived; returns bytes read."""
+    """preadv into buf until at least ``minimum`` bytes arrived; returns bytes read.
+    Under ``stop_reads_when``, in chunks of STOP_CHUNK, looking at the stop before each."""
     view = memoryview(buf)
     done = 0
+    stop = getattr(_stopping, "check", None)
     while done < minimum:
-        n = os.preadv(fd, [view[done:]], offset + done)
+        if stop is not None and stop():
+            raise ReadStopped(done)
+        n = os.preadv(fd, [view[done:] if stop is None else view[done : done + STOP_CHUNK]], offset + done)
         if n <= 0:
             raise ReadFailed(f"short read at offset {offset + done}: file changed or truncated")
         done += n
