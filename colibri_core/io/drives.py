@@ -130,21 +130,23 @@ class Drive:
             else:
                 data = expert_buffer(end - start)
                 nread = _read_full(fd, data, start, minimum=end - start)
-        except ReadStopped as stopped:
-            with self._lock:  # the bytes it did read were read
-                self.bytes_read += stopped.nbytes
-                self.reads += 1
+        except ReadStopped as stopped:  # the bytes it did read were read
+            self._ended(fd, start, end, stopped.nbytes)
             raise
-        if self.fadvise:
-            forget(fd, start, end - start)
-        with self._lock:
-            self.bytes_read += nread
-            self.reads += 1
+        self._ended(fd, start, end, nread)
         out = {t.name: data[t.offset - start : t.offset - start + t.nbytes] for t in group}
         if self.integrity is not None:
             for t in group:
                 self.integrity.check(t, out[t.name], self.files[t.path])
         return out
+
+    def _ended(self, fd: int, start: int, end: int, nread: int) -> None:
+        """A read of [start, end) ended, ``nread`` bytes read: out of the page cache, counted."""
+        if self.fadvise:
+            forget(fd, start, end - start)
+        with self._lock:
+            self.bytes_read += nread
+            self.reads += 1
 
     def close(self) -> None:
         with self._lock:
