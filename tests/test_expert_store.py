@@ -612,7 +612,7 @@ def test_a_running_read_ahead_its_layer_does_not_use_stops_midway(model_dir, mon
 
         def preadv(fd, buffers, offset):
             offsets.append(offset)
-            if len(offsets) == 1:  # expert 2's first chunk: its layer's routing arrives meanwhile
+            if offset == lo:  # expert 2's first chunk: its layer's routing arrives meanwhile
                 started.set()
                 go.wait(10)
             return plain(fd, buffers, offset)
