@@ -51,26 +51,35 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--prompt-tokens", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--prefetch-slots", type=int, default=None, help="colibri's --prefetch-slots (default: its own)")
     ap.add_argument("--no-drop-cache", action="store_true", help="keep the page cache (default: drop it, as root)")
     a = ap.parse_args(argv)
     if not a.no_drop_cache:
         drop_caches()
-    with colibri_core.load(a.model, ram=a.ram, prefetch=True, direct_io=True, history="read") as model:
+    with colibri_core.load(a.model, ram=a.ram, prefetch=True, prefetch_slots=a.prefetch_slots, direct_io=True,
+                          history="read") as model:
         store, prefetcher = model.store, model.lm.prefetcher
         gate = prefetcher.gate = TimedWay(a.way, prefetcher.gate)
-        predicted: dict[int, list[int]] = {}
+        predicted: dict[int, list[tuple[int, bool]]] = {}  # layer -> [(expert, needed a read)] by rank
         by_rank: list[list[int]] = []
+        reads_by_rank: list[list[int]] = []  # per rank: [used, predicted] of the predictions not resident
         prefetch, end_layer = store.prefetch, store.end_layer
 
         def scoring_prefetch(layer, experts, **kw):
-            predicted[layer] = list(experts)
+            predicted[layer] = [(int(e), not store._resident(layer, int(e))) for e in experts]
             return prefetch(layer, experts, **kw)
 
         def scoring_end_layer(layer, indices, experts):
             ranks = predicted.pop(layer, None)
             if ranks is not None and np.shape(indices)[0] == 1:
                 used = set(np.asarray(experts).tolist())
-                by_rank.append([int(e in used) for e in ranks])
+                by_rank.append([int(e in used) for e, _ in ranks])
+                for r, (e, needed) in enumerate(ranks):
+                    if needed:
+                        while len(reads_by_rank) <= r:
+                            reads_by_rank.append([0, 0])
+                        reads_by_rank[r][0] += e in used
+                        reads_by_rank[r][1] += 1
             return end_layer(layer, indices, experts)
 
         store.prefetch, store.end_layer = scoring_prefetch, scoring_end_layer
@@ -87,6 +96,9 @@ def main(argv=None) -> None:
             "steps_without_reading_ahead": s.prefetch_steps_off,
             "precision_by_rank": np.mean(full, axis=0).round(3).tolist() if full else [],
             "predictions_by_rank": len(full),
+            # the predictions that were not resident (the reads ahead a step would issue), by rank
+            "read_precision_by_rank": [round(u / n, 3) if n else None for u, n in reads_by_rank],
+            "reads_by_rank": [n for _, n in reads_by_rank],
         }
     print(json.dumps(out))
 

@@ -569,8 +569,9 @@ def test_predicted_reads_a_layer_does_not_use_are_cancelled_when_it_asks_for_its
 
     from colibri_core.experts.reads import ReadPool
 
-    with colibri_core.load(model_dir, cap=1, history=False) as model:
+    with colibri_core.load(model_dir, cap=4, history=False) as model:  # room for 4 reads ahead a layer
         store = model.store
+        store.prefetch_min_precision = 0.0  # read every prediction (the rank gate is tested apart)
         store._pool.shutdown()
         store._pool = ReadPool(1)  # one worker: the order of the reads is the order they run in
         plain, read = store._read, []
@@ -602,6 +603,7 @@ def test_a_running_read_ahead_its_layer_does_not_use_stops_midway(model_dir, mon
 
     with colibri_core.load(model_dir, cap=1, history=False) as model:
         store = model.store
+        store.prefetch_min_precision = 0.0  # read every prediction (the rank gate is tested apart)
         store._pool.shutdown()
         store._pool = ReadPool(1)
         monkeypatch.setattr(drives, "STOP_CHUNK", 256)  # the demo's experts span several chunks
@@ -639,7 +641,7 @@ def test_reads_ahead_stopped_midway_change_no_token(model_dir, monkeypatch):
                         lambda indices, weights: [e for e in range(SPEC.num_experts) if e not in set(np.ravel(indices))])
     with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
         model.lm.prefetcher.gate = FixedGate(ahead=True)
-        model.store.prefetch_pay_ratio = 0.0  # keep issuing them (whether one is running when
+        model.store.prefetch_min_precision = 0.0  # keep issuing them (whether one is running when
         # its layer asks is up to the threads: the test above stops one for certain)
         result = model.generate(token_ids=PROMPT, max_tokens=12, ignore_eos=True, return_logits=True)
     same(result, reference)
@@ -857,7 +859,11 @@ def test_steps_the_gate_runs_without_reading_ahead_read_nothing_ahead(model_dir)
     assert ahead.stats.prefetch_steps_off == 0 and ahead.stats.prefetch_issued > s.prefetch_issued
 
 
-def test_the_ram_reserved_for_reads_ahead_caches_experts_while_the_gate_makes_none(model_dir):
+def test_reads_ahead_borrow_their_layers_cache_slots_and_the_ram_budget_holds(model_dir):
+    """With ``--prefetch`` the cache keeps the slots of the whole budget; a read ahead takes
+    one of its layer's slots while staged (evicting an expert if the layer's are full), so
+    at no moment do a layer's cached experts and its staged reads exceed its slots."""
+    from colibri_core.experts.tiers import CachedTier
     from colibri_core.model.blueprint import inspect_model
 
     bp = inspect_model(model_dir)
@@ -868,27 +874,64 @@ def test_the_ram_reserved_for_reads_ahead_caches_experts_while_the_gate_makes_no
         except BudgetError:
             return 0
 
-    try:  # a budget where prefetch's reserve costs the cache slots
-        k = SPEC.num_experts_per_tok
-        budget = next(b for b in range(bp.dense_bytes, bp.dense_bytes + (1 << 20), 256)
-                      if 1 <= slots(b, k) < slots(b, 0) < SPEC.num_experts)
-        reading, idle = slots(budget, k), slots(budget, 0)
+    try:  # a budget whose cache holds 3 of a layer's experts: reads ahead must evict
+        budget = next(b for b in range(bp.dense_bytes, bp.dense_bytes + (1 << 20), 256) if slots(b, 0) == 3)
+        assert slots(budget, SPEC.num_experts_per_tok) == 3  # nothing is reserved for reads ahead
     finally:
         bp.close()
     reference = generate(model_dir, ram=budget, max_tokens=16)
-    assert reference.model_store.ram.slots == idle
     with colibri_core.load(model_dir, ram=budget, prefetch=True, history=False) as model:
-        ram = model.store.ram
-        assert ram.slots == reading  # the prompt's step reads ahead
-        model.lm.prefetcher.gate = FixedGate(ahead=False)
-        off = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
-        assert ram.slots == idle and max(len(ram.cached(layer)) for layer in range(SPEC.num_hidden_layers)) > reading
+        store, ram = model.store, model.store.ram
+        assert ram.slots == reference.model_store.ram.slots == 3
+        store.prefetch_min_precision = 0.0  # read every prediction ahead
         model.lm.prefetcher.gate = FixedGate(ahead=True)
+        lent_seen, most_cached = [], []
+
+        def check(layer):
+            staged, cached = len(store._staged[layer]), len(ram.cached(layer))
+            assert ram.lent_slots(layer) == staged and cached + staged <= ram.slots, (layer, cached, staged)
+            lent_seen.append(staged)
+            most_cached.append(cached)
+
+        submit, put = store._submit_prefetch, ram.put
+
+        def checked_submit(layer, reads):
+            submit(layer, reads)
+            check(layer)
+
+        def checked_put(layer, expert, weights):
+            held = put(layer, expert, weights)
+            check(layer)
+            return held
+
+        store._submit_prefetch, ram.put = checked_submit, checked_put
         on = model.generate(token_ids=PROMPT, max_tokens=16, ignore_eos=True, return_logits=True)
-        # back to the reserve at once: the cache gave up its extra experts before reading ahead
-        assert ram.slots == reading and all(len(ram.cached(layer)) <= reading for layer in range(SPEC.num_hidden_layers))
-    same(off, reference)
+        assert max(lent_seen) >= 1 and max(most_cached) == 3  # reads ahead, and a cache using all its slots
+        assert all(ram.lent_slots(layer) == 0 for layer in range(len(store.layouts)))  # all given back
+        assert on.stats.prefetch_issued > 0
     same(on, reference)
+
+
+def test_a_layers_slot_lent_to_a_read_ahead_evicts_an_expert_the_prediction_does_not_name():
+    from colibri_core.experts.tiers import ExpertWeights, RamTier
+
+    tier = RamTier(2, slots=3)
+    weights = {e: ExpertWeights({"w": np.zeros(4, np.float32)}, 16) for e in range(6)}
+    for e in (0, 1, 2):
+        tier.put(0, e, weights[e])
+    assert tier.lend_slot(0, keep={0, 5})  # 0 is the least recently used, but predicted: 1 goes
+    assert tier.cached(0) == [0, 2] and tier.lent_slots(0) == 1 and tier.evictions == 1
+    tier.put(0, 3, weights[3])  # the layer's cache now holds 2: 0 goes
+    assert tier.cached(0) == [2, 3]
+    assert not tier.lend_slot(0, keep={2, 3})  # nothing left it may evict
+    assert tier.lend_slot(0) and tier.lent_slots(0) == 2 and tier.cached(0) == [3]
+    assert tier.lend_slot(0) and tier.cached(0) == [] and not tier.lend_slot(0)  # all 3 lent
+    tier.put(0, 4, weights[4])  # no slot left: used, not kept
+    assert tier.cached(0) == [] and tier.lent_slots(1) == 0
+    for _ in range(3):
+        tier.return_slot(0)
+    tier.put(0, 4, weights[4])
+    assert tier.cached(0) == [4] and tier.lent_slots(0) == 0
 
 
 def test_a_smaller_cache_evicts_its_least_recently_used_experts_at_once():
@@ -910,14 +953,13 @@ def test_a_smaller_cache_evicts_its_least_recently_used_experts_at_once():
     assert tier.cached(0) == [0, 1, 2] and tier.evictions == 2
 
 
-def test_a_prefetch_window_in_bytes_sets_the_experts_read_ahead_and_the_ram_they_reserve(model_dir):
+def test_a_prefetch_window_in_bytes_sets_the_experts_read_ahead(model_dir):
     with colibri_core.load(model_dir, prefetch=True, history=False) as model:
         one, default = model.placement.expert_bytes, model.placement
     assert default.prefetch_slots == SPEC.num_experts_per_tok
     for window, slots in ((one, 1), (3 * one + one // 2, 3), (100 * one, SPEC.num_experts)):
         with colibri_core.load(model_dir, prefetch=True, prefetch_window=window, history=False) as model:
             assert model.placement.prefetch_slots == slots
-            assert model.placement.prefetch_reserve_bytes == 2 * slots * one
             assert model.lm.prefetcher._next and all(n.slots == slots for n in model.lm.prefetcher._next.values())
     with pytest.raises(UsageError, match="prefetch_window.*holds no expert"):
         colibri_core.load(model_dir, prefetch=True, prefetch_window=one - 1, history=False)
@@ -950,22 +992,50 @@ def test_prefetch_stops_while_its_reads_go_unused_and_resumes_when_they_pay(mode
     with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
         store = model.store
         experts = len(store.layouts[0])
-        assert experts >= 4 and store.prefetch_pays
+        assert experts >= 4 and not store.prefetch_pays(0)  # nothing scored yet: nothing read
 
         def predict(predicted, used):
             store.prefetch(0, predicted)
             store.end_layer(0, np.asarray(used), np.asarray(used))
 
-        predict([0, 1], [2, 3])  # both reads wasted
+        predict([0, 1], [0, 1])  # scored, not read: the first guesses cost no reads
+        assert store.stats.prefetch_issued == 0 and store.stats.prefetch_skipped == 2
+        assert store.prefetch_pays(0) and store.prefetch_pays(1)
+        predict([2, 3], [0, 1])  # read, and both wasted
         issued = store.stats.prefetch_issued
-        assert issued == 2 and not store.prefetch_pays
-        predict([0, 1], [2, 3])  # scored, not read
-        assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 2
-        predict([2, 3], [2, 3])  # predictions come true: scored though not read
+        assert issued == 2 and not store.prefetch_pays(0) and not store.prefetch_pays(1)
+        predict([2, 3], [0, 1])  # scored, not read
         assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 4
-        for _ in range(3):
+        predict([0, 1], [0, 1])  # predictions come true: scored though not read
+        assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 6
+        for _ in range(12):
             predict([2, 3], [2, 3])
-        assert store.prefetch_pays and store.stats.prefetch_issued > issued  # reading ahead again
+        assert store.prefetch_pays(0) and store.stats.prefetch_issued > issued  # reading ahead again
+        # a prompt's (several rows') scores are its own: one-row ranks are unchanged by them
+        before = store.prefetch_precision_by_rank()
+        store.prefetch(0, [0, 1], several=True)
+        store.end_layer(0, np.asarray([[0, 1], [1, 2]]), np.asarray([0, 1, 2]))
+        assert store.prefetch_precision_by_rank() == before
+        assert store.prefetch_precision_by_rank(several=True) == [1.0, 1.0]
+
+
+def test_prefetch_reads_ahead_only_the_ranks_whose_predictions_are_mostly_used(model_dir):
+    """The surest prediction comes true, the second never: only the first rank is read
+    ahead, and the second is still scored (so it would come back if it paid)."""
+    with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
+        store = model.store
+        for step in range(12):
+            sure, wrong = (0, 1) if step % 2 else (1, 0)  # each expert takes both ranks in turn
+            store.prefetch(0, [sure, wrong])
+            store.end_layer(0, np.asarray([sure, 2]), np.asarray(sorted([sure, 2])))
+        assert store.prefetch_pays(0) and not store.prefetch_pays(1)
+        precision = store.prefetch_precision_by_rank()
+        assert precision[0] == 1.0 and precision[1] < 0.2
+        issued, skipped = store.stats.prefetch_issued, store.stats.prefetch_skipped
+        store.prefetch(0, [3, 1])
+        assert store.stats.prefetch_issued == issued + 1 and store.stats.prefetch_skipped == skipped + 1
+        assert set(store._staged[0]) == {3}
+        store.end_layer(0, np.asarray([3, 2]), np.asarray([2, 3]))
 
 
 def test_reads_run_most_urgent_first_and_a_queued_read_can_be_hurried():
@@ -1006,6 +1076,7 @@ def test_a_layers_misses_are_read_before_the_next_layers_prefetch(model_dir):
 
     with colibri_core.load(model_dir, cap=2, prefetch=True, history=False) as model:
         store = model.store
+        store.prefetch_min_precision = 0.0  # read every prediction (the rank gate is tested apart)
         store._pool.shutdown()
         store._pool = ReadPool(1)  # one reader, held while the reads queue
         gate, order = threading.Event(), []

@@ -35,12 +35,12 @@ def test_pinning_takes_a_share_and_cap_limits_the_whole_expert_budget():
     assert everything.pinned == 0 and everything.all_resident  # nothing to choose when all fit
 
 
-def test_prefetch_reserves_two_layers_of_read_ahead():
-    p = plan(dense_bytes=100, expert_bytes=10, moe_layers=2, experts_per_layer=8, ram=100 + 10 + 40 + 80, cap=None,
-             prefetch_slots=2)
-    assert p.prefetch_reserve_bytes == 40 and p.slots == 4
-    with pytest.raises(BudgetError, match="prefetch reserve"):
-        plan(dense_bytes=100, expert_bytes=10, moe_layers=2, experts_per_layer=8, ram=140, cap=None, prefetch_slots=2)
+def test_prefetch_reserves_nothing_its_reads_borrow_the_caches_slots():
+    ram = 100 + 10 + 80  # dense, one expert being read, 4 slots in each of 2 layers
+    with_prefetch = plan(dense_bytes=100, expert_bytes=10, moe_layers=2, experts_per_layer=8, ram=ram, cap=None,
+                         prefetch_slots=2)
+    without = plan(dense_bytes=100, expert_bytes=10, moe_layers=2, experts_per_layer=8, ram=ram, cap=None)
+    assert with_prefetch.prefetch_slots == 2 and with_prefetch.slots == without.slots == 4
 
 
 def test_a_budget_below_dense_weights_plus_one_expert_is_refused_clearly():

@@ -436,7 +436,7 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
         "vram_budget": device.budget if device else None, "vram_budget_source": device.budget_source if device else None,
         "tiers": tiers,
         "cache_slots_per_layer": placement.slots, "pinned_experts": len(pinned), "pinned_capacity": placement.pinned,
-        "prefetch_slots": placement.prefetch_slots, "prefetch_reserve_bytes": placement.prefetch_reserve_bytes,
+        "prefetch_slots": placement.prefetch_slots,
         "all_resident": placement.all_resident,
         "history_tokens": history.total_tokens if history is not None else 0,
         "run_prompt_tokens": prompt_tokens, "run_tokens": tokens, "preload": preload,

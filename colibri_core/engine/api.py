@@ -310,10 +310,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
                     progress.start(store.pinned_capacity, "pinned experts", "experts")
                 store.apply_pins(progress=(lambda: progress.advance(1)) if progress else None)
             if slots_ahead and store.compute is None:  # a compute tier reads its experts where it computes them
-                idle = bp.placement(ram=budget, cap=cap, pin_share=pin_share if pinning else 0.0, prefetch_slots=0,
-                                    vram=vram_budget)  # the same budget without the reserve for reads ahead
-                bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead,
-                                              idle_slots=idle.slots if idle.pinned == placement.pinned else None)
+                bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead)
             if preload:
                 if progress:
                     progress.start(store.warm_slots * len(moe), "experts", "experts")

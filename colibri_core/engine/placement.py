@@ -8,11 +8,12 @@ limits it to N experts per MoE layer, a share of it holds the pinned hot set (wh
 pinning is on) and the remainder becomes LRU slots, the same number in every MoE layer.
 
 - RAM tier (``--ram``): host forms of experts. Experts being read for the current layer
-  (the io window) and those prefetched for the next layers are reserved from it.
+  (the io window) are reserved from it; an expert read ahead for a layer borrows one of
+  that layer's LRU slots while it waits to be used (``CachedTier.lend_slot``).
 - Device tier (``--vram``, only on a backend with device memory): prepared experts.
   Default: a share of ``device_memory()`` less the dense weights (they live there too).
   On unified memory (device memory is host memory) both tiers share ``--ram``: the
-  device tier gets ``--vram`` of what the dense weights and reserves leave (default: all
+  device tier gets ``--vram`` of what the dense weights and the io window leave (default: all
   of it, since a prepared expert is what the backend computes with), the RAM tier the rest.
 
 Placement changes speed only, never the numbers the model computes.
@@ -173,11 +174,6 @@ class Placement:
         return ([self.device] if self.device is not None else []) + [self.ram]
 
     @property
-    def prefetch_reserve_bytes(self) -> int:
-        # predictions for the next layer are staged while the current layer's are in use
-        return 2 * self.prefetch_slots * self.expert_bytes
-
-    @property
     def expert_cache_bytes(self) -> int:
         """Bytes of the RAM tier's experts (pinned + LRU) when full."""
         return (self.slots * self.moe_layers + self.pinned) * self.expert_bytes
@@ -209,18 +205,16 @@ def plan(*, dense_bytes: int, expert_bytes: int, moe_layers: int, experts_per_la
         ram = int(available_memory() * DEFAULT_SHARE_OF_AVAILABLE)
     # the misses of one layer being read (at least the one computing) live beyond the cache
     working = max(1, io_window) * expert_bytes if moe_layers else 0
-    reserve = 2 * prefetch_slots * expert_bytes
     dense_in_ram = dense_bytes if device_memory is None or unified else 0
-    if ram < dense_in_ram + working + reserve:
+    if ram < dense_in_ram + working:
         hint = f"give a larger {ram_option}" if source == "--ram" else "free memory or use a machine with more RAM"
         raise BudgetError(
             f"RAM budget {format_bytes(ram)} ({ram_option if source == '--ram' else source}) cannot hold "
             + (f"the dense weights ({format_bytes(dense_bytes)})" if dense_in_ram else "")
             + (f"{' plus ' if dense_in_ram else ''}{max(1, io_window)} expert(s) being read ({format_bytes(working)})" if working else "")
-            + (f" plus the prefetch reserve ({format_bytes(reserve)})" if reserve else "")
             + f"; {hint}"
         )
-    experts_left = ram - dense_in_ram - working - reserve  # bytes for the resident expert tiers
+    experts_left = ram - dense_in_ram - working  # bytes for the resident expert tiers
     device = None
     if device_memory is not None:
         device_expert_bytes = device_expert_bytes or expert_bytes

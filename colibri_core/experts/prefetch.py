@@ -137,11 +137,10 @@ class _Next:
 
 
 class Prefetcher:
-    def __init__(self, lm, store, slots: int, gate: MeasuredGate | None = None, idle_slots: int | None = None):
-        """``slots``: at most this many experts are read ahead per layer; ``gate`` decides
-        per step whether to (default: a ``MeasuredGate``). ``idle_slots``: the RAM tier's
-        LRU slots per layer while no step reads ahead (the budget without prefetch's
-        reserve); its slots as given hold while steps read ahead."""
+    def __init__(self, lm, store, slots: int, gate: MeasuredGate | None = None):
+        """``slots``: at most this many experts are read ahead per layer (each borrows a
+        slot of its layer's cache while staged: ``ExpertStore.prefetch``); ``gate`` decides
+        per step whether to (default: a ``MeasuredGate``)."""
         self.store = store
         self.gate = gate if gate is not None else MeasuredGate(cannot_pay=self.cannot_pay)
         self._ahead = True  # whether this step reads ahead (predictions are scored either way)
@@ -151,9 +150,6 @@ class Prefetcher:
         self._began: tuple[int, int, int, int] | None = None
         # a disk tier plugin need not time its reads: then the bound decides nothing
         self._disk_timed = hasattr(store.disk, "busy_ns") and hasattr(store.disk, "bytes_read")
-        # the reserve for reads ahead (two layers of them) is RAM the cache may use while
-        # none are made: (slots while reading ahead, slots while not)
-        self._ram_slots = (store.ram.slots, max(store.ram.slots, idle_slots if idle_slots is not None else 0))
         self._next: dict[int, _Next] = {}
         moe_layers = [(i, layer) for i, layer in enumerate(lm.layers) if getattr(layer, "mlp", None) is not None
                       and hasattr(layer.mlp, "router") and hasattr(layer.mlp, "experts")]
@@ -176,8 +172,6 @@ class Prefetcher:
         rows = len(step.positions)
         ahead = self.gate.begin(rows)
         self._began = self._counters() if rows == 1 and not ahead and self._disk_timed else None
-        if ahead != self._ahead:  # the previous step's reads ahead were dropped at its layers' ends
-            self.store.ram.resize(self._ram_slots[0] if ahead else self._ram_slots[1])
         self._ahead = ahead
         if not ahead:
             self.store.stats.prefetch_steps_off += 1
@@ -185,7 +179,7 @@ class Prefetcher:
             return
         router, moe_index = self._first
         self.store.prefetch(moe_index, [int(e) for e in np.unique(router.experts_for(step.ids, step.ops))],
-                            issue=self._ahead)
+                            issue=self._ahead, several=rows > 1, exact=True)
 
     def after_layers(self, step) -> None:
         """The step's layers are done (the gate times the step up to here)."""
@@ -221,4 +215,5 @@ class Prefetcher:
             return
         indices, weights = nxt.router(nxt.norm(h, step), step)
         chosen = ranked(indices, weights)[: nxt.slots]
-        self.store.prefetch(nxt.moe_index, chosen, behind=nxt.behind, issue=self._ahead)
+        self.store.prefetch(nxt.moe_index, chosen, behind=nxt.behind, issue=self._ahead,
+                            several=len(step.positions) > 1)

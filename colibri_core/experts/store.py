@@ -108,13 +108,17 @@ class ExpertStore:
     io_workers: int = 3  # threads reading experts from disk (demand misses and prefetch)
     io_window: int = 8  # demand reads of one layer in flight at once (bounds transient memory)
     history_decay: float = 1.0
-    # Prefetch pays when the reads it would issue (predicted, not resident) are mostly
-    # used: a wasted read costs bandwidth and a share of the two or so cores that compute,
-    # a useful one saves a wait. Over recent layers (counts decayed by this per layer), the
-    # would-be reads are scored whether issued or not; reads are issued only while the used
-    # ones are at least ``prefetch_pay_ratio`` times the unused ones.
+    # A predicted read pays when predictions of its rank (its place in the predicted list,
+    # surest first) are mostly used: a wasted read costs disk time and a share of the two or
+    # so cores that compute, a used one saves a wait, and on a disk the demand reads keep
+    # busy it saves little. Each rank's would-be reads (predicted, not resident) are scored
+    # whether issued or not (counts decayed by ``prefetch_memory`` each time that rank is
+    # scored); a rank is read ahead only while at least ``prefetch_min_precision`` of its
+    # scored reads were used. Steps of one row and of several (a prompt, a batch) keep
+    # apart scores: a prompt's rows use most experts, so its predictions nearly all come
+    # true, which says nothing of the next token's.
     prefetch_memory: float = 0.98
-    prefetch_pay_ratio: float = 1.0
+    prefetch_min_precision: float = 0.8
     save_history: bool = True
     device: DeviceTier | None = None  # prepared experts in the backend's memory, consulted first
     stats: StoreStats = field(default_factory=StoreStats)
@@ -129,13 +133,18 @@ class ExpertStore:
         self._demand: list[dict[int, Future]] = [{} for _ in self.layouts]  # misses being read
         self._queue: list[deque[int]] = [deque() for _ in self.layouts]  # misses waiting for the window
         self._predicted: list[set[int]] = [set() for _ in self.layouts]
-        self._would_read: list[set[int]] = [set() for _ in self.layouts]  # this layer's predicted reads
+        # this layer's predicted reads: expert -> (predicted for several rows, its rank; None:
+        # known exactly, not scored by rank)
+        self._would_read: list[dict[int, tuple[bool, int | None]]] = [{} for _ in self.layouts]
         # predicted reads waiting for a MoE layer's misses to be queued first:
         # {that layer: (the layer predicted, experts)}; one predictor per layer, so a newer
         # prediction replaces one a failed forward pass left behind
         self._held: dict[int, tuple[int, list[int]]] = {}
-        self._read_used = 1.0  # decayed counts of predicted reads the layer used / did not use
-        self._read_unused = 0.0  # (the 1 / 0 start: prefetch begins on)
+        # for steps of one row / several, by rank: decayed counts of predicted reads the
+        # layer used / did not use (a rank not scored yet is not read ahead: its first
+        # predictions are scored, unread, so a first step's guesses cost no reads)
+        self._rank_used: dict[bool, list[float]] = {False: [], True: []}
+        self._rank_unused: dict[bool, list[float]] = {False: [], True: []}
         self._pool = ReadPool(self.io_workers) if self.io_workers else None
         self._tokens_since_repin = 0
 
@@ -171,6 +180,7 @@ class ExpertStore:
             return weights
         future = self._staged[layer].pop(expert, None)
         if future is not None:
+            self.ram.return_slot(layer)  # the expert takes its place in the cache (put, below)
             weights = self._wait(future)
             self.stats.hits_prefetched += 1
         else:
@@ -226,6 +236,7 @@ class ExpertStore:
         for e in [e for e in staged if e not in wanted]:
             if staged[e].cancel():
                 del staged[e]
+                self.ram.return_slot(layer)
             else:  # running: it stops at its next chunk (DiskTier reads; a plugin's may finish)
                 self._stops[layer][e].set()
         if self._pool is not None:
@@ -255,14 +266,22 @@ class ExpertStore:
         self._predicted[layer] = set()
         would = self._would_read[layer]
         if would:
-            hit = len(would & used)
             keep = self.prefetch_memory
-            self._read_used = self._read_used * keep + hit
-            self._read_unused = self._read_unused * keep + len(would) - hit
+            for e, (several, rank) in would.items():
+                if rank is None:
+                    continue
+                used_by_rank, unused_by_rank = self._rank_used[several], self._rank_unused[several]
+                while len(used_by_rank) <= rank:
+                    used_by_rank.append(0.0)
+                    unused_by_rank.append(0.0)
+                hit = e in used
+                used_by_rank[rank] = used_by_rank[rank] * keep + hit
+                unused_by_rank[rank] = unused_by_rank[rank] * keep + (not hit)
             self.stats.predicted_reads_unused_bytes += sum(
-                info.nbytes for e in would - used for info in self.layouts[layer][e].values())
-            self._would_read[layer] = set()
+                info.nbytes for e in would.keys() - used for info in self.layouts[layer][e].values())
+            self._would_read[layer] = {}
         for future in self._staged[layer].values():
+            self.ram.return_slot(layer)
             if not future.cancel():  # already read (or reading): wasted I/O
                 self.stats.prefetch_unused += 1
         self._staged[layer] = {}
@@ -273,35 +292,55 @@ class ExpertStore:
         self._queue[layer].clear()
 
     # -- prefetch ----------------------------------------------------------------------
-    @property
-    def prefetch_pays(self) -> bool:
-        """Whether recent predicted reads were used often enough to issue more."""
-        return self._read_used >= self.prefetch_pay_ratio * self._read_unused
+    def prefetch_pays(self, rank: int, several: bool = False) -> bool:
+        """Whether recent predicted reads of this rank (0: the surest), for steps of one row
+        or of ``several``, were used often enough to issue more."""
+        if self.prefetch_min_precision <= 0:
+            return True
+        if rank >= len(self._rank_used[several]):
+            return False  # not scored yet
+        used = self._rank_used[several][rank]
+        return used >= self.prefetch_min_precision * (used + self._rank_unused[several][rank])
 
-    def prefetch(self, layer: int, experts: list[int], behind: int | None = None, issue: bool = True) -> None:
-        """Start reading experts predicted for ``layer`` on the I/O pool, while such reads
-        pay (``prefetch_pays``) and ``issue`` asks for them (the prefetcher's measured
-        gate); the prediction is scored either way. ``behind``: the MoE
-        layer now running, whose misses are not known yet: the reads wait until that
-        layer's ``request`` has queued them (a read already started cannot give way)."""
+    def prefetch_precision_by_rank(self, several: bool = False) -> list[float]:
+        """The decayed share of each rank's scored predicted reads that were used."""
+        return [u / (u + n) for u, n in zip(self._rank_used[several], self._rank_unused[several])]
+
+    def prefetch(self, layer: int, experts: list[int], behind: int | None = None, issue: bool = True,
+                 several: bool = False, exact: bool = False) -> None:
+        """Start reading experts predicted for ``layer`` (surest first) on the I/O pool:
+        those whose rank pays (``prefetch_pays``), when ``issue`` asks for reads (the
+        prefetcher's measured gate); the prediction is scored either way. ``behind``: the
+        MoE layer now running, whose misses are not known yet: the reads wait until that
+        layer's ``request`` has queued them (a read already started cannot give way).
+        ``several``: the step has several rows (a prompt, a batch). ``exact``: the experts
+        are known, not predicted (a layer routed by token id): all are read, unranked."""
         self._predicted[layer] = set(experts)
         staged = self._staged[layer]
-        reads = [e for e in experts if e not in staged and not self._resident(layer, e)]
-        # layers between two MoE layers each predict the next one: score all their reads
-        self._would_read[layer].update(reads)
-        if not issue or not self.prefetch_pays:
-            self.stats.prefetch_skipped += len(reads)
-            return
+        ranked_reads = [(rank, e) for rank, e in enumerate(experts) if e not in staged and not self._resident(layer, e)]
+        would = self._would_read[layer]
+        for rank, e in ranked_reads:  # layers between two MoE layers each predict the next one
+            before = would.get(e, (several, rank))[1]
+            would[e] = (several, None if exact else min(rank, rank if before is None else before))
+        reads = [e for rank, e in ranked_reads if issue and (exact or self.prefetch_pays(rank, several))]
+        self.stats.prefetch_skipped += len(ranked_reads) - len(reads)
         if behind is not None:
             self._held[behind] = (layer, reads)
             return
         self._submit_prefetch(layer, reads)
 
     def _submit_prefetch(self, layer: int, reads: list[int]) -> None:
+        """Read ahead: each read takes a slot of its layer's cache while it is staged
+        (``CachedTier.lend_slot``: the cache evicts an expert the prediction does not name,
+        if full), so reading ahead costs the cache only while its reads are staged, and
+        the RAM budget holds as without it."""
         staged = self._staged[layer]
-        for e in reads:
+        for i, e in enumerate(reads):
             if e in staged or self._resident(layer, e):
                 continue
+            if not self.ram.lend_slot(layer, keep=self._predicted[layer]):
+                self.stats.prefetch_skipped += len(reads) - i
+                break
             stop = self._stops[layer][e] = threading.Event()
             staged[e] = self._pool.submit(_prefetch_priority(layer), self._read_ahead, layer, e, stop)
             self.stats.prefetch_issued += 1

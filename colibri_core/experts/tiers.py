@@ -184,7 +184,9 @@ class DiskTier:
 class CachedTier:
     """A resident tier: a pinned hot set that is never evicted, plus a least-recently-used
     cache of at most ``slots`` experts per layer. ``hold`` turns the host weights handed
-    to the tier into what it keeps (the RAM tier keeps them as they are)."""
+    to the tier into what it keeps (the RAM tier keeps them as they are). A layer's slots
+    may be lent to reads ahead for it (``lend_slot``): the cache keeps that many fewer
+    experts of the layer until each is given back (``return_slot``)."""
 
     name = "cached"
 
@@ -193,6 +195,7 @@ class CachedTier:
         self.pinned_capacity = pinned_capacity  # experts the pinned set may hold, across all layers
         self._lru: list[OrderedDict[int, ExpertWeights]] = [OrderedDict() for _ in range(n_layers)]
         self._pinned: list[dict[int, ExpertWeights]] = [{} for _ in range(n_layers)]
+        self._lent: list[int] = [0] * n_layers  # slots of each layer lent to reads ahead
         self.resident_bytes = 0
         self.pinned_bytes = 0
         self.evictions = 0
@@ -250,10 +253,11 @@ class CachedTier:
         if held is not None:
             return held
         held = self.hold(weights)
-        if self.slots <= 0:
+        room = self.slots - self._lent[layer]
+        if room <= 0:
             return held
         cache = self._lru[layer]
-        self._evict_down_to(cache, self.slots - 1)
+        self._evict_down_to(cache, room - 1)
         cache[expert] = held
         self.resident_bytes += held.nbytes
         return held
@@ -265,12 +269,32 @@ class CachedTier:
         """Set the LRU slots per layer; a smaller count evicts each layer's least recently
         used experts down to it at once (their memory is free on return)."""
         self.slots = slots
-        for cache in self._lru:
-            self._evict_down_to(cache, max(slots, 0))
+        for cache, lent in zip(self._lru, self._lent):
+            self._evict_down_to(cache, max(slots - lent, 0))
 
-    def _evict_down_to(self, cache: OrderedDict, size: int) -> None:
+    def lend_slot(self, layer: int, keep=()) -> bool:
+        """Take one of ``layer``'s slots for an expert read ahead (its memory comes out of
+        the budget the cache had): the layer's least recently used expert not in ``keep``
+        is evicted if the slots left are full. False, lending nothing, when the slots are
+        all lent already or every expert left to evict is in ``keep``."""
+        cache, room = self._lru[layer], self.slots - self._lent[layer] - 1
+        if room < 0 or sum(1 for e in cache if e not in keep) < len(cache) - room:
+            return False
+        self._lent[layer] += 1
+        self._evict_down_to(cache, room, keep)
+        return True
+
+    def return_slot(self, layer: int) -> None:
+        """A read ahead for ``layer`` was used (the cache may now keep it) or given up."""
+        self._lent[layer] = max(0, self._lent[layer] - 1)
+
+    def lent_slots(self, layer: int) -> int:
+        return self._lent[layer]
+
+    def _evict_down_to(self, cache: OrderedDict, size: int, keep=()) -> None:
         while len(cache) > size:
-            _, old = cache.popitem(last=False)
+            old_expert = next(e for e in cache if e not in keep) if keep else next(iter(cache))
+            old = cache.pop(old_expert)
             self.resident_bytes -= old.nbytes
             self.evictions += 1
 

@@ -66,7 +66,7 @@ class Blueprint:
         """Experts read ahead per MoE layer: ``slots``, or as many as ``window`` bytes hold
         (experts as the RAM tier holds them), by default the router's top-k; 0 without
         prefetch. A window in bytes means the same read-ahead whether experts are 2 MB or
-        40 MB (the reads staged for two layers are reserved from the RAM budget)."""
+        40 MB (each read ahead borrows a slot of its layer's cache while staged)."""
         if not prefetch or not self.moe:
             return 0
         if slots is not None:

@@ -90,9 +90,13 @@ def test_hash_routed_first_layer_is_read_ahead_from_the_token_ids(tmp_path_facto
             return original(layer, experts, **options)
 
         model.store.prefetch = spy
+        submitted, submit = [], model.store._submit_prefetch
+        model.store._submit_prefetch = lambda layer, reads: (submitted.append((layer, list(reads))), submit(layer, reads))
         routing = []
         model.lm.forward(np.asarray(fx.prompt), model.lm.new_cache(model.backend), model.backend, routing=routing)
         table = model.backend.to_host(first.tid2eid.value).astype(np.int64)
+    # known, not predicted: read ahead before any prediction of the router's has been scored
+    assert submitted[0][0] == 0 and submitted[0][1]
     want = sorted(set(table[fx.prompt].ravel().tolist()))
     assert predicted[0] == (0, want)  # before any layer ran
     used = {layer: set(np.unique(experts).tolist()) for layer, experts in routing}
