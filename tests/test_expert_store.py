@@ -21,6 +21,7 @@ from colibri_core.errors import BudgetError, UsageError
 from colibri_core.io.drives import drop_page_cache
 from colibri_core.experts.history import FILENAME, RoutingHistory, cache_path
 from colibri_core.experts.prefetch import MeasuredGate
+from colibri_core.experts.store import ExpertStore
 from colibri_core.warn import ColibriWarning
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
@@ -552,7 +553,8 @@ class FixedGate(MeasuredGate):
 
 
 def test_prefetch_reads_ahead_and_reports_its_precision(model_dir, monkeypatch):
-    monkeypatch.setattr(MeasuredGate, "begin", lambda self, rows: True)  # always read ahead
+    monkeypatch.setattr(MeasuredGate, "begin", lambda self, rows: True)  # always read ahead,
+    monkeypatch.setattr(ExpertStore, "prefetch_pays", lambda self, rank, several=False: True)  # every rank
     reference = generate(model_dir, cap=2, max_tokens=16)
     result = generate(model_dir, cap=2, max_tokens=16, prefetch=True)
     same(result, reference)
@@ -998,16 +1000,19 @@ def test_prefetch_stops_while_its_reads_go_unused_and_resumes_when_they_pay(mode
             store.prefetch(0, predicted)
             store.end_layer(0, np.asarray(used), np.asarray(used))
 
-        predict([0, 1], [0, 1])  # scored, not read: the first guesses cost no reads
-        assert store.stats.prefetch_issued == 0 and store.stats.prefetch_skipped == 2
+        for _ in range(3):  # scored, not read: a rank must come true about four times running first
+            predict([0, 1], [0, 1])
+        assert not store.prefetch_pays(0)
+        predict([0, 1], [0, 1])
+        assert store.stats.prefetch_issued == 0 and store.stats.prefetch_skipped == 8
         assert store.prefetch_pays(0) and store.prefetch_pays(1)
         predict([2, 3], [0, 1])  # read, and both wasted
         issued = store.stats.prefetch_issued
         assert issued == 2 and not store.prefetch_pays(0) and not store.prefetch_pays(1)
         predict([2, 3], [0, 1])  # scored, not read
-        assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 4
+        assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 10
         predict([0, 1], [0, 1])  # predictions come true: scored though not read
-        assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 6
+        assert store.stats.prefetch_issued == issued and store.stats.prefetch_skipped == 12
         for _ in range(12):
             predict([2, 3], [2, 3])
         assert store.prefetch_pays(0) and store.stats.prefetch_issued > issued  # reading ahead again
@@ -1016,7 +1021,7 @@ def test_prefetch_stops_while_its_reads_go_unused_and_resumes_when_they_pay(mode
         store.prefetch(0, [0, 1], several=True)
         store.end_layer(0, np.asarray([[0, 1], [1, 2]]), np.asarray([0, 1, 2]))
         assert store.prefetch_precision_by_rank() == before
-        assert store.prefetch_precision_by_rank(several=True) == [1.0, 1.0]
+        assert store.prefetch_precision_by_rank(several=True) == pytest.approx([1 / 1.98, 1 / 1.98])
 
 
 def test_prefetch_reads_ahead_only_the_ranks_whose_predictions_are_mostly_used(model_dir):
@@ -1030,7 +1035,7 @@ def test_prefetch_reads_ahead_only_the_ranks_whose_predictions_are_mostly_used(m
             store.end_layer(0, np.asarray([sure, 2]), np.asarray(sorted([sure, 2])))
         assert store.prefetch_pays(0) and not store.prefetch_pays(1)
         precision = store.prefetch_precision_by_rank()
-        assert precision[0] == 1.0 and precision[1] < 0.2
+        assert precision[0] > 0.9 and precision[1] < 0.2
         issued, skipped = store.stats.prefetch_issued, store.stats.prefetch_skipped
         store.prefetch(0, [3, 1])
         assert store.stats.prefetch_issued == issued + 1 and store.stats.prefetch_skipped == skipped + 1

@@ -141,8 +141,9 @@ class ExpertStore:
         # prediction replaces one a failed forward pass left behind
         self._held: dict[int, tuple[int, list[int]]] = {}
         # for steps of one row / several, by rank: decayed counts of predicted reads the
-        # layer used / did not use (a rank not scored yet is not read ahead: its first
-        # predictions are scored, unread, so a first step's guesses cost no reads)
+        # layer used / did not use. A rank starts at 0 / 1, as if one read had gone unused,
+        # so it is read ahead only once its predictions have come true about four times
+        # running: a first step's guesses, and a weak rank's lucky streak, cost no reads.
         self._rank_used: dict[bool, list[float]] = {False: [], True: []}
         self._rank_unused: dict[bool, list[float]] = {False: [], True: []}
         self._pool = ReadPool(self.io_workers) if self.io_workers else None
@@ -273,7 +274,7 @@ class ExpertStore:
                 used_by_rank, unused_by_rank = self._rank_used[several], self._rank_unused[several]
                 while len(used_by_rank) <= rank:
                     used_by_rank.append(0.0)
-                    unused_by_rank.append(0.0)
+                    unused_by_rank.append(1.0)
                 hit = e in used
                 used_by_rank[rank] = used_by_rank[rank] * keep + hit
                 unused_by_rank[rank] = unused_by_rank[rank] * keep + (not hit)

@@ -278,7 +278,7 @@ class CachedTier:
         is evicted if the slots left are full. False, lending nothing, when the slots are
         all lent already or every expert left to evict is in ``keep``."""
         cache, room = self._lru[layer], self.slots - self._lent[layer] - 1
-        if room < 0 or sum(1 for e in cache if e not in keep) < len(cache) - room:
+        if room < 0 or (len(cache) > room and sum(1 for e in cache if e not in keep) < len(cache) - room):
             return False
         self._lent[layer] += 1
         self._evict_down_to(cache, room, keep)
