@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import colibri_core  # noqa: E402
 from colibri_core.cli.bench import prompt_ids  # noqa: E402
+from colibri_core.io import drives  # noqa: E402
 from store_bench import drop_caches  # noqa: E402  (this directory is on the path of a script run)
 
 
@@ -52,8 +53,12 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prefetch-slots", type=int, default=None, help="colibri's --prefetch-slots (default: its own)")
+    ap.add_argument("--stop-chunk", type=int, default=None, metavar="MIB",
+                    help="read reads ahead in chunks of this many MiB (default: io/drives.py's STOP_CHUNK)")
     ap.add_argument("--no-drop-cache", action="store_true", help="keep the page cache (default: drop it, as root)")
     a = ap.parse_args(argv)
+    if a.stop_chunk is not None:
+        drives.STOP_CHUNK = a.stop_chunk << 20
     if not a.no_drop_cache:
         drop_caches()
     with colibri_core.load(a.model, ram=a.ram, prefetch=True, prefetch_slots=a.prefetch_slots, direct_io=True,

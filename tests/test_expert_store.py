@@ -914,6 +914,29 @@ def test_reads_ahead_borrow_their_layers_cache_slots_and_the_ram_budget_holds(mo
     same(on, reference)
 
 
+def test_prefetch_warns_when_the_budget_leaves_no_slot_for_a_read_ahead(model_dir):
+    from colibri_core.model.blueprint import inspect_model
+
+    bp = inspect_model(model_dir)
+    try:
+        budget = next(b for b in range(bp.dense_bytes, bp.dense_bytes + (1 << 20), 256)
+                      if _slots_or_none(bp, b) == 0)
+    finally:
+        bp.close()
+    with pytest.warns(ColibriWarning, match="no LRU slot per layer for a read ahead to borrow"):
+        model = colibri_core.load(model_dir, ram=budget, prefetch=True, history=False)
+    with model:
+        result = model.generate(token_ids=PROMPT, max_tokens=4, ignore_eos=True)
+    assert result.stats.prefetch_issued == 0
+
+
+def _slots_or_none(bp, budget):
+    try:
+        return bp.placement(ram=budget, cap=None).slots
+    except BudgetError:
+        return None
+
+
 def test_a_layers_slot_lent_to_a_read_ahead_evicts_an_expert_the_prediction_does_not_name():
     from colibri_core.experts.tiers import ExpertWeights, RamTier
 

@@ -107,8 +107,10 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, prefetch_slots, prefetch
     routing = (f"history of {d['history_tokens']:.0f} tokens" if d["history_tokens"]
                else "no history: uniform routing assumed")
     rows += [
-        ("prefetch", f"up to {d['prefetch_slots']} experts per layer read ahead (each borrows a slot of its layer's "
-                     "cache while staged)" if d["prefetch_slots"] else "off"),
+        ("prefetch", "off" if not d["prefetch_slots"] else
+         "none read ahead: no LRU slot per layer for a read ahead to borrow" if not d["cache_slots_per_layer"] else
+         f"up to {d['prefetch_slots']} experts per layer read ahead (each borrows a slot of its layer's "
+         "cache while staged)"),
         ("projected run", run),
         ("projected hit rate", f"{d['projected_hit_rate']:.1%} over the run, {d['steady_hit_rate']:.1%} once warm ({routing})"),
         ("disk per token", f"{format_bytes(d['missed_bytes_per_token'])} at {format_bytes(d['disk_bandwidth'])}/s ({d['disk_bandwidth_source']})"),

@@ -310,6 +310,9 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
                     progress.start(store.pinned_capacity, "pinned experts", "experts")
                 store.apply_pins(progress=(lambda: progress.advance(1)) if progress else None)
             if slots_ahead and store.compute is None:  # a compute tier reads its experts where it computes them
+                if placement.slots == 0:  # a read ahead borrows an LRU slot of its layer: there is none
+                    warn(f"{option('prefetch')}: the RAM budget leaves no LRU slot per layer for a read ahead "
+                         f"to borrow, so nothing will be read ahead; give a larger {option('ram')}")
                 bp.lm.prefetcher = Prefetcher(bp.lm, store, slots_ahead)
             if preload:
                 if progress:

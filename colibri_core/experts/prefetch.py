@@ -179,7 +179,7 @@ class Prefetcher:
             return
         router, moe_index = self._first
         self.store.prefetch(moe_index, [int(e) for e in np.unique(router.experts_for(step.ids, step.ops))],
-                            issue=self._ahead, several=rows > 1, exact=True)
+                            issue=self._ahead, exact=True)
 
     def after_layers(self, step) -> None:
         """The step's layers are done (the gate times the step up to here)."""

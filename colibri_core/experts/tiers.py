@@ -278,7 +278,8 @@ class CachedTier:
         is evicted if the slots left are full. False, lending nothing, when the slots are
         all lent already or every expert left to evict is in ``keep``."""
         cache, room = self._lru[layer], self.slots - self._lent[layer] - 1
-        if room < 0 or (len(cache) > room and sum(1 for e in cache if e not in keep) < len(cache) - room):
+        # ``keep`` (a prediction) is small, the cache may not be: count what may not go
+        if room < 0 or len(cache) - sum(1 for e in keep if e in cache) < len(cache) - room:
             return False
         self._lent[layer] += 1
         self._evict_down_to(cache, room, keep)
