@@ -324,18 +324,21 @@ static int use_vbmi = 0;  /* AVX-512 VBMI mxfp4pair path, set at import */
 
 static int64_t groups64(int64_t K) { return (K + 63) / 64; }
 
-/* Software prefetch for the int8 path, which streams one weight row after another: at
- * row n of [.., end), the row about 16 KiB ahead (at most 8 rows) is asked into L1. The
- * hardware prefetchers alone left the int8 decode kernel at ~72% of the read bandwidth a
- * plain 2-thread load loop reaches in the same process; with this, ~85% (measured on an
- * Intel Xeon with AVX-512, docs/benchmarks.md). The int4 kernels, whose rows are half as
- * long and whose unpacking costs more per byte, did not gain from it and do without. */
-static inline __attribute__((always_inline)) void prefetch_row_ahead(const void *row, int64_t bytes, int64_t n, int64_t end) {
-    int64_t ahead = ((int64_t)16 << 10) / (bytes > 0 ? bytes : 1);
-    ahead = ahead < 1 ? 1 : ahead > 8 ? 8 : ahead;
-    if (n + ahead >= end) return;
-    const char *p = (const char *)row + ahead * bytes;
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+/* Software prefetch for the streaming integer kernels (int8; int4 on AVX2): every 64
+ * bytes of weights read ask for the line PREFETCH_AHEAD bytes further on, up to the end
+ * of this thread's rows (which lie one after another), as non-temporal: weights are read
+ * once per token, and kept out of the outer caches they leave the interpreter's and the
+ * activations' lines there between kernel calls. Without it the hardware prefetchers left
+ * the int8 kernel at ~70% of the rate a plain 2-thread load loop reaches. A row's lines
+ * asked for all at once at the row's start (into L1) gave ~85% on an Intel Xeon but
+ * nothing on an AMD EPYC Zen 3; one line per 64 bytes gives int8 ~0.82 and int4 ~0.68
+ * of the loop there, against ~0.70 and ~0.57, and the non-temporal hint another ~5% end
+ * to end (benchmarks/kernel_bandwidth.py, docs/benchmarks.md). 8-32 KiB ahead measured alike. */
+#define PREFETCH_AHEAD (16 << 10)
+
+static inline __attribute__((always_inline)) void prefetch_ahead(const void *at, const void *end) {
+    const char *p = (const char *)at + PREFETCH_AHEAD;
+    if (p < (const char *)end) __builtin_prefetch(p, 0, 0);
 }
 
 static void quantx_free(QuantX *X) { scratch_put(&X->mem); }
@@ -483,6 +486,7 @@ AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t
         __m256 acc[MAX_ROWS][2];
         for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
         for (int64_t g = 0; g < G; g++) {
+            if (!(g & 1)) prefetch_ahead(row + g * 32, q + n1 * G * 32);
             const __m256i bytes = _mm256_loadu_si256((const __m256i *)(row + g * 32));
             const __m256i lo = _mm256_and_si256(bytes, low4);                       /* inputs 0..31 */
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);  /* inputs 32..63 */
@@ -508,12 +512,12 @@ AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t
     const int8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = groups64(K), Gw = K / 64;     \
     for (int64_t n = n0; n < n1; n++) {                                                                                \
         const int8_t *row = q + n * K;                                                                                 \
-        prefetch_row_ahead(row, K, n, n1);                                                                             \
         __m256 acc[MAX_ROWS];                                                                                          \
         for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                                      \
         for (int64_t g = 0; g < Gw; g++) {                                                                             \
             __m256i isum[MAX_ROWS];                                                                                    \
             for (int m = 0; m < M; m++) isum[m] = _mm256_setzero_si256();                                              \
+            prefetch_ahead(row + g * 64, q + n1 * K);                                                                  \
             for (int j = 0; j < 4; j++) {                                                                              \
                 const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + g * 64 + 16 * j)));     \
                 for (int m = 0; m < M; m++)                                                                            \
