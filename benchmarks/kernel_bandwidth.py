@@ -8,7 +8,7 @@ memory's rate itself moves by tens of percent within minutes. The script imports
 colibri_core of the tree it lies in, whatever PYTHONPATH says: to compare two builds,
 run each tree's own copy, alternating.
 
-    python benchmarks/kernel_bandwidth.py [--format q8|q4|mxfp4pair] [--layers 40] [--sweeps 10]
+    python benchmarks/kernel_bandwidth.py [--format q8|q4|q4g32|fp8|mxfp4pair] [--layers 40] [--sweeps 10]
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def load_loop(workdir: Path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--format", choices=["q8", "q4", "mxfp4pair"], default="q8",
-                   help="int8-row, int4-gs64 or MXFP4 (gpt-oss / fp4-e2m1-g32 layout) experts")
+    p.add_argument("--format", choices=["q8", "q4", "q4g32", "fp8", "mxfp4pair"], default="q8",
+                   help="int8-row, int4-gs64, compressed-tensors int4 (pair order), fp8-e4m3 with 128 x 128 block "
+                        "scales, or MXFP4 (gpt-oss / fp4-e2m1-g32 layout) experts")
     p.add_argument("--layers", type=int, default=40, help="layers of 8 distinct experts each (q8: 48 MiB a layer)")
     p.add_argument("--sweeps", type=int, default=10)
     p.add_argument("--read-mib", type=int, default=1024, help="size of the load loop's buffer")
@@ -74,10 +75,18 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     encoded = {}
     for shape in ((inter, hidden), (hidden, inter)):
+        rows, cols = shape
         if a.format == "mxfp4pair":  # 16 bytes of e2m1 pairs and one E8M0 exponent per 32 inputs
-            rows, cols = shape
             encoded[shape] = (rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8),
                               rng.integers(118, 124, (rows, cols // 32), dtype=np.uint8))
+            continue
+        if a.format == "q4g32":  # compressed-tensors int4: 16 bytes of nibble pairs, a bfloat16 scale per 32 inputs
+            encoded[shape] = (rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8),
+                              np.full((rows, cols // 32), 0x3C00, dtype=np.uint16))  # 2^-7
+            continue
+        if a.format == "fp8":  # e4m3 bytes (no NaN codes), a float32 scale per 128 x 128 block
+            data = rng.integers(0, 0x7E, (rows, cols), dtype=np.uint8) | (rng.integers(0, 2, (rows, cols), dtype=np.uint8) << 7)
+            encoded[shape] = (data, np.full((-(-rows // 128), -(-cols // 128)), 1e-3, dtype=np.float32))
             continue
         fmt = Int8Row() if a.format == "q8" else Int4GS64()
         t = fmt.encode("w", (rng.standard_normal(shape) * 0.02).astype(np.float32))

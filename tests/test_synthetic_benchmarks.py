@@ -303,7 +303,7 @@ def test_expert_requests_are_one_span_per_expert(low):
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
-@pytest.mark.parametrize("fmt", ["q8", "q4", "mxfp4pair"])
+@pytest.mark.parametrize("fmt", ["q8", "q4", "q4g32", "fp8", "mxfp4pair"])
 def test_kernel_bandwidth_reports_the_kernel_against_the_load_loop(fmt):
     from colibri_core.backends.cpu.backend import CpuBackend
 

@@ -324,16 +324,18 @@ static int use_vbmi = 0;  /* AVX-512 VBMI mxfp4pair path, set at import */
 
 static int64_t groups64(int64_t K) { return (K + 63) / 64; }
 
-/* Software prefetch for the streaming integer kernels (int8; int4 on AVX2): every 64
- * bytes of weights read ask for the line PREFETCH_AHEAD bytes further on, up to the end
- * of this thread's rows (which lie one after another), as non-temporal: weights are read
- * once per token, and kept out of the outer caches they leave the interpreter's and the
- * activations' lines there between kernel calls. Without it the hardware prefetchers left
- * the int8 kernel at ~70% of the rate a plain 2-thread load loop reaches. A row's lines
- * asked for all at once at the row's start (into L1) gave ~85% on an Intel Xeon but
- * nothing on an AMD EPYC Zen 3; one line per 64 bytes gives int8 ~0.82 and int4 ~0.68
- * of the loop there, against ~0.70 and ~0.57, and the non-temporal hint another ~5% end
- * to end (benchmarks/kernel_bandwidth.py, docs/benchmarks.md). 8-32 KiB ahead measured alike. */
+/* Software prefetch for the streaming kernels (AVX2 int8, int4, compressed-tensors int4
+ * and fp8; the AVX-512 int8 path shares the int8 loop): every 64 bytes of weights read
+ * ask for the line PREFETCH_AHEAD bytes further on, up to the end of this thread's rows
+ * (which lie one after another), as non-temporal: weights are read once per token, and
+ * kept out of the outer caches they leave the interpreter's and the activations' lines
+ * there between kernel calls. A row's lines asked for all at once at the row's start
+ * (into L1) had lifted the int8 kernel from ~72% to ~85% of a plain load loop's rate on
+ * an Intel Xeon, but gained nothing on an AMD EPYC Zen 2; one line per 64 bytes gives
+ * there int8 ~0.81 (from ~0.70), int4 ~0.66 (~0.57), and ~12% more GB/s for the
+ * compressed-tensors int4 and fp8 kernels; 8-32 KiB ahead and the cache level measured
+ * alike, the non-temporal hint no slower end to end (benchmarks/kernel_bandwidth.py,
+ * decode_profile.py; docs/benchmarks.md). */
 #define PREFETCH_AHEAD (16 << 10)
 
 static inline __attribute__((always_inline)) void prefetch_ahead(const void *at, const void *end) {
@@ -573,6 +575,7 @@ AVX2_INLINE void fp8_rows_m(const Weight *W, const float *x, float *out, int64_t
             for (int m = 0; m < M; m++) part[m][0] = part[m][1] = _mm256_setzero_ps();
             int64_t k = lo;
             for (; k + 16 <= hi; k += 16) {
+                if (!(k & 63)) prefetch_ahead(row + k, q + n1 * K);
                 const __m256i h = e4m3_to_half16(_mm_loadu_si128((const __m128i *)(row + k)));
                 const __m256 w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
                 const __m256 w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
@@ -621,6 +624,7 @@ AVX2_INLINE void pair4_rows_m(const Weight *W, const QuantX *X, float *out, int6
         __m256 acc[MAX_ROWS][2];
         for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
         for (int64_t g2 = 0; g2 < G64; g2++) {
+            if (!(g2 & 1)) prefetch_ahead(row + g2 * 32, q + n1 * G * 16);
             const __m256i v = 2 * g2 + 1 < G ? _mm256_loadu_si256((const __m256i *)(row + g2 * 32))
                                              : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(row + g2 * 32)));
             const __m256i we = _mm256_sub_epi8(_mm256_and_si256(v, low4), eight);
