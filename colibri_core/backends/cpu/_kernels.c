@@ -339,8 +339,8 @@ static int64_t groups64(int64_t K) { return (K + 63) / 64; }
 #define PREFETCH_AHEAD (16 << 10)
 
 static inline __attribute__((always_inline)) void prefetch_ahead(const void *at, const void *end) {
-    const char *p = (const char *)at + PREFETCH_AHEAD;
-    if (p < (const char *)end) __builtin_prefetch(p, 0, 0);
+    if ((const char *)end - (const char *)at > PREFETCH_AHEAD)  /* (no pointer formed past the rows) */
+        __builtin_prefetch((const char *)at + PREFETCH_AHEAD, 0, 0);
 }
 
 static void quantx_free(QuantX *X) { scratch_put(&X->mem); }
