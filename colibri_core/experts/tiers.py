@@ -278,8 +278,9 @@ class CachedTier:
         is evicted if the slots left are full. False, lending nothing, when the slots are
         all lent already or every expert left to evict is in ``keep``."""
         cache, room = self._lru[layer], self.slots - self._lent[layer] - 1
-        # ``keep`` (a prediction) is small, the cache may not be: count what may not go
-        if room < 0 or len(cache) - sum(1 for e in keep if e in cache) < len(cache) - room:
+        # the slots left hold at least the cached experts that may not go (``keep``, a
+        # prediction, is small; the cache may not be: count over ``keep``)
+        if room < 0 or sum(1 for e in keep if e in cache) > room:
             return False
         self._lent[layer] += 1
         self._evict_down_to(cache, room, keep)
