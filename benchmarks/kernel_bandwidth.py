@@ -4,11 +4,14 @@ experts of the OLMoE shape (a working set far past the caches, as decode streams
 in the store's own huge-page buffers), then reads a buffer with a plain load loop on the
 same threads (C, compiled here with ``cc -O2 -march=native -fopenmp``). The ratio of the
 two rates is the figure to compare between kernel variants: on shared machines the
-memory's rate itself moves by tens of percent within minutes. The script imports the
+memory's rate itself moves by tens of percent within minutes. ``--layers 1 --experts 1``
+keeps the experts in the last-level cache (one OLMoE expert: 6 MiB int8, 3 MiB int4),
+each sweep passing over them until it has read 256 MiB: what the kernel computes per
+second when memory is not what holds it back. The script imports the
 colibri_core of the tree it lies in, whatever PYTHONPATH says: to compare two builds,
 run each tree's own copy, alternating.
 
-    python benchmarks/kernel_bandwidth.py [--format q8|q4|q4g32|fp8|mxfp4pair] [--layers 40] [--sweeps 10]
+    python benchmarks/kernel_bandwidth.py [--format q8|q4|q4g32|fp8|mxfp4pair] [--layers 40] [--experts 8] [--sweeps 10]
 """
 
 from __future__ import annotations
@@ -65,13 +68,16 @@ def main(argv=None):
                    help="int8-row, int4-gs64, compressed-tensors int4 (pair order), fp8-e4m3 with 128 x 128 block "
                         "scales, or MXFP4 (gpt-oss / fp4-e2m1-g32 layout) experts")
     p.add_argument("--layers", type=int, default=40, help="layers of 8 distinct experts each (q8: 48 MiB a layer)")
+    p.add_argument("--experts", type=int, default=8, help="distinct experts per layer (the top-k, 8)")
     p.add_argument("--sweeps", type=int, default=10)
     p.add_argument("--read-mib", type=int, default=1024, help="size of the load loop's buffer")
     a = p.parse_args(argv)
     backend = CpuBackend()
     if backend.kernels is None:
         raise SystemExit("the compiled CPU kernels are not built")
-    hidden, inter, top_k = 2048, 1024, 8
+    hidden, inter, top_k = 2048, 1024, a.experts
+    if top_k < 1 or a.layers < 1 or a.sweeps < 1:
+        raise SystemExit("--layers, --experts and --sweeps must be at least 1")
     rng = np.random.default_rng(0)
     encoded = {}
     for shape in ((inter, hidden), (hidden, inter)):
@@ -104,6 +110,7 @@ def main(argv=None):
               for _ in range(a.layers)]
     matrix_bytes = {shape: data.nbytes + scales.nbytes for shape, (data, scales) in encoded.items()}
     nbytes = a.layers * top_k * (2 * matrix_bytes[(inter, hidden)] + matrix_bytes[(hidden, inter)])  # gate, up, down
+    passes = -(-(256 << 20) // nbytes)  # a working set that fits a cache is read over and over
     with tempfile.TemporaryDirectory() as tmp:
         read_all = load_loop(Path(tmp))
         raw = huge_buffer(a.read_mib << 20)
@@ -115,14 +122,15 @@ def main(argv=None):
         kernel_rates, load_rates = [], []
         for _ in range(a.sweeps):
             start = time.perf_counter()
-            for experts in layers:
-                backend.kernels.moe(x, experts, rows, weights, offsets, out)
-            kernel_rates.append(nbytes / (time.perf_counter() - start) / 1e9)
+            for _ in range(passes):
+                for experts in layers:
+                    backend.kernels.moe(x, experts, rows, weights, offsets, out)
+            kernel_rates.append(passes * nbytes / (time.perf_counter() - start) / 1e9)
             start = time.perf_counter()
             read_all(raw.ctypes.data, raw.nbytes // 8)
             load_rates.append(raw.nbytes / (time.perf_counter() - start) / 1e9)
     ratios = [k / r for k, r in zip(kernel_rates, load_rates)]
-    print(f"{a.format}: {a.layers} layers x {top_k} experts, {nbytes / 2**30:.2f} GiB; kernel "
+    print(f"{a.format}: {a.layers} layers x {top_k} experts, {nbytes / 2**30:.3f} GiB; kernel "
           f"{statistics.median(kernel_rates):.1f} GB/s, load loop {statistics.median(load_rates):.1f} GB/s, "
           f"ratio median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}; "
           f"INT4_PATH {backend.kernels.INT4_PATH}, MXFP4PAIR_PATH {backend.kernels.MXFP4PAIR_PATH})")

@@ -317,6 +317,21 @@ def test_kernel_bandwidth_reports_the_kernel_against_the_load_loop(fmt):
     assert kernel > 0 and loop > 0 and ratio > 0
 
 
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+def test_kernel_bandwidth_can_keep_one_expert_in_cache():
+    from colibri_core.backends.cpu.backend import CpuBackend
+
+    if CpuBackend().kernels is None:
+        pytest.skip("the compiled CPU kernels are not built")
+    run = [sys.executable, str(BENCH / "kernel_bandwidth.py"), "--format", "q4", "--layers", "1", "--experts", "1",
+           "--sweeps", "2", "--read-mib", "8"]
+    out = subprocess.run(run, capture_output=True, text=True, check=True).stdout
+    assert out.startswith("q4: 1 layers x 1 experts, 0.003 GiB"), out
+    assert float(re.search(r"kernel ([\d.]+) GB/s", out).group(1)) > 0
+    bad = subprocess.run(run[:-6] + ["--experts", "0"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--experts" in bad.stderr
+
+
 def test_decode_stages_times_every_stage_without_changing_the_tokens(low, tmp_path):
     import colibri_core
     from colibri_core.cli.bench import prompt_ids
