@@ -486,7 +486,7 @@ AVX2_INLINE __m256 q4_group(__m256i bytes, const int8_t *xq, float d, __m256 acc
  * at a time into two accumulators per x row, so that one fused multiply-add need not wait
  * for the previous one; the accumulators are named, not indexed by the group's parity,
  * which kept them in memory (a store-to-load round trip on every group: the kernel ran
- * at ~12 GB/s per core even from L1). */
+ * at ~12 GB/s per core even from L2). */
 AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t ld, int64_t n0, int64_t n1,
                            const int M) {
     const uint8_t *q = W->data; const int64_t K = W->K, G = groups64(K);
