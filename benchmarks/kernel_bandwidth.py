@@ -7,11 +7,13 @@ two rates is the figure to compare between kernel variants: on shared machines t
 memory's rate itself moves by tens of percent within minutes. ``--layers 1 --experts 1``
 keeps the experts in the last-level cache (one OLMoE expert: 6 MiB int8, 3 MiB int4),
 each sweep passing over them until it has read 256 MiB: what the kernel computes per
-second when memory is not what holds it back. The script imports the
+second when memory is not what holds it back. ``--trace SECONDS`` times the load loop
+alone every 0.2 s instead, to show how the memory's own rate moves. The script imports the
 colibri_core of the tree it lies in, whatever PYTHONPATH says: to compare two builds,
 run each tree's own copy, alternating.
 
     python benchmarks/kernel_bandwidth.py [--format q8|q4|q4g32|fp8|mxfp4pair] [--layers 40] [--experts 8] [--sweeps 10]
+    python benchmarks/kernel_bandwidth.py --trace 90 [--read-mib 512]
 """
 
 from __future__ import annotations
@@ -62,16 +64,40 @@ def load_loop(workdir: Path):
     return fn
 
 
+def trace(seconds: float, read_mib: int) -> None:
+    """The load loop's rate every 0.2 s, ten to a line (the memory's own rate over time)."""
+    if seconds <= 0 or read_mib < 1:
+        raise SystemExit("--trace and --read-mib must be positive")
+    with tempfile.TemporaryDirectory() as tmp:
+        read_all = load_loop(Path(tmp))
+        raw = huge_buffer(read_mib << 20)
+        raw[:] = 1
+        begin, line = time.perf_counter(), []
+        while time.perf_counter() - begin < seconds:
+            start = time.perf_counter()
+            read_all(raw.ctypes.data, raw.nbytes // 8)
+            line.append(raw.nbytes / (time.perf_counter() - start) / 1e9)
+            if len(line) == 10:
+                print(f"{time.perf_counter() - begin:6.1f} s: " + " ".join(f"{r:.0f}" for r in line) + " GB/s", flush=True)
+                line = []
+            time.sleep(0.2)
+        if line:
+            print(f"{time.perf_counter() - begin:6.1f} s: " + " ".join(f"{r:.0f}" for r in line) + " GB/s")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--format", choices=["q8", "q4", "q4g32", "fp8", "mxfp4pair"], default="q8",
                    help="int8-row, int4-gs64, compressed-tensors int4 (pair order), fp8-e4m3 with 128 x 128 block "
                         "scales, or MXFP4 (gpt-oss / fp4-e2m1-g32 layout) experts")
-    p.add_argument("--layers", type=int, default=40, help="layers of 8 distinct experts each (q8: 48 MiB a layer)")
+    p.add_argument("--layers", type=int, default=40, help="layers of --experts distinct experts each (q8: 6 MiB an expert)")
     p.add_argument("--experts", type=int, default=8, help="distinct experts per layer (the top-k, 8)")
     p.add_argument("--sweeps", type=int, default=10)
     p.add_argument("--read-mib", type=int, default=1024, help="size of the load loop's buffer")
+    p.add_argument("--trace", type=float, metavar="SECONDS", help="only the load loop, timed every 0.2 s for this long")
     a = p.parse_args(argv)
+    if a.trace is not None:
+        return trace(a.trace, a.read_mib)
     backend = CpuBackend()
     if backend.kernels is None:
         raise SystemExit("the compiled CPU kernels are not built")

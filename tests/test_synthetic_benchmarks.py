@@ -332,6 +332,35 @@ def test_kernel_bandwidth_can_keep_one_expert_in_cache():
     assert bad.returncode != 0 and "--experts" in bad.stderr
 
 
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+def test_kernel_bandwidth_traces_the_memory_rate():
+    run = [sys.executable, str(BENCH / "kernel_bandwidth.py"), "--trace", "0.5", "--read-mib", "8"]
+    out = subprocess.run(run, capture_output=True, text=True, check=True).stdout
+    rates = [float(r) for line in out.splitlines() for r in line.split(": ")[1].split()[:-1]]
+    assert rates and all(r > 0 for r in rates), out
+    bad = subprocess.run(run[:2] + ["--trace", "0"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--trace" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+def test_kernel_rows_times_both_kernels_at_every_size(tmp_path):
+    import sysconfig
+
+    lib = Path(sysconfig.get_config_var("LIBDIR")) / f"libpython{sysconfig.get_config_var('LDVERSION')}.so"
+    if not lib.exists():
+        pytest.skip(f"kernel_rows.py links libpython, and {lib} is not here")
+    run = [sys.executable, str(BENCH / "kernel_rows.py"), "--gb", "0.02", "--hint", "t0"]
+    out = subprocess.run(run, capture_output=True, text=True, check=True).stdout
+    assert out.startswith("prefetch hint t0 (PREFETCH_HINT=3)"), out
+    if "no AVX2 here" in out:
+        return
+    found = re.findall(r"^(int8|int4) +(\d+) rows, +[\d.]+ MiB: ([\d.]+) GB/s$", out, re.M)
+    assert [(k, int(n)) for k, n, _ in found] == [(k, n) for k in ("int8", "int4") for n in (64, 256, 1024, 4096, 32768)]
+    assert all(float(r) > 0 for _, _, r in found)
+    bad = subprocess.run(run[:2] + ["--kernels", str(tmp_path / "none.c")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--kernels" in bad.stderr
+
+
 def test_decode_stages_times_every_stage_without_changing_the_tokens(low, tmp_path):
     import colibri_core
     from colibri_core.cli.bench import prompt_ids

@@ -327,20 +327,23 @@ static int64_t groups64(int64_t K) { return (K + 63) / 64; }
 /* Software prefetch for the streaming kernels (AVX2 int8, int4, compressed-tensors int4
  * and fp8; the AVX-512 int8 path shares the int8 loop): every 64 bytes of weights read
  * ask for the line PREFETCH_AHEAD bytes further on, up to the end of this thread's rows
- * (which lie one after another), as non-temporal: weights are read once per token, and
- * kept out of the outer caches they leave the interpreter's and the activations' lines
- * there between kernel calls. A row's lines asked for all at once at the row's start
+ * (which lie one after another). A row's lines asked for all at once at the row's start
  * (into L1) had lifted the int8 kernel from ~72% to ~85% of a plain load loop's rate on
  * an Intel Xeon, but gained nothing on an AMD EPYC Zen 2; one line per 64 bytes gives
  * there int8 ~0.81 (from ~0.70), int4 ~0.66 (~0.57), and ~12% more GB/s for the
- * compressed-tensors int4 and fp8 kernels; 8-32 KiB ahead and the cache level measured
- * alike, the non-temporal hint no slower end to end (benchmarks/kernel_bandwidth.py,
- * decode_profile.py; docs/benchmarks.md). */
+ * compressed-tensors int4 and fp8 kernels; 8-32 KiB ahead measured alike. The hint is
+ * non-temporal (PREFETCH_HINT 0, __builtin_prefetch's locality): on one core it streams
+ * weights from memory 9-40% faster than into L1 or L2, though weights already held in
+ * L2 or L3 then read up to twice as slowly; decode reads its weights from memory
+ * (benchmarks/kernel_bandwidth.py, kernel_rows.py; docs/benchmarks.md). */
 #define PREFETCH_AHEAD (16 << 10)
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT 0
+#endif
 
 static inline __attribute__((always_inline)) void prefetch_ahead(const void *at, const void *end) {
     if ((const char *)end - (const char *)at > PREFETCH_AHEAD)  /* (no pointer formed past the rows) */
-        __builtin_prefetch((const char *)at + PREFETCH_AHEAD, 0, 0);
+        __builtin_prefetch((const char *)at + PREFETCH_AHEAD, 0, PREFETCH_HINT);
 }
 
 static void quantx_free(QuantX *X) { scratch_put(&X->mem); }
