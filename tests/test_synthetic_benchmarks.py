@@ -387,3 +387,45 @@ def test_decode_stages_refuses_a_missing_model_in_one_line(tmp_path):
                            "--tokens", "4"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [f"error: {tmp_path / 'absent'}: does not exist"]
+
+
+def test_paired_bursts_alternate_two_warm_processes(tmp_path, low, high):
+    out = tmp_path / "pairs"
+    cmd = [sys.executable, str(BENCH / "paired_bursts.py"), "--model", str(low), "--vs-model", str(high), "--rounds", "2",
+           "--bursts", "3", "--tokens", "5", "--prompt-tokens", "3", "--gap", "0", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rounds = json.loads((tmp_path / "pairs.json").read_text())["rounds"]
+    a, b = "colibri", "colibri (--vs-model)"
+    assert [r["round"] for r in rounds] == [1, 2] and all(r["engines"] == [a, b] for r in rounds)
+    for r in rounds:
+        assert r["ready"][a]["load_s"] > 0 and r["ready"][b]["load_s"] > 0
+        assert [p["burst"] for p in r["bursts"]] == [0, 1, 2, 3]  # burst 0 is the warm-up
+        assert [p["first"] for p in r["bursts"]] == [a, b, a, b]
+        for p in r["bursts"]:
+            assert p[a]["decode_tok_s"] > 0 and p[b]["decode_tok_s"] > 0 and 1 <= p[a]["distinct_tokens"] <= 5
+            assert p["ratio"] == pytest.approx(p[a]["decode_tok_s"] / p[b]["decode_tok_s"])
+        counted = r["bursts"][1:]
+        for name in (a, b):
+            rates = sorted(p[name]["decode_tok_s"] for p in counted)
+            assert r["median_tok_s"][name] == pytest.approx(rates[1])  # the warm-up is not counted
+        assert r["ratio_of_medians"] == pytest.approx(r["median_tok_s"][a] / r["median_tok_s"][b])
+        assert r["pair_ratio_min"] <= r["pair_ratio_median"] <= r["pair_ratio_max"]
+    table = (tmp_path / "pairs.md").read_text()
+    assert table == done.stdout and "| 2 |" in table and "ratio of medians by round" in table
+    assert f"{b}: round medians" in table and "spread" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give the peer: --gguf (llama.cpp) or --vs-model (colibri)"),
+    (["--vs-model", "{m}", "--gguf", "x.gguf"], "one of them"),
+    (["--vs-model", "{m}", "--tokens", "1"], "--tokens must be at least 2"),
+    (["--vs-model", "{m}", "--gap", "-1"], "--gap must not be negative"),
+    (["--vs-model", "{m}/missing"], "missing: no such file or directory"),
+])
+def test_paired_bursts_refuses_bad_options_in_one_line(tmp_path, args, message):
+    model = tmp_path / "m"
+    model.mkdir()
+    cmd = [sys.executable, str(BENCH / "paired_bursts.py"), "--model", str(model), *[a.format(m=model) for a in args]]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr
