@@ -429,3 +429,14 @@ def test_paired_bursts_refuses_bad_options_in_one_line(tmp_path, args, message):
     cmd = [sys.executable, str(BENCH / "paired_bursts.py"), "--model", str(model), *[a.format(m=model) for a in args]]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_paired_bursts_names_the_worker_that_failed(tmp_path, low):
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    cmd = [sys.executable, str(BENCH / "paired_bursts.py"), "--model", str(low), "--vs-model", str(empty), "--rounds", "1",
+           "--bursts", "1", "--tokens", "3"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith("the colibri (--vs-model) worker stopped (exit 1)"), done.stderr
+    assert "not-a-model" in last
