@@ -225,7 +225,6 @@ def disable_repacking() -> None:
 
 
 def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int, repack: bool = True) -> dict:
-    import numpy as np
     import llama_cpp
 
     if not repack:
@@ -234,12 +233,23 @@ def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int,
     llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_ctx=prompt_tokens + tokens + 8, verbose=False,
                           use_mmap=True)
     load_s = time.perf_counter() - started
-    vocab = llm.n_vocab()
-    ids = np.random.default_rng(seed).integers(0, vocab, prompt_tokens).tolist()  # as colibri bench's prompt
+    before = _io_read_bytes()
+    timed = timed_generation(llm, tokens, prompt_tokens, seed)
+    return {"engine": "llama.cpp", "repack": repack, "load_s": load_s, **timed,
+            "disk_read_bytes": _io_read_bytes() - before, "peak_rss_bytes": _peak_rss()}
+
+
+def timed_generation(llm, tokens: int, prompt_tokens: int, seed: int) -> dict:
+    """``tokens`` tokens from a loaded ``llama_cpp.Llama`` after ``colibri bench``'s prompt
+    (seeded random ids), timed as ``colibri bench`` times colibri: prefill_s,
+    decode_tok_s ((tokens - 1) / time from the first token to the last), distinct_tokens.
+    The model's context starts empty, so a loaded model can be timed again."""
+    import numpy as np
     from colibri_core.engine.sampling import Sampler, SamplingParams
 
+    llm.reset()
+    ids = np.random.default_rng(seed).integers(0, llm.n_vocab(), prompt_tokens).tolist()
     sampler = Sampler(SamplingParams(temperature=1.0, seed=seed))  # colibri's sampler: both engines pay the same for it
-    before = _io_read_bytes()
     t0 = time.perf_counter()
     llm.eval(ids)
     prefill_s = time.perf_counter() - t0
@@ -251,9 +261,7 @@ def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int,
         if len(times) == tokens:
             break
         llm.eval([token])
-    decode = (len(times) - 1) / (times[-1] - times[0])
-    return {"engine": "llama.cpp", "repack": repack, "load_s": load_s, "prefill_s": prefill_s, "decode_tok_s": decode,
-            "disk_read_bytes": _io_read_bytes() - before, "peak_rss_bytes": _peak_rss(),
+    return {"prefill_s": prefill_s, "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]),
             "distinct_tokens": len(set(generated))}
 
 

@@ -6,9 +6,9 @@ Why: on a shared host the memory's read rate moves by tens of percent in phases 
 seconds (``kernel_bandwidth.py --trace``). A round that runs one engine's process after
 the other's lets each meet a different phase, and a decode bound by the memory takes the
 phase it runs in; short alternating bursts let both engines meet the same phases, so
-each pair's ratio compares the engines, not the moments. And both are measured warm: a
-fresh process's first decode pays for first touches (page tables, buffers), which a
-server pays once.
+each pair's ratio compares the engines, not the moments. And both are measured warm, as a
+server decodes: on an AMD EPYC, llama.cpp's decode in a fresh process after colibri's ran
+9-29% under its warm rate, for a cause not found (docs/benchmarks.md).
 
     python benchmarks/paired_bursts.py --model /data/olmoe-int8 --gguf /data/olmoe-q8_0.gguf \
         --llama-python /venvs/llama/bin/python --rounds 6 --bursts 8 --out /tmp/int8-pairs
@@ -16,9 +16,9 @@ server pays once.
 
 Per burst: decode tok/s as ``colibri bench`` measures it ((tokens - 1) / time from the
 first token to the last), temperature 1, the burst's own seed, the same for both engines
-(the prompt is ``colibri bench``'s seeded random ids; llama.cpp draws with colibri's
-sampler, as ``llama_cpp_bench.py``). colibri loads with ``--preload``; llama.cpp in its
-default mode (mmap, its repacking as it decides). The first burst of each process is a
+(the prompt is ``colibri bench``'s seeded random ids; llama.cpp is timed by
+``llama_cpp_bench.timed_generation``, with colibri's sampler). colibri loads with
+``--preload``; llama.cpp in its default mode (mmap, its repacking as it decides). The first burst of each process is a
 warm-up and is not counted. Bursts alternate which engine goes first; ``--gap`` seconds of
 quiet come before each (the threads of the engine that just ran stop spinning).
 ``--vs-model`` pairs colibri with colibri on another model instead (two formats of one
@@ -63,29 +63,12 @@ def colibri_worker(model_dir: str) -> None:
 
 def llama_worker(gguf: str, threads: int, context: int) -> None:
     import llama_cpp
-    import numpy as np
-    from colibri_core.engine.sampling import Sampler, SamplingParams
+    from benchmarks.llama_cpp_bench import timed_generation  # (the tree's root is on PYTHONPATH)
 
     started = time.perf_counter()
     llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_ctx=context, verbose=False, use_mmap=True)
     answer({"load_s": time.perf_counter() - started})
-
-    def burst(request: dict) -> dict:  # as llama_cpp_bench.py's one_run, on a loaded model
-        llm.reset()
-        ids = np.random.default_rng(request["seed"]).integers(0, llm.n_vocab(), request["prompt_tokens"]).tolist()
-        sampler = Sampler(SamplingParams(temperature=1.0, seed=request["seed"]))
-        llm.eval(ids)
-        times, generated = [], []
-        for _ in range(request["tokens"]):
-            token = int(sampler(np.asarray(llm.scores[llm.n_tokens - 1])))
-            times.append(time.perf_counter())
-            generated.append(token)
-            if len(times) == request["tokens"]:
-                break
-            llm.eval([token])
-        return {"decode_tok_s": (len(times) - 1) / (times[-1] - times[0]), "distinct_tokens": len(set(generated))}
-
-    serve(burst)
+    serve(lambda request: timed_generation(llm, request["tokens"], request["prompt_tokens"], request["seed"]))
 
 
 def anon_huge_pages() -> int | None:
@@ -138,10 +121,6 @@ class Worker:
         self.log.close()
 
 
-def load_1min() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
 def engines(args) -> dict[str, list[str]]:
     """{name: the worker's command}: colibri first, then its peer (llama.cpp on --gguf, or
     colibri on --vs-model), in the order they load."""
@@ -169,7 +148,7 @@ def one_round(args, number: int) -> dict:
         bursts = []
         for b in range(args.bursts + 1):  # burst 0 warms each process up
             order = names if b % 2 == 0 else names[::-1]
-            pair = {"burst": b, "first": order[0], "load_1min": load_1min()}
+            pair = {"burst": b, "first": order[0], "load_1min": os.getloadavg()[0]}
             for name in order:
                 time.sleep(args.gap)
                 request = {"seed": number * 1000 + b, "tokens": args.tokens, "prompt_tokens": args.prompt_tokens}
@@ -241,9 +220,9 @@ def main(argv=None) -> None:
         ap.error("--model is required")
     if bool(a.gguf) == bool(a.vs_model):
         ap.error("give the peer: --gguf (llama.cpp) or --vs-model (colibri), one of them")
-    for option in ("rounds", "bursts", "tokens"):
-        if getattr(a, option) < (2 if option == "tokens" else 1):
-            ap.error(f"--{option} must be at least {2 if option == 'tokens' else 1}")
+    for option, least in (("rounds", 1), ("bursts", 1), ("tokens", 2)):  # a decode rate needs two tokens
+        if getattr(a, option) < least:
+            ap.error(f"--{option} must be at least {least}")
     if a.gap < 0:
         ap.error("--gap must not be negative")
     for path in (a.model, a.gguf or a.vs_model, a.llama_python):
@@ -256,7 +235,7 @@ def main(argv=None) -> None:
     print(f"$ {' '.join(sys.argv)}", file=sys.stderr)
     rounds = []
     for number in range(1, a.rounds + 1):
-        print(f"round {number} {time.strftime('%H:%M:%S')} load {load_1min():.2f}", file=sys.stderr)
+        print(f"round {number} {time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.2f}", file=sys.stderr)
         rounds.append(one_round(a, number))
     report = table(rounds)
     print(report)
