@@ -164,6 +164,21 @@ def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
     assert np.all(np.abs(ours - expected) <= bound), float(np.abs(ours - expected).max())
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 9, 33, 129])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_int8_kernel_computes_every_weight_row_as_it_would_alone(n, rows):
+    """The int8 kernel takes each thread's weight rows from two streams in turn (its
+    first and second halves): every row must be computed once, and bit for bit as a
+    weight of that one row gives it."""
+    rng = np.random.default_rng(n * 10 + rows)
+    w, _ = packed("q8", n, 130, rng)
+    x = rng.standard_normal((rows, 130)).astype(np.float32)
+    backend = CpuBackend()
+    together = backend.linear(x, w)
+    alone = [backend.linear(x, QuantTensor("q8", w.data[r : r + 1], w.scales[r : r + 1], (1, 130))) for r in range(n)]
+    np.testing.assert_array_equal(together, np.concatenate(alone, axis=1))
+
+
 @pytest.mark.parametrize("kind", ["q4", "q8"])
 def test_kernel_scratch_is_reused_without_stale_values(kind):
     """The kernels keep their scratch buffers between calls: a partial last group must
