@@ -337,13 +337,18 @@ static int64_t groups64(int64_t K) { return (K + 63) / 64; }
  * L2 or L3 then read up to twice as slowly; decode reads its weights from memory
  * (benchmarks/kernel_bandwidth.py, kernel_rows.py; docs/benchmarks.md). */
 #define PREFETCH_AHEAD (16 << 10)
+#define PREFETCH_AHEAD_INT8 (8 << 10)  /* per stream: the int8 kernel reads two (below) */
 #ifndef PREFETCH_HINT
 #define PREFETCH_HINT 0
 #endif
 
+static inline __attribute__((always_inline)) void prefetch_ahead_by(const void *at, const void *end, int64_t ahead) {
+    if ((const char *)end - (const char *)at > ahead)  /* (no pointer formed past the rows) */
+        __builtin_prefetch((const char *)at + ahead, 0, PREFETCH_HINT);
+}
+
 static inline __attribute__((always_inline)) void prefetch_ahead(const void *at, const void *end) {
-    if ((const char *)end - (const char *)at > PREFETCH_AHEAD)  /* (no pointer formed past the rows) */
-        __builtin_prefetch((const char *)at + PREFETCH_AHEAD, 0, PREFETCH_HINT);
+    prefetch_ahead_by(at, end, PREFETCH_AHEAD);
 }
 
 /* The int8 kernel takes a thread's rows [n0, n1) from two streams in turn, its first
@@ -352,8 +357,10 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void *at,
  * (benchmarks/kernel_bandwidth.py, 2 threads, ratio to a plain load loop): int8
  * ~0.80 -> ~0.88; four streams were slower than one. The int4 kernels lost with two
  * (int4 ~0.88 -> ~0.81, compressed-tensors int4 ~0.77 -> ~0.71) and fp8 did not move,
- * so they take one. The AVX-512 int8 path shares the loop (not measured on such a
- * machine yet). A row's result does not depend on the order of the rows. */
+ * so they take one. Each of the two streams asks PREFETCH_AHEAD_INT8 (8 KiB) ahead:
+ * 4-8 KiB measured ~3% above 16 KiB there, 32 KiB ~6% below. The AVX-512 int8 path
+ * shares the loop (not measured on such a machine yet). A row's result does not depend
+ * on the order of the rows. */
 #define FOR_ROWS_IN_TWO_STREAMS(n, n0, n1)                                                                             \
     for (int64_t stream_i_ = 0, stream_h_ = ((n1) - (n0) + 1) / 2, n = (n0);                                           \
          stream_i_ < (n1) - (n0) && ((n = (n0) + (stream_i_ >> 1) + ((stream_i_ & 1) ? stream_h_ : 0)), 1); stream_i_++)
@@ -544,7 +551,7 @@ AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t
         for (int64_t g = 0; g < Gw; g++) {                                                                             \
             __m256i isum[MAX_ROWS];                                                                                    \
             for (int m = 0; m < M; m++) isum[m] = _mm256_setzero_si256();                                              \
-            prefetch_ahead(row + g * 64, q + n1 * K);                                                                  \
+            prefetch_ahead_by(row + g * 64, q + n1 * K, PREFETCH_AHEAD_INT8);                                          \
             for (int j = 0; j < 4; j++) {                                                                              \
                 const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + g * 64 + 16 * j)));     \
                 for (int m = 0; m < M; m++)                                                                            \
