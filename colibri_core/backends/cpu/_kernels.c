@@ -351,20 +351,6 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void *at,
     prefetch_ahead_by(at, end, PREFETCH_AHEAD);
 }
 
-/* The int8 kernel takes a thread's rows [n0, n1) from two streams in turn, its first
- * and second halves (n0, n0 + h, n0 + 1, n0 + h + 1, ...): two sequential streams keep
- * more lines in flight from memory than one. Measured on an AMD EPYC Zen 2
- * (benchmarks/kernel_bandwidth.py, 2 threads, ratio to a plain load loop): int8
- * ~0.80 -> ~0.88; four streams were slower than one. The int4 kernels lost with two
- * (int4 ~0.88 -> ~0.81, compressed-tensors int4 ~0.77 -> ~0.71) and fp8 did not move,
- * so they take one. Each of the two streams asks PREFETCH_AHEAD_INT8 (8 KiB) ahead:
- * 4-8 KiB measured ~3% above 16 KiB there, 32 KiB ~6% below. The AVX-512 int8 path
- * shares the loop (not measured on such a machine yet). A row's result does not depend
- * on the order of the rows. */
-#define FOR_ROWS_IN_TWO_STREAMS(n, n0, n1)                                                                             \
-    for (int64_t stream_i_ = 0, stream_h_ = ((n1) - (n0) + 1) / 2, n = (n0);                                           \
-         stream_i_ < (n1) - (n0) && ((n = (n0) + (stream_i_ >> 1) + ((stream_i_ & 1) ? stream_h_ : 0)), 1); stream_i_++)
-
 static void quantx_free(QuantX *X) { scratch_put(&X->mem); }
 
 /* room for M rows of K activations in the given forms, in scratch slot ``slot`` (the
@@ -538,13 +524,26 @@ AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t
 }
 
 
-/* int8 weights times int16 activations: per 16 inputs one sign extension of the weights,
- * shared by the x rows, and one multiply-add of int16 pairs per row (vpdpwssd with
- * VNNI, vpmaddwd + vpaddd without); int32 sums per 64-input group, then scaled. Inputs
- * past the last whole group take the float path (the weight rows are not padded). */
+/* The int8 kernel takes a thread's rows [n0, n1) from two streams in turn, its first
+ * and second halves (n0, n0 + h, n0 + 1, n0 + h + 1, ...): two sequential streams keep
+ * more lines in flight from memory than one. Measured on an AMD EPYC Zen 2
+ * (benchmarks/kernel_bandwidth.py, 2 threads, ratio to a plain load loop): int8
+ * ~0.80 -> ~0.88; four streams were slower than one. The int4 kernels lost with two
+ * (int4 ~0.88 -> ~0.81, compressed-tensors int4 ~0.77 -> ~0.71) and fp8 did not move,
+ * so they take one. Each of the two streams asks PREFETCH_AHEAD_INT8 (8 KiB) ahead:
+ * 4-8 KiB measured ~3% above 16 KiB there, 32 KiB ~6% below. The AVX-512 int8 path
+ * shares the loop (not measured on such a machine yet). A row's result does not depend
+ * on the order of the rows.
+ *
+ * Per row: int8 weights times int16 activations, per 16 inputs one sign extension of
+ * the weights, shared by the x rows, and one multiply-add of int16 pairs per row
+ * (vpdpwssd with VNNI, vpmaddwd + vpaddd without); int32 sums per 64-input group, then
+ * scaled. Inputs past the last whole group take the float path (the weight rows are not
+ * padded). */
 #define Q8I_BODY(DOT)                                                                                                  \
     const int8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = groups64(K), Gw = K / 64;     \
-    FOR_ROWS_IN_TWO_STREAMS(n, n0, n1) {                                                                               \
+    for (int64_t i = 0, h = (n1 - n0 + 1) / 2; i < n1 - n0; i++) {  /* two streams: n0, n0 + h, n0 + 1, ... */         \
+        const int64_t n = n0 + i / 2 + (i % 2 ? h : 0);                                                                \
         const int8_t *row = q + n * K;                                                                                 \
         __m256 acc[MAX_ROWS];                                                                                          \
         for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                                      \
