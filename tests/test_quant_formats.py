@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from colibri_core.backends.cpu import _kernels
-from colibri_core.backends.cpu.backend import KERNEL_ROW_LIMIT, CpuBackend
+from colibri_core.backends.cpu.backend import CpuBackend
 from colibri_core.io.container import SCALES_SUFFIX
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.fp8 import dequantize as fp8_dequantize, e4m3_to_f32
@@ -151,15 +151,20 @@ def test_kernel_matches_the_reference_within_float32_rounding(kind, rows, n, k):
     rng = np.random.default_rng(n * 1000 + k + rows)
     w, reference = packed(kind, n, k, rng)
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    ours = CpuBackend().linear(x, w)
+    backend = CpuBackend()
+    ours = backend.linear(x, w)
     expected = x.astype(np.float64) @ reference.astype(np.float64).T
     # float32 accumulation over k terms: relative error ~ k * 2^-24 of the absolute sum
     bound = 8e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(reference).T) + 1e-30
-    if kind in ("q4", "q4-f32", "q8") and rows <= KERNEL_ROW_LIMIT and _kernels.INT4_INTEGER_PATH:
+    if kind in ("q4", "q4-f32", "q8") and rows <= backend._row_limit(w) and _kernels.INT4_INTEGER_PATH:
         # the integer paths quantise activations per 64 inputs, to int8 for int4 weights
         # and to int16 for int8 weights (half a step of 1/127 or 1/32767 of the group's
         # largest value per element)
-        bound = bound + (np.abs(reference) @ np.abs(x).T).T / (65534 if kind == "q8" else 254)
+        groups = -(-k // 64)
+        padded = np.zeros((rows, groups * 64), np.float32)
+        padded[:, :k] = np.abs(x)
+        amax = np.repeat(padded.reshape(rows, groups, 64).max(axis=2), 64, axis=1)[:, :k]  # each input's group's largest
+        bound = bound + (amax @ np.abs(reference).T) / (65534 if kind == "q8" else 254)
     assert ours.shape == (rows, n)
     assert np.all(np.abs(ours - expected) <= bound), float(np.abs(ours - expected).max())
 
@@ -464,6 +469,53 @@ def test_fp8_kernel_reads_every_byte_as_the_scalar_decoder_does():
         out = np.empty((rows.shape[0], 3), np.float32)
         _kernels.matmul(rows, _kernels.weight("fp8", codes, scales, 3, 256, 128, 128), out)
         np.testing.assert_allclose(out, rows.astype(np.float64) @ decoded.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def _int_path_outputs(path: str) -> dict:
+    """matmul outputs of the int8 and int4 kernels in a child process held to
+    ``path`` (COLIBRI_KERNEL_PATH; "" for the machine's best), for 1-9 x rows and widths
+    with and without a partial last group."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    child = r"""
+import pickle, sys
+import numpy as np
+from colibri_core.backends.cpu import _kernels
+from colibri_core.formats.integer import Int4GS64, Int8Row
+rng = np.random.default_rng(5)
+found = {"path": _kernels.INT4_PATH}
+for kind, fmt in (("q8", Int8Row()), ("q4", Int4GS64())):
+    for k in (64, 130, 2048 + 17):
+        (_, data), (_, scales) = fmt.encode("w", rng.standard_normal((37, k)).astype(np.float32) * 0.1).values()
+        w = _kernels.weight(kind, data, scales, 37, k)
+        for m in range(1, 10):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            out = np.empty((m, 37), np.float32)
+            _kernels.matmul(x, w, out)
+            found[kind, k, m] = out
+sys.stdout.buffer.write(pickle.dumps(found))
+"""
+    env = {**os.environ, "COLIBRI_KERNEL_PATH": path}
+    run = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, check=True)
+    return pickle.loads(run.stdout)
+
+
+def test_the_avx512_int_paths_give_the_avx2_paths_outputs_bit_for_bit():
+    """The AVX-512 VNNI int8 and int4 kernels sum the same integers in other vector widths
+    and steps: their outputs must be the AVX2 paths' exactly (placement and the machine
+    change speed only, never the tokens)."""
+    best = _int_path_outputs("")
+    if best["path"] != "avx512-vnni":
+        pytest.skip(f"this CPU has no AVX-512 VNNI path (best int4 path: {best['path']}); an AVX-512 machine runs this")
+    avx2 = _int_path_outputs("avx2")
+    assert avx2["path"] == "avx2"
+    assert best.keys() == avx2.keys() and len(best) > 50
+    for key in best:
+        if key != "path":
+            np.testing.assert_array_equal(best[key], avx2[key], err_msg=str(key))
 
 
 # the kernel tests, re-run by the two tests below on other builds and paths of the kernels

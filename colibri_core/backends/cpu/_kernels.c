@@ -324,8 +324,10 @@ static int use_vbmi = 0;  /* AVX-512 VBMI mxfp4pair path, set at import */
 
 static int64_t groups64(int64_t K) { return (K + 63) / 64; }
 
-/* Software prefetch for the streaming kernels (AVX2 int8, int4, compressed-tensors int4
- * and fp8; the AVX-512 int8 path shares the int8 loop): every 64 bytes of weights read
+/* Software prefetch for the AVX2 streaming kernels (int8, int4, compressed-tensors int4
+ * and fp8; the AVX-512 int8 and int4 paths take none: on an AMD EPYC Zen 4 it slowed the
+ * int8 kernel and did not move the int4 one, 1-16 KiB ahead, either locality, see the
+ * int8 kernel below): every 64 bytes of weights read
  * ask for the line PREFETCH_AHEAD bytes further on, up to the end of this thread's rows
  * (which lie one after another). A row's lines asked for all at once at the row's start
  * (into L1) had lifted the int8 kernel from ~72% to ~85% of a plain load loop's rate on
@@ -337,7 +339,7 @@ static int64_t groups64(int64_t K) { return (K + 63) / 64; }
  * L2 or L3 then read up to twice as slowly; decode reads its weights from memory
  * (benchmarks/kernel_bandwidth.py, kernel_rows.py; docs/benchmarks.md). */
 #define PREFETCH_AHEAD (16 << 10)
-#define PREFETCH_AHEAD_INT8 (8 << 10)  /* per stream: the int8 kernel reads two (below) */
+#define PREFETCH_AHEAD_INT8 (8 << 10)  /* per stream: the AVX2 int8 kernel reads two (below) */
 #ifndef PREFETCH_HINT
 #define PREFETCH_HINT 0
 #endif
@@ -524,55 +526,71 @@ AVX2_INLINE void q4_rows_m(const Weight *W, const QuantX *X, float *out, int64_t
 }
 
 
-/* The int8 kernel takes a thread's rows [n0, n1) from two streams in turn, its first
- * and second halves (n0, n0 + h, n0 + 1, n0 + h + 1, ...): two sequential streams keep
- * more lines in flight from memory than one. Measured on an AMD EPYC Zen 2
+/* sum of row[k] * x[k] for k in [from, K): the int8 kernels' inputs past the last whole
+ * group, in one function for every path (not inlined, so not vectorised for each path's
+ * own width: a different order of the float sums would make machines differ) */
+__attribute__((noinline)) static float q8_tail(const int8_t *row, const float *x, int64_t from, int64_t K) {
+    float t = 0.f;
+    for (int64_t k = from; k < K; k++) t += (float)row[k] * x[k];
+    return t;
+}
+
+/* The AVX2 int8 kernel takes a thread's rows [n0, n1) from two streams in turn, its
+ * first and second halves (n0, n0 + h, n0 + 1, n0 + h + 1, ...): two sequential streams
+ * keep more lines in flight from memory than one. Measured on an AMD EPYC Zen 2
  * (benchmarks/kernel_bandwidth.py, 2 threads, ratio to a plain load loop): int8
  * ~0.80 -> ~0.88; four streams were slower than one. The int4 kernels lost with two
  * (int4 ~0.88 -> ~0.81, compressed-tensors int4 ~0.77 -> ~0.71) and fp8 did not move,
  * so they take one. Each of the two streams asks PREFETCH_AHEAD_INT8 (8 KiB) ahead:
- * 4-8 KiB measured ~3% above 16 KiB there, 32 KiB ~6% below. The AVX-512 int8 path
- * shares the loop (not measured on such a machine yet). A row's result does not depend
- * on the order of the rows.
+ * 4-8 KiB measured ~3% above 16 KiB there, 32 KiB ~6% below. On an AMD EPYC Zen 4 the
+ * AVX-512 path streamed best with neither: one stream without software prefetch ~31
+ * GB/s of weights against ~25 with both (medians of 6 alternated runs; the prefetch
+ * alone or the second stream alone cost about half of that each; 2-32 KiB ahead and
+ * locality 3 alike), so it takes one stream and leaves the reading ahead to the
+ * hardware (docs/benchmarks.md). A row's result does not depend on the order of the rows.
  *
  * Per row: int8 weights times int16 activations, per 16 inputs one sign extension of
  * the weights, shared by the x rows, and one multiply-add of int16 pairs per row
- * (vpdpwssd with VNNI, vpmaddwd + vpaddd without); int32 sums per 64-input group, then
- * scaled. Inputs past the last whole group take the float path (the weight rows are not
- * padded). */
-#define Q8I_BODY(DOT)                                                                                                  \
+ * (vpmaddwd + vpaddd on AVX2; vpdpwssd on 32 inputs at a time with AVX-512 VNNI); int32
+ * sums per 64-input group, then scaled. Inputs past the last whole group take the float
+ * path (the weight rows are not padded). */
+#define Q8I_BODY(GROUP_SUMS, TWO_STREAMS, PREFETCH)                                                            \
     const int8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = groups64(K), Gw = K / 64;     \
-    for (int64_t i = 0, h = (n1 - n0 + 1) / 2; i < n1 - n0; i++) {  /* two streams: n0, n0 + h, n0 + 1, ... */         \
-        const int64_t n = n0 + i / 2 + (i % 2 ? h : 0);                                                                \
+    for (int64_t i = 0, h = (n1 - n0 + 1) / 2; i < n1 - n0; i++) {  /* two streams: n0, n0 + h, n0 + 1, ... */    \
+        const int64_t n = TWO_STREAMS ? n0 + i / 2 + (i % 2 ? h : 0) : n0 + i;                                        \
         const int8_t *row = q + n * K;                                                                                 \
         __m256 acc[MAX_ROWS];                                                                                          \
         for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();                                                      \
         for (int64_t g = 0; g < Gw; g++) {                                                                             \
             __m256i isum[MAX_ROWS];                                                                                    \
-            for (int m = 0; m < M; m++) isum[m] = _mm256_setzero_si256();                                              \
-            prefetch_ahead_by(row + g * 64, q + n1 * K, PREFETCH_AHEAD_INT8);                                          \
-            for (int j = 0; j < 4; j++) {                                                                              \
-                const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + g * 64 + 16 * j)));     \
-                for (int m = 0; m < M; m++)                                                                            \
-                    isum[m] = DOT(isum[m], w, _mm256_loadu_si256((const __m256i *)(X->q16 + (m * G + g) * 64 + 16 * j))); \
-            }                                                                                                          \
+            if (PREFETCH) prefetch_ahead_by(row + g * 64, q + n1 * K, PREFETCH_AHEAD_INT8);                            \
+            GROUP_SUMS(isum, row + g * 64, X->q16 + g * 64, G * 64);                                                   \
             for (int m = 0; m < M; m++)                                                                                \
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(X->scale16[m * G + g]), acc[m]); \
         }                                                                                                              \
         for (int m = 0; m < M; m++) {                                                                                  \
             float t = hsum256(acc[m]);                                                                                 \
-            for (int64_t k = Gw * 64; k < K; k++) t += (float)row[k] * xf[m * K + k];                                  \
+            if (Gw * 64 < K) t += q8_tail(row, xf + m * K, Gw * 64, K);                                                 \
             out[m * ld + n] = t * s[n];                                                                                \
         }                                                                                                              \
     }
 
-static inline __attribute__((target("avx2,fma"), always_inline)) __m256i madd16_avx2(__m256i acc, __m256i a, __m256i b) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-}
+/* isum[m] (8 int32 lanes) = one 64-input group of int8 weights w times x row m's int16
+ * activations (x + m * stride): lane l sums the pairs of inputs 16j + 2l, 16j + 2l + 1 */
+#define Q8_GROUP_SUMS_AVX2(isum, w, x, stride)                                                                         \
+    do {                                                                                                               \
+        for (int m = 0; m < M; m++) isum[m] = _mm256_setzero_si256();                                                  \
+        for (int j = 0; j < 4; j++) {                                                                                  \
+            const __m256i w16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((w) + 16 * j)));              \
+            for (int m = 0; m < M; m++)                                                                                \
+                isum[m] = _mm256_add_epi32(                                                                            \
+                    isum[m], _mm256_madd_epi16(w16, _mm256_loadu_si256((const __m256i *)((x) + m * (stride) + 16 * j)))); \
+        }                                                                                                              \
+    } while (0)
 
 AVX2_INLINE void q8i_rows_m(const Weight *W, const QuantX *X, const float *xf, float *out, int64_t ld, int64_t n0,
                             int64_t n1, const int M) {
-    Q8I_BODY(madd16_avx2)
+    Q8I_BODY(Q8_GROUP_SUMS_AVX2, 1, 1)
 }
 
 AVX2_FN static void rows_q8i_avx2(const Weight *W, const QuantX *X, const float *xf, int64_t M, float *out, int64_t ld,
@@ -804,6 +822,15 @@ static void mx4_tables_fill(void) {
         for (int c = 0; c < 16; c++) MX4_TABLES[e][c] = E2M1_X2F[c] * (0.5f * e8m0_to_float((uint8_t)e));
 }
 
+/* sum of a[j] * b[j] over 32 floats, in one order whatever the caller: not inlined, so
+ * not vectorised per x-row count (inlined into each M's copy of a kernel, -fassociative-math
+ * let each copy order the sums its own way, and a row in a batch differed from itself alone) */
+__attribute__((noinline)) static float dot32(const float *a, const float *b) {
+    float t = 0.f;
+    for (int j = 0; j < 32; j++) t += a[j] * b[j];
+    return t;
+}
+
 /* mxfp4pair with AVX-512, still float32 throughout. The x rows are first copied, once
  * per call, into the weights' pair order (per 32 inputs: the 16 even ones, then the 16
  * odd ones; 64-byte aligned, so no load splits a cache line), so that a group's 16 bytes
@@ -871,8 +898,7 @@ V4_INLINE void mxfp4p_rows_v4_m(const Weight *W, const float *xp, float *out, in
                 float tmp[32];
                 const uint8_t *last = row + Gw * 16;
                 for (int j = 0; j < 16; j++) { tmp[j] = (float)E2M1_X2[last[j] & 15]; tmp[16 + j] = (float)E2M1_X2[last[j] >> 4]; }
-                for (int m = 0; m < M; m++)
-                    for (int j = 0; j < 32; j++) tail[m] += tmp[j] * xp[m * KP + Gw * 32 + j];
+                for (int m = 0; m < M; m++) tail[m] = dot32(tmp, xp + m * KP + Gw * 32);
             }
             const float last_scale = Gw < G ? 0.5f * e8m0_to_float(e[Gw]) : 0.f;
             for (int m = 0; m < M; m++)
@@ -989,14 +1015,43 @@ __attribute__((target(VNNI_TARGET))) static void rows_q4_vnni(const Weight *W, c
                                                                    int64_t ld, int64_t n0, int64_t n1) {
     BY_ROWS(M, q4_rows_vnni_m, W, X, out, ld, n0, n1);
 }
+/* The same group sums with 512-bit vpdpwssd: 32 inputs per step, two steps a group
+ * (half the AVX2 path's instructions); lane L < 8 of the 512-bit sum takes the pairs lane
+ * L of the 256-bit path takes from inputs 32j.., lane L + 8 those from 32j + 16.., so
+ * adding the two halves (integers: exact) gives the AVX2 path's lanes and the same floats
+ * after. */
+#define Q8_GROUP_SUMS_VNNI512(isum, w, x, stride)                                                                      \
+    do {                                                                                                               \
+        __m512i wide[MAX_ROWS];                                                                                        \
+        for (int m = 0; m < M; m++) wide[m] = _mm512_setzero_si512();                                                  \
+        for (int j = 0; j < 2; j++) {                                                                                  \
+            const __m512i w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((w) + 32 * j)));           \
+            for (int m = 0; m < M; m++)                                                                                \
+                wide[m] = _mm512_dpwssd_epi32(wide[m], w16, _mm512_loadu_si512((const void *)((x) + m * (stride) + 32 * j))); \
+        }                                                                                                              \
+        for (int m = 0; m < M; m++)                                                                                    \
+            isum[m] = _mm256_add_epi32(_mm512_castsi512_si256(wide[m]), _mm512_extracti64x4_epi64(wide[m], 1));        \
+    } while (0)
+
 VNNI_INLINE void q8i_rows_vnni_m(const Weight *W, const QuantX *X, const float *xf, float *out, int64_t ld,
                                  int64_t n0, int64_t n1, const int M) {
-    Q8I_BODY(_mm256_dpwssd_epi32)
+    Q8I_BODY(Q8_GROUP_SUMS_VNNI512, 0, 0)
 }
 
+/* x rows go through the int8 kernel at most this many bytes of int16 activations at a
+ * time: 8 rows of 2048 inputs (32 KiB, all of Zen 4's L1) pushed the weight lines out;
+ * in halves it ran 96 GMAC/s against 76 at 128 rows and 2048 x 2048 (AMD EPYC Zen 4,
+ * 2 threads; 8 KiB 89). Each row's sums are the same whatever the step. */
+#define Q8_X_BYTES (16 << 10)
 __attribute__((target(VNNI_TARGET))) static void rows_q8i_vnni(const Weight *W, const QuantX *X, const float *xf, int64_t M,
                                                                  float *out, int64_t ld, int64_t n0, int64_t n1) {
-    BY_ROWS(M, q8i_rows_vnni_m, W, X, xf, out, ld, n0, n1);
+    int64_t step = M;
+    while (step > 1 && step * W->K * 2 > Q8_X_BYTES) step = (step + 1) / 2;
+    for (int64_t r = 0; r < M; r += step) {
+        const int64_t rows = M - r < step ? M - r : step;
+        const QuantX v = quantx_at(X, r, W->K);
+        BY_ROWS(rows, q8i_rows_vnni_m, W, &v, xf + r * W->K, out + r * ld, ld, n0, n1);
+    }
 }
 static int have_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
