@@ -63,24 +63,29 @@ ALIGN = 4096
 
 # -- the disk bound ---------------------------------------------------------------------------
 def expert_requests(model: Path) -> list[tuple[str, int, int]]:
-    """(shard path, offset, size) of each routed expert: the span of its tensors, the read
-    colibri makes for it (ranges of one expert are merged)."""
+    """(shard path, offset, size) of each read colibri makes for the routed experts: an
+    expert's tensors grouped as its reader groups them (one request per run of tensors in
+    one file, ``merge_ranges``), so an expert whose tensors straddle two shards is two
+    requests, not one span from the first shard's offset to the second's end."""
+    from colibri_core.io.checkpoint import merge_ranges
     from colibri_core.io.safetensors import SafetensorsFile
 
-    spans: dict[tuple[int, int], list] = {}
+    by_expert: dict[tuple[int, int], list] = {}
     for shard in sorted(model.glob("*.safetensors")):
         f = SafetensorsFile(shard)
         try:
             for info in f.tensors.values():
                 m = EXPERT.search(info.name)
-                if m is None:
-                    continue
-                key = (int(m.group(1)), int(m.group(2)))
-                span = spans.setdefault(key, [str(shard), info.offset, info.offset + info.nbytes])
-                span[1], span[2] = min(span[1], info.offset), max(span[2], info.offset + info.nbytes)
+                if m is not None:
+                    by_expert.setdefault((int(m.group(1)), int(m.group(2))), []).append(info)
         finally:
             f.close()
-    return [(path, start, end - start) for path, start, end in spans.values()]
+    requests = []
+    for infos in by_expert.values():
+        for group in merge_ranges(infos):
+            start = min(t.offset for t in group)
+            requests.append((group[0].path, start, max(t.offset + t.nbytes for t in group) - start))
+    return requests
 
 
 def disk_bound(model: Path, *, budget: int, threads: int, seed: int) -> dict:

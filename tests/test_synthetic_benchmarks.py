@@ -302,6 +302,26 @@ def test_expert_requests_are_one_span_per_expert(low):
     assert {size for _, _, size in requests} == {one}
 
 
+def test_expert_requests_split_an_expert_straddling_two_shards(tmp_path):
+    """An expert whose tensors lie in two shards is read as two requests (one per file):
+    one span from the first shard's offset to the second's end measured large sequential
+    reads instead of the ones colibri makes."""
+    from colibri_core.io.safetensors import write_safetensors
+
+    table = script("streaming_table")
+    w = np.ones((64, 32), dtype=np.float32)
+    expert = "model.layers.{}.mlp.experts.{}.{}_proj.weight"
+    write_safetensors(tmp_path / "model-00001-of-00002.safetensors",
+                      {expert.format(0, 0, "gate"): w, expert.format(0, 0, "up"): w, expert.format(0, 1, "gate"): w,
+                       "model.embed_tokens.weight": np.ones((4096, 64), dtype=np.float32)})
+    write_safetensors(tmp_path / "model-00002-of-00002.safetensors",
+                      {expert.format(0, 0, "down"): w, expert.format(0, 1, "up"): w, expert.format(0, 1, "down"): w})
+    requests = sorted(table.expert_requests(tmp_path))
+    assert [(Path(path).name, size) for path, _, size in requests] == [
+        ("model-00001-of-00002.safetensors", 2 * w.nbytes), ("model-00001-of-00002.safetensors", w.nbytes),
+        ("model-00002-of-00002.safetensors", w.nbytes), ("model-00002-of-00002.safetensors", 2 * w.nbytes)]
+
+
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
 @pytest.mark.parametrize("fmt", ["q8", "q4", "q4g32", "fp8", "mxfp4pair"])
 def test_kernel_bandwidth_reports_the_kernel_against_the_load_loop(fmt):
