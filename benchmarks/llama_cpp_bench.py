@@ -239,6 +239,15 @@ def one_run(gguf: str, tokens: int, prompt_tokens: int, seed: int, threads: int,
             "disk_read_bytes": _io_read_bytes() - before, "peak_rss_bytes": _peak_rss()}
 
 
+def last_logits(llm):
+    """The logits of the last token ``llm`` evaluated. (``llm.scores`` is filled only with
+    ``logits_all``: without it, it held whatever its memory held, and a row past its
+    n_batch rows did not exist, so a prompt of 512 tokens failed.)"""
+    import numpy as np
+
+    return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).copy()
+
+
 def timed_generation(llm, tokens: int, prompt_tokens: int, seed: int) -> dict:
     """``tokens`` tokens from a loaded ``llama_cpp.Llama`` after ``colibri bench``'s prompt
     (seeded random ids), timed as ``colibri bench`` times colibri: prefill_s,
@@ -255,7 +264,7 @@ def timed_generation(llm, tokens: int, prompt_tokens: int, seed: int) -> dict:
     prefill_s = time.perf_counter() - t0
     times, generated = [], []
     for _ in range(tokens):
-        token = sampler(np.asarray(llm.scores[llm.n_tokens - 1]))  # temperature 1, as the colibri runs
+        token = sampler(last_logits(llm))  # temperature 1, as the colibri runs
         times.append(time.perf_counter())
         generated.append(int(token))
         if len(times) == tokens:
