@@ -1,7 +1,10 @@
-"""The batched engine (colibri_core.engine.scheduler): a request's tokens never depend on
-what else is in the batch, and equal Model.generate's; prefix reuse gives a cold
-prefill's tokens while skipping the prefix; a step's experts are fetched once; slots,
-queue and KV budget are bounded; cancellation and errors free what they held."""
+"""The batched engine (colibri_core.engine.scheduler) on the CPU: the kernels compute rows
+independently up to the rows they claim; a step's experts are fetched once; slots, queue
+and KV budget are bounded; stopping, stop ids and errors free what they held.
+
+That a request's tokens never depend on the batch and equal Model.generate's, prefix
+reuse and cancellation are checked on every installed backend by the conformance kit's
+engine checks (colibri_core.testing.backend_kit; tests/test_backend_conformance*.py)."""
 
 import threading
 
@@ -9,141 +12,10 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.cli.convert import convert
-from colibri_core.cli.demo import DemoSpec, ensure_demo_model
-from colibri_core.engine import generation
 from colibri_core.engine.batching import RowInvariantOps
-from colibri_core.engine.sampling import SamplingParams
 from colibri_core.engine.scheduler import QueueFull, Request, Scheduler
 from colibri_core.errors import UsageError
-
-VOCAB = 128
-DEMO = DemoSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
-                intermediate_size=32, tokenizer_vocab=300, shard_bytes=60_000, cached_experts_per_layer=2)
-
-
-def _olmoe():
-    from transformers import OlmoeConfig
-
-    return "OlmoeForCausalLM", OlmoeConfig(vocab_size=VOCAB, eos_token_id=None, hidden_size=32, intermediate_size=16,
-                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=8,
-                                           num_experts_per_tok=2, max_position_embeddings=128, initializer_range=0.1)
-
-
-DEEPSEEK = dict(vocab_size=VOCAB, eos_token_id=None, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
-                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2,
-                n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
-                kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
-                max_position_embeddings=128, initializer_range=0.1)
-
-
-def _deepseek_v3():  # MLA
-    from transformers import DeepseekV3Config
-
-    return "DeepseekV3ForCausalLM", DeepseekV3Config(**DEEPSEEK)
-
-
-def _deepseek_v32():  # MLA + the DSA indexer (4 keys chosen: sparse from the fifth position)
-    from transformers import DeepseekV32Config
-
-    return "DeepseekV32ForCausalLM", DeepseekV32Config(**DEEPSEEK, index_n_heads=16, index_head_dim=16, index_topk=4)
-
-
-def _qwen3_next():  # Gated DeltaNet layers and gated full attention
-    from transformers import Qwen3NextConfig
-
-    return "Qwen3NextForCausalLM", Qwen3NextConfig(
-        vocab_size=VOCAB, eos_token_id=None, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_experts=8,
-        num_experts_per_tok=2, moe_intermediate_size=16, max_position_embeddings=256, initializer_range=0.1, head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
-        shared_expert_intermediate_size=24, num_hidden_layers=4, intermediate_size=48, mlp_only_layers=[0])
-
-
-ORACLES = {"olmoe": _olmoe, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32, "qwen3_next": _qwen3_next}
-_built: dict = {}
-
-
-def model_dir(name: str, tmp_path_factory):
-    """A tiny float32 model saved by transformers (random weights, perturbed), or the demo
-    model converted to int4 experts and int8 dense weights."""
-    if name not in _built:
-        root = tmp_path_factory.mktemp(name)
-        if name == "demo_int4":
-            src = ensure_demo_model(root / "bf16", DEMO)
-            convert(src, root / "int4", experts="int4", dense="int8")
-            _built[name] = root / "int4"
-        else:
-            import torch
-            import transformers
-
-            torch.manual_seed(0)
-            cls, config = ORACLES[name]()
-            config._attn_implementation = "eager"
-            model = getattr(transformers, cls)(config).eval().to(torch.float32)
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(torch.randn_like(p) * 0.05)
-            model.save_pretrained(root)
-            _built[name] = root
-    return _built[name]
-
-
-def prompts(n=8, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(1, VOCAB, size=int(rng.integers(3, 40))).tolist() for _ in range(n)]
-
-
-def run_all(sched, reqs, **kw):
-    handles = [sched.submit(r, **kw) for r in reqs]
-    for h in handles:
-        assert h.wait(120)
-    return handles
-
-
-FAMILIES = ["olmoe", "deepseek_v3", "deepseek_v32", "qwen3_next", "demo_int4"]
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_tokens_alone_equal_tokens_among_seven_others_and_model_generate(name, tmp_path_factory):
-    path = model_dir(name, tmp_path_factory)
-    ram = DEMO.default_budget(path) if name == "demo_int4" else None  # the demo streams its experts
-    with colibri_core.load(path, ram=ram, history=False) as model:
-        ps = prompts()
-        lengths = [12, 5, 20, 9, 16, 3, 14, 7]  # requests end at different steps: the batch changes
-        expected = [model.generate(token_ids=p, max_tokens=n, ignore_eos=True).token_ids for p, n in zip(ps, lengths)]
-        sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=7)
-        with Scheduler(model, slots=8) as alone:
-            first = run_all(alone, [Request(ps[0], lengths[0])])[0]
-            lone_sampled = run_all(alone, [Request(ps[1], 10, sampled)])[0]
-        with Scheduler(model, slots=8) as busy:
-            handles = run_all(busy, [Request(p, n) for p, n in zip(ps, lengths)] + [Request(ps[1], 10, sampled)])
-            assert busy.stats()["steps"] < sum(lengths)  # decode steps really carried several sequences
-    assert first.token_ids == expected[0] == handles[0].token_ids
-    assert [h.token_ids for h in handles[:8]] == expected
-    assert handles[8].token_ids == lone_sampled.token_ids and len(lone_sampled.token_ids) == 10
-    assert all(h.finish_reason == "length" for h in handles)
-    assert handles[0].usage == {"prompt_tokens": len(ps[0]), "completion_tokens": 12, "cached_tokens": 0}
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_a_batched_step_gives_each_row_the_bits_of_a_one_row_step(name, tmp_path_factory):
-    path = model_dir(name, tmp_path_factory)
-    with colibri_core.load(path, history=False) as model:
-        lm, ops = model.lm, model.backend
-        ps = prompts(8, seed=1)
-        alone, batched = [], []
-        for p in ps:
-            for caches in (alone, batched):
-                cache = lm.new_cache(ops)
-                lm.forward(np.asarray(p), cache, ops)
-                caches.append(cache)
-        feed = [(np.asarray([t]), c) for t, c in zip(range(10, 18), batched)]
-        for _ in range(3):  # three decode steps, each sequence at its own position
-            rows = lm.forward_batch(feed, RowInvariantOps(ops))
-            for (ids, _), cache, row in zip(feed, alone, rows):
-                one = lm.forward(ids, cache, ops)
-                assert np.array_equal(one, row)
-            feed = [(np.asarray([int(np.argmax(r))]), c) for r, (_, c) in zip(rows, feed)]
+from colibri_core.testing.tiny_models import DEMO, VOCAB, model_dir, prompts
 
 
 @pytest.mark.parametrize("kind", ["q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair"])
@@ -174,32 +46,6 @@ def test_cpu_kernels_compute_rows_independently_up_to_the_rows_they_claim(kind, 
     assert be.batch_invariant_rows("linear", [rng.standard_normal((8, 8)).astype(np.float32)]) == 1  # BLAS: no promise
 
 
-@pytest.mark.parametrize("name", ["olmoe", "deepseek_v3", "qwen3_next", "demo_int4"])
-def test_prefix_reuse_gives_cold_tokens_and_skips_the_prefix(name, tmp_path_factory, monkeypatch):
-    path = model_dir(name, tmp_path_factory)
-    with colibri_core.load(path, history=False) as model:
-        first = [(3 + 7 * i) % VOCAB for i in range(13)]
-        with Scheduler(model, prefill_chunk=4) as sched:
-            turn1 = run_all(sched, [Request(first, 6)])[0]
-            second = first + turn1.token_ids + [9, 8, 7]  # the next turn of a chat
-            before = sched.stats()["prefill_tokens"]
-            turn2 = run_all(sched, [Request(second, 8)])[0]
-            # whole chunks of the first prompt (13 -> 12) are reused, the rest is prefilled
-            assert turn2.usage["cached_tokens"] == 12
-            assert sched.stats()["prefill_tokens"] - before == len(second) - 12
-            assert sched.stats()["prefix_hits_tokens"] == 12
-            branch = first[:10] + [3, 4, 5, 6]  # shares 10 tokens: reuse stops at the boundary 8
-            turn3 = run_all(sched, [Request(branch, 5)])[0]
-            assert turn3.usage["cached_tokens"] == 8
-        with Scheduler(model, prefill_chunk=4, prefix_reuse=False) as cold:
-            cold2, cold3 = run_all(cold, [Request(second, 8), Request(branch, 5)])
-            assert cold.stats()["prefix_hits_tokens"] == 0 and cold2.usage["cached_tokens"] == 0
-        monkeypatch.setattr(generation, "PREFILL_CHUNK", 4)
-        expected = model.generate(token_ids=second, max_tokens=8, ignore_eos=True).token_ids
-    assert turn2.token_ids == cold2.token_ids == expected
-    assert turn3.token_ids == cold3.token_ids
-
-
 def test_a_multi_sequence_step_fetches_each_distinct_expert_once(tmp_path_factory):
     path = model_dir("demo_int4", tmp_path_factory)
     with colibri_core.load(path, ram=DEMO.default_budget(path), history=False) as model:
@@ -218,34 +64,14 @@ def test_a_multi_sequence_step_fetches_each_distinct_expert_once(tmp_path_factor
         assert lookups() - before == distinct < routed  # 16 choices among 8 experts: some shared
 
 
-def test_cancel_frees_the_slot_for_the_queued_request(tmp_path_factory):
-    path = model_dir("olmoe", tmp_path_factory)
-    with colibri_core.load(path, history=False) as model:
-        with Scheduler(model, slots=1, prefix_reuse=False) as sched:
-            seen = []
-
-            def on_event(event):
-                seen.append(event)
-                if len(seen) == 3:
-                    long.cancel()
-
-            long = sched.submit(Request([5, 6, 7], 100), on_event=on_event)
-            queued = sched.submit(Request([8, 9], 4))
-            assert queued.wait(60) and long.wait(60)
-            assert long.finish_reason == "cancelled" and len(long.token_ids) == 3 and seen[-1] is None
-            assert queued.finish_reason == "length" and len(queued.token_ids) == 4
-            long.cancel()  # idempotent
-            stats = sched.stats()
-            assert stats["active"] == 0 and stats["kv_reserved_bytes"] == 0 and stats["queue_depth"] == 0
-
-
 def test_queue_full_and_bad_requests_are_refused_at_submit(tmp_path_factory):
     path = model_dir("olmoe", tmp_path_factory)
     with colibri_core.load(path, history=False) as model:
         sched = Scheduler(model, slots=1, max_queue=2)  # not started: requests wait
+        sched.submit(Request([1, 2], 4))  # takes the free slot at the next step
         sched.submit(Request([1, 2], 4))
         sched.submit(Request([1, 2], 4))
-        with pytest.raises(QueueFull):
+        with pytest.raises(QueueFull, match=r"every slot is taken and 2 requests wait for one \(max_queue 2\)"):
             sched.submit(Request([1, 2], 4))
         with pytest.raises(UsageError, match="context holds 128"):
             sched.submit(Request([1] * 128, 4))
@@ -253,12 +79,34 @@ def test_queue_full_and_bad_requests_are_refused_at_submit(tmp_path_factory):
             sched.submit(Request([], 4))
         with pytest.raises(UsageError, match="outside the vocabulary"):
             sched.submit(Request([VOCAB + 3], 4))
-        assert sched.stats()["queue_depth"] == 2
+        assert sched.stats()["queue_depth"] == 3
         queued = sched._waiting[-1]
         queued.cancel()  # a cancelled request leaves the queue at the next step
         sched.step()
         assert queued.done and queued.finish_reason == "cancelled"
         sched.submit(Request([1, 2], 4))  # its place is free again
+        sched.stop()
+
+
+def test_max_queue_0_runs_a_request_that_finds_a_free_slot_and_refuses_one_that_would_wait(tmp_path_factory):
+    path = model_dir("olmoe", tmp_path_factory)
+    with colibri_core.load(path, history=False) as model:
+        sched = Scheduler(model, slots=2, max_queue=0)  # not started: the steps run below
+        first = sched.submit(Request([1, 2], 4))  # idle: both slots are free
+        second = sched.submit(Request([3, 4], 4))  # the second slot is still free
+        with pytest.raises(QueueFull, match=r"every slot is taken and 0 requests wait for one \(max_queue 0\)"):
+            sched.submit(Request([5, 6], 4))
+        sched.step()
+        assert sched.stats()["active"] == 2
+        with pytest.raises(QueueFull):
+            sched.submit(Request([5, 6], 4))
+        while sched.step():
+            pass
+        assert first.finish_reason == second.finish_reason == "length"
+        third = sched.submit(Request([5, 6], 4))  # the slots are free again
+        while sched.step():
+            pass
+        assert third.finish_reason == "length" and len(third.token_ids) == 4
         sched.stop()
 
 

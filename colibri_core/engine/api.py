@@ -29,6 +29,7 @@ from colibri_core.io.integrity import MANIFEST_NAME, Manifest
 from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.prefetch import Prefetcher
 from colibri_core.experts.store import ExpertStore, PinPolicy
+from colibri_core.engine.backend import Backend
 from colibri_core.engine.generation import Generation, GenerationResult, TokenEvent
 from colibri_core.nn.layers import CausalLM
 from colibri_core.engine.placement import Placement, budget_beyond_memory
@@ -172,11 +173,12 @@ class Model:
         self.close()
 
 
-def open_backend(name: str, vram: int | str | None = None):
-    """The installed backend ``name`` and the ``--vram`` budget in bytes, checked before
-    anything is loaded: an unknown or unavailable backend, or a device budget for a
-    backend without device memory, is a one-line UsageError."""
-    backend = create_backend(get_registry(), name)
+def open_backend(name: str | Backend, vram: int | str | None = None):
+    """The installed backend ``name`` (or ``name`` itself, a ``Backend`` instance) and the
+    ``--vram`` budget in bytes, checked before anything is loaded: an unknown or
+    unavailable backend, or a device budget for a backend without device memory, is a
+    one-line UsageError."""
+    backend = name if isinstance(name, Backend) else create_backend(get_registry(), name)
     budget = parse_size(vram) if vram is not None else None
     if budget is not None and backend.device_memory() is None:
         raise UsageError(f"{option('vram')}: backend {backend.name!r} has no device memory (its experts live in RAM: "
@@ -221,7 +223,7 @@ def check_load_options(*, cap=None, pin="auto", pin_share=0.5, prefetch_slots=No
                              f"got {prefetch_window!r}")
 
 
-def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str = "cpu",
+def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str | Backend = "cpu",
          vram: int | str | None = None, preload: bool = False, progress: LoadProgress | None = None,
          direct_io: bool = False, mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5,
          prefetch: bool = False, prefetch_slots: int | None = None, prefetch_window: int | str | None = None,
@@ -233,7 +235,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     ram: RAM budget for weights (bytes or "4G"); dense weights (on a backend computing
          from RAM) and the RAM tier's experts. Default: 80% of available memory.
     cap: limit the experts held in each tier to N per MoE layer (pinned + LRU).
-    backend: compute backend name (see ``colibri list-backends``).
+    backend: compute backend name (see ``colibri list-backends``), or a ``Backend``
+         instance (the conformance kit loads models on the backend it tests).
     vram: on a backend with device memory, the device tier's budget for prepared experts
          (default: 80% of the device memory less the dense weights, which live there).
          On unified memory it is the part of ``ram`` the device tier gets (default: all

@@ -200,6 +200,7 @@ class Scheduler:
         self._lock = threading.Condition()
         self._waiting: collections.deque[Handle] = collections.deque()
         self._active: list[_Seq] = []
+        self._admitting = 0  # requests out of the queue whose sequence is being set up: their slot is taken
         self._prefixes: list[_Prefix] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -220,8 +221,9 @@ class Scheduler:
 
     # -- client side ------------------------------------------------------------------
     def submit(self, request: Request, on_event=None) -> Handle:
-        """Queue a request; raises QueueFull when ``max_queue`` wait already, UsageError for
-        a request that can never run (empty, not fitting the context or the KV budget)."""
+        """Queue a request; raises QueueFull when it finds no free slot and ``max_queue``
+        requests already wait for one, UsageError for a request that can never run (empty,
+        not fitting the context or the KV budget)."""
         prompt = [int(t) for t in request.prompt_ids]
         if not prompt:
             raise UsageError("the prompt is empty: give text or at least one token id")
@@ -239,8 +241,12 @@ class Scheduler:
         with self._lock:
             if self._stopping:
                 raise UsageError("the scheduler is stopped")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue {self.max_queue})")
+            # the first requests in the queue take the free slots at the next step: only the
+            # rest wait, and max_queue bounds those (0: a request runs at once or is refused)
+            free = self.slots - len(self._active) - self._admitting
+            if len(self._waiting) >= free + self.max_queue:
+                raise QueueFull(f"every slot is taken and {max(0, len(self._waiting) - free)} requests wait for one "
+                                f"(max_queue {self.max_queue})")
             self._waiting.append(handle)
             self.requests_total += 1
             self._lock.notify_all()
@@ -352,11 +358,19 @@ class Scheduler:
                     return  # wait for a running request to end
                 self._waiting.popleft()
                 self.kv.reserve(need)
+                self._admitting += 1
             try:
-                self._active.append(self._new_seq(handle, need))
+                seq = self._new_seq(handle, need)
             except Exception as exc:
                 self.kv.release(need)
                 handle._finish("error", exc)
+                seq = None
+            with self._lock:
+                self._admitting -= 1
+                if seq is not None:
+                    self._active.append(seq)
+                    if self._stopping:  # stop() cancelled the running requests while this one was set up
+                        handle.cancel()
 
     def _evict_one(self) -> bool:
         """Drop the least recently used retired prefix; False when there is none."""

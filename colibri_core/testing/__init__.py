@@ -7,6 +7,8 @@
   base class a backend's tests subclass: every contract method against the reference.
 - ``colibri_core.testing.backends``: the backends both suites run on (every installed
   one; ``COLIBRI_TEST_BACKENDS`` restricts them).
+- ``colibri_core.testing.tiny_models``: tiny models of several families, built once per
+  session, for the kit's checks of the batched engine and the scheduler tests.
 - ``colibri_core.testing.fp8``: quantise a saved tiny model to fp8 block scales (an
   ``OracleCase.rewrite`` hook), with the dequantised weights as transformers' reference.
 """

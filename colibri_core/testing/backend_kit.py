@@ -45,6 +45,14 @@ gated delta rule, chunked and stepwise, with their carried state, and its per-ke
 decay form (Kimi Delta Attention), which must reduce to the scalar one when the decay
 is equal across channels.
 
+And the batched engine (``colibri_core.engine.scheduler``) computing with the backend on
+whole tiny models (``colibri_core.testing.tiny_models``: OLMoE, MLA, DSA, Gated DeltaNet
+and a packed int4 / int8 model; each skipped with its reason where its family or
+transformers is not installed), loaded on the test's thread and run on the engine's own
+(``test_engine_*``): batched requests get the tokens they get alone, which are
+``Model.generate``'s; a batched decode step gives each row the bits of a one-row step;
+prefix reuse gives a cold prefill's tokens; a cancelled request frees its slot.
+
 Tolerances, declared by the subclass as class attributes:
 
 - ``tolerance``: float operations. A result passes when its largest difference from the
@@ -71,8 +79,13 @@ import zlib
 import numpy as np
 import pytest
 
+import colibri_core
+from colibri_core.engine import generation
 from colibri_core.engine.backend import Backend, GatedActivation
+from colibri_core.engine.batching import RowInvariantOps
 from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.engine.sampling import SamplingParams
+from colibri_core.engine.scheduler import Request, Scheduler
 from colibri_core.experts.tiers import ExpertWeights
 from colibri_core.formats.base import QuantTensor, bf16_to_f32, f32_to_bf16
 from colibri_core.formats.fp8 import E4M3_TO_F32
@@ -80,6 +93,7 @@ from colibri_core.formats.integer import MXFP4, Int4GS64, Int8Row, nibble_codes
 from colibri_core.formats.reference import dequantize
 from colibri_core.io.container import SCALES_SUFFIX
 from colibri_core.nn.rope import build_rope
+from colibri_core.testing import tiny_models
 
 PACKED_KINDS = ("q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair")
 WEIGHT_KINDS = ("f32",) + PACKED_KINDS  # "f32": a float32 array, never packed
@@ -856,3 +870,108 @@ class BackendConformanceSuite:
             want_out, want_state = self.ref.gated_delta_step(*host.values())
             self.check(backend, got[0], want_out, f"gated_delta_channel_{name} with equal channels output")
             self.check(backend, got[1], want_state, f"gated_delta_channel_{name} with equal channels state")
+
+    # -- the batched engine on whole models --------------------------------------------------
+    # colibri's scheduler (colibri_core.engine.scheduler) computing with this backend, on
+    # the tiny models of colibri_core.testing.tiny_models. Its steps run on the engine's
+    # own thread, not on the thread that made the backend and loaded the model.
+    @staticmethod
+    def run_requests(sched: Scheduler, requests: list[Request], **kw) -> list:
+        handles = [sched.submit(r, **kw) for r in requests]
+        for h in handles:
+            assert h.wait(120), "the engine did not finish a request within 120 s"
+            assert h.finish_reason != "error", f"the engine failed a request: {h.error!r}"
+        return handles
+
+    @pytest.mark.parametrize("tiny_model", tiny_models.NAMES)
+    def test_engine_tokens_alone_equal_tokens_among_others_and_model_generate(self, backend, tiny_model,
+                                                                               tmp_path_factory):
+        path = tiny_models.model_dir(tiny_model, tmp_path_factory)
+        # the demo streams its experts: a quarter of them fit, as this backend holds them
+        ram = tiny_models.DEMO.default_budget(path, backend) if tiny_model == "demo_int4" else None
+        with colibri_core.load(path, backend=backend, ram=ram, history=False) as model:
+            ps = tiny_models.prompts()
+            lengths = [12, 5, 20, 9, 16, 3, 14, 7]  # requests end at different steps: the batch changes
+            expected = [model.generate(token_ids=p, max_tokens=n, ignore_eos=True).token_ids
+                        for p, n in zip(ps, lengths)]
+            sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=7)
+            with Scheduler(model, slots=8) as alone:
+                first = self.run_requests(alone, [Request(ps[0], lengths[0])])[0]
+                lone_sampled = self.run_requests(alone, [Request(ps[1], 10, sampled)])[0]
+            with Scheduler(model, slots=8) as busy:
+                handles = self.run_requests(busy, [Request(p, n) for p, n in zip(ps, lengths)]
+                                            + [Request(ps[1], 10, sampled)])
+                assert busy.stats()["steps"] < sum(lengths), "decode steps did not carry several sequences"
+        assert first.token_ids == expected[0], "a request alone: not Model.generate's tokens"
+        assert [h.token_ids for h in handles[:8]] == expected, "requests in a batch: not Model.generate's tokens"
+        assert handles[8].token_ids == lone_sampled.token_ids and len(lone_sampled.token_ids) == 10, \
+            "a sampled request: other tokens in a batch than alone"
+        assert all(h.finish_reason == "length" for h in handles)
+        assert handles[0].usage == {"prompt_tokens": len(ps[0]), "completion_tokens": 12, "cached_tokens": 0}
+
+    @pytest.mark.parametrize("tiny_model", tiny_models.NAMES)
+    def test_engine_batched_step_gives_each_row_the_bits_of_a_one_row_step(self, backend, tiny_model, tmp_path_factory):
+        path = tiny_models.model_dir(tiny_model, tmp_path_factory)
+        with colibri_core.load(path, backend=backend, history=False) as model:
+            lm, ops = model.lm, model.backend
+            alone, batched = [], []
+            for p in tiny_models.prompts(8, seed=1):
+                for caches in (alone, batched):
+                    cache = lm.new_cache(ops)
+                    lm.forward(np.asarray(p), cache, ops)
+                    caches.append(cache)
+            feed = [(np.asarray([t]), c) for t, c in zip(range(10, 18), batched)]
+            for step in range(3):  # three decode steps, each sequence at its own position
+                rows = lm.forward_batch(feed, RowInvariantOps(ops))
+                for i, ((ids, _), cache, row) in enumerate(zip(feed, alone, rows)):
+                    one = lm.forward(ids, cache, ops)
+                    assert np.array_equal(one, row), f"decode step {step}, row {i}: other logits than the row alone"
+                feed = [(np.asarray([int(np.argmax(r))]), c) for r, (_, c) in zip(rows, feed)]
+
+    @pytest.mark.parametrize("tiny_model", ["olmoe", "deepseek_v3", "qwen3_next", "demo_int4"])
+    def test_engine_prefix_reuse_gives_cold_tokens_and_skips_the_prefix(self, backend, tiny_model, tmp_path_factory,
+                                                                         monkeypatch):
+        path = tiny_models.model_dir(tiny_model, tmp_path_factory)
+        with colibri_core.load(path, backend=backend, history=False) as model:
+            first = [(3 + 7 * i) % tiny_models.VOCAB for i in range(13)]
+            with Scheduler(model, prefill_chunk=4) as sched:
+                turn1 = self.run_requests(sched, [Request(first, 6)])[0]
+                second = first + turn1.token_ids + [9, 8, 7]  # the next turn of a chat
+                before = sched.stats()["prefill_tokens"]
+                turn2 = self.run_requests(sched, [Request(second, 8)])[0]
+                # whole chunks of the first prompt (13 -> 12) are reused, the rest is prefilled
+                assert turn2.usage["cached_tokens"] == 12
+                assert sched.stats()["prefill_tokens"] - before == len(second) - 12
+                assert sched.stats()["prefix_hits_tokens"] == 12
+                branch = first[:10] + [3, 4, 5, 6]  # shares 10 tokens: reuse stops at the boundary 8
+                turn3 = self.run_requests(sched, [Request(branch, 5)])[0]
+                assert turn3.usage["cached_tokens"] == 8
+            with Scheduler(model, prefill_chunk=4, prefix_reuse=False) as cold:
+                cold2, cold3 = self.run_requests(cold, [Request(second, 8), Request(branch, 5)])
+                assert cold.stats()["prefix_hits_tokens"] == 0 and cold2.usage["cached_tokens"] == 0
+            monkeypatch.setattr(generation, "PREFILL_CHUNK", 4)
+            expected = model.generate(token_ids=second, max_tokens=8, ignore_eos=True).token_ids
+        assert turn2.token_ids == cold2.token_ids == expected, "a reused prefix: not a cold prefill's tokens"
+        assert turn3.token_ids == cold3.token_ids, "a reused prefix: not a cold prefill's tokens"
+
+    def test_engine_cancel_frees_the_slot_for_the_queued_request(self, backend, tmp_path_factory):
+        path = tiny_models.model_dir("demo_int4", tmp_path_factory)  # built without transformers
+        with colibri_core.load(path, backend=backend, history=False) as model:
+            with Scheduler(model, slots=1, prefix_reuse=False) as sched:
+                seen = []
+
+                def on_event(event):
+                    seen.append(event)
+                    if len(seen) == 3:
+                        long.cancel()
+
+                long = sched.submit(Request([5, 6, 7], 100), on_event=on_event)
+                queued = sched.submit(Request([8, 9], 4))
+                assert queued.wait(60) and long.wait(60)
+                assert long.finish_reason == "cancelled", f"finished {long.finish_reason!r}: {long.error!r}"
+                assert len(long.token_ids) == 3 and seen[-1] is None
+                assert queued.finish_reason == "length" and len(queued.token_ids) == 4, \
+                    f"the queued request finished {queued.finish_reason!r}: {queued.error!r}"
+                long.cancel()  # idempotent
+                stats = sched.stats()
+                assert stats["active"] == 0 and stats["kv_reserved_bytes"] == 0 and stats["queue_depth"] == 0

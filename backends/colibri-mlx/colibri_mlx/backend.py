@@ -6,6 +6,14 @@ of the process set as MLX's default. MLX evaluates lazily: operations build a gr
 runs when a result reaches the host (``to_host``: logits, router choices) or when the
 routed experts bound what they hold (``routed_experts``).
 
+MLX binds a stream, and the graph queued on it, to the thread that made it (another
+thread fails: "There is no Stream(cpu, 0) in current thread"), while a model is loaded on
+one thread and served by the batched engine on another. So the backend's stream is a
+thread-local one: each thread computes on a stream of its own. What does cross threads
+holds no pending operation: weights are made from host arrays (``prepare_weight`` too,
+on the expert store's reading threads), and a sequence's state is built and advanced by
+the one thread that runs it.
+
 Packed weights become MLX's quantised layouts where those hold exactly the reference
 numbers (``colibri_mlx.packed``); products with them run in ``mx.quantized_matmul``.
 """
@@ -64,7 +72,7 @@ class MlxBackend(Backend):
         if device not in ("gpu", "cpu"):
             raise ValueError(f"device {device!r}: expected 'gpu' or 'cpu'")
         self.device = mx.gpu if device == "gpu" else mx.cpu
-        self.stream = mx.new_stream(self.device)
+        self.stream = mx.new_thread_local_stream(self.device)  # one per thread: see the module docstring
 
     # -- memory ------------------------------------------------------------------------
     @on_device
