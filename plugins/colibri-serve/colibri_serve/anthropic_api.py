@@ -10,7 +10,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from colibri_serve.schemas import CountTokensRequest, MessagesRequest, stop_list, unsupported
+from colibri_serve.jsonbody import JsonRoute
+from colibri_serve.schemas import CountTokensRequest, MessagesRequest, stop_list, text_field, unsupported
 from colibri_serve.service import ApiError, Job, Service, started
 
 STOP_REASON = {"stop": "end_turn", "cancelled": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens",
@@ -19,8 +20,9 @@ STOP_REASON = {"stop": "end_turn", "cancelled": "end_turn", "stop_sequence": "st
 
 def error_body(err: ApiError) -> dict:
     kinds = {"bad_request": "invalid_request_error", "context_length_exceeded": "invalid_request_error",
-             "unauthorized": "authentication_error", "not_found": "not_found_error", "too_large": "request_too_large",
-             "queue_full": "rate_limit_error", "loading": "overloaded_error", "engine_error": "api_error"}
+             "unauthorized": "authentication_error", "not_found": "not_found_error", "no_route": "not_found_error",
+             "method_not_allowed": "invalid_request_error", "too_large": "request_too_large", "queue_full": "rate_limit_error",
+             "loading": "overloaded_error", "shutting_down": "overloaded_error", "engine_error": "api_error"}
     return {"type": "error", "error": {"type": kinds[err.kind], "message": err.message}}
 
 
@@ -29,9 +31,9 @@ def _block_text(content, where: str) -> str:
         return content
     texts = []
     for i, block in enumerate(content or []):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+        if not isinstance(block, dict) or block.get("type") != "text":
             raise unsupported(f"{where}[{i}]", f"a block of type {block.get('type') if isinstance(block, dict) else None!r}")
-        texts.append(block["text"])
+        texts.append(text_field(block, f"{where}[{i}]"))
     return "".join(texts)
 
 
@@ -50,8 +52,8 @@ def template_messages(body) -> list[dict[str, Any]]:
         texts, calls, results = [], [], []
         for j, block in enumerate(m.content):
             kind = block.get("type")
-            if kind == "text" and isinstance(block.get("text"), str):
-                texts.append(block["text"])
+            if kind == "text":
+                texts.append(text_field(block, f"{where}[{j}]"))
             elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
                 continue  # earlier reasoning: templates drop it from past turns too
             elif kind == "tool_use" and m.role == "assistant":
@@ -104,7 +106,7 @@ def _event(name: str, data: dict) -> str:
 
 
 def router(service: Service) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(route_class=JsonRoute)
 
     async def prompt_ids(body) -> tuple[list[int], list[dict] | None]:
         service.check_model(body.model)

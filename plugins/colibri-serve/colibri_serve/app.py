@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from colibri_serve import anthropic_api, dashboard, openai_api
 from colibri_serve.metrics import Metrics
@@ -35,9 +36,18 @@ class Gate:
     (413, by the declared length or as chunks arrive), and requests counted by route
     and status."""
 
-    def __init__(self, app, *, api_key: str | None, max_body: int, metrics: Metrics):
+    def __init__(self, app, *, api_key: str | None, max_body: int, metrics: Metrics, routes=()):
         self.app, self.max_body, self.metrics = app, max_body, metrics
+        self.routes = list(routes)  # the application's routes, for counting what it never saw
         self.expected = api_key.encode() if api_key else None
+
+    def _route(self, scope) -> str:
+        """The route a request is counted under: the one that answered, else (answered
+        here: 401, 413) the one it was for; "unmatched" only for paths no route takes."""
+        route = scope.get("route")
+        if route is None:
+            route = next((r for r in self.routes if r.matches(scope)[0] is not Match.NONE), None)
+        return getattr(route, "path", "unmatched")
 
     def _authorised(self, headers: dict[bytes, bytes]) -> bool:
         given = headers.get(b"x-api-key")
@@ -79,8 +89,7 @@ class Gate:
 
             return await self.app(scope, bounded_receive, counted_send)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(route, str(status["code"])).inc()
+            self.metrics.requests.labels(self._route(scope), str(status["code"])).inc()
 
 
 def create_app(service: Service, *, api_key: str | None = None, max_body: int = MAX_BODY_BYTES) -> Gate:
@@ -104,10 +113,14 @@ def create_app(service: Service, *, api_key: str | None = None, max_body: int = 
     async def http_error(request: Request, exc: StarletteHTTPException):
         if isinstance(exc.__cause__, ApiError):  # FastAPI wraps failures while reading the body
             return error_response(request.url.path, exc.__cause__)
-        kind = {404: "not_found", 413: "too_large"}.get(exc.status_code, "bad_request")
-        err = ApiError(kind, str(exc.detail))
-        response = error_response(request.url.path, err)
+        path, method = request.url.path, request.method
+        allowed = (exc.headers or {}).get("Allow", "")
+        kind, message = {404: ("no_route", f"{path}: no such route"),
+                         405: ("method_not_allowed", f"{path} takes {allowed or 'other methods'}, not {method}"),
+                         413: ("too_large", str(exc.detail))}.get(exc.status_code, ("bad_request", str(exc.detail)))
+        response = error_response(path, ApiError(kind, message))
         response.status_code = exc.status_code
+        response.headers.update(exc.headers or {})  # Allow on a 405
         return response
 
     @app.get("/health")
@@ -124,11 +137,13 @@ def create_app(service: Service, *, api_key: str | None = None, max_body: int = 
 
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(openai_api.router(service))
-    app.include_router(anthropic_api.router(service))
-    app.include_router(dashboard.router(service))
+    routers = [openai_api.router(service), anthropic_api.router(service), dashboard.router(service)]
+    for router in routers:
+        app.include_router(router)
     app.openapi = lambda: app.openapi_schema or _document_responses(app)
-    return Gate(app, api_key=api_key, max_body=max_body, metrics=metrics)
+    # each route itself (newer FastAPI lists an included router as one entry)
+    routes = [r for r in (*app.routes, *(r for router in routers for r in router.routes)) if hasattr(r, "path")]
+    return Gate(app, api_key=api_key, max_body=max_body, metrics=metrics, routes=routes)
 
 
 ERRORS = {"400": "Malformed or unsupported request, or a prompt longer than the context", "401": "Missing or wrong API key",

@@ -44,8 +44,10 @@ def _check_model_dir(model_dir: str) -> Path:
               help="Requests that may wait for a slot; more get 429 with Retry-After.")
 @click.option("--served-model-name", default=None, help="The model's name in the APIs (default: the directory's name).")
 @click.option("--max-body", default="4M", show_default=True, help="Largest request body accepted (413 above it).")
+@click.option("--header-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+              help="Seconds a connection may take to send a request's headers before it is closed.")
 @placement_options
-def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, **placement):
+def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout, **placement):
     """Serve the model in --model over HTTP with the OpenAI API (/v1/chat/completions,
     /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health,
     /metrics and a web dashboard at /. The APIs answer 503 until the model has loaded."""
@@ -54,6 +56,7 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
     from colibri_core.engine.api import load, open_backend
     from colibri_core.units import parse_size
     from colibri_serve.app import create_app
+    from colibri_serve.listen import Server, address, bind, protocol
     from colibri_serve.service import Service
 
     path = _check_model_dir(model_dir)
@@ -67,24 +70,27 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
     name = served_model_name or path.resolve().name
     service = Service(lambda: load(path, **options), model_name=name, slots=slots, max_queue=max_queue)
     app = create_app(service, api_key=api_key, max_body=body_limit)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=5))
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                   timeout_graceful_shutdown=5, http=protocol(header_timeout)), service)
 
     def failed(exc):
         server.should_exit = True
 
-    console.print(f"colibri serve: loading {path} as {name!r}; listening on http://{host}:{port} (503 until loaded)")
+    sock = bind(host, port)  # before saying so: a port in use is one error line, not a log after it
+    where = address(host, sock.getsockname()[1])
+    console.print(f"colibri serve: loading {path} as {name!r}; listening on http://{where} (503 until loaded)")
     service.start_loading(on_failure=failed)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         service.wait_loaded(timeout=0)
         if service.status == "ready":
             service.close()
     if service.status == "failed":
         raise service.error
     if not server.started:
-        raise UsageError(f"could not listen on {host}:{port} (is the port in use?)")
+        raise UsageError(f"could not listen on {where}")
 
 
 @click.command("chat")

@@ -11,7 +11,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from colibri_serve.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, stop_list, unsupported
+from colibri_serve.jsonbody import JsonRoute
+from colibri_serve.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, stop_list, text_field, unsupported
 from colibri_serve.service import ApiError, Job, Service, started
 
 FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "cancelled": "stop"}
@@ -20,8 +21,10 @@ FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_cal
 def error_body(err: ApiError) -> dict:
     kinds = {"bad_request": ("invalid_request_error", None), "context_length_exceeded": ("invalid_request_error", "context_length_exceeded"),
              "unauthorized": ("invalid_request_error", "invalid_api_key"), "not_found": ("invalid_request_error", "model_not_found"),
+             "no_route": ("invalid_request_error", "not_found"), "method_not_allowed": ("invalid_request_error", None),
              "too_large": ("invalid_request_error", "request_too_large"), "queue_full": ("rate_limit_error", "rate_limit_exceeded"),
-             "loading": ("server_error", "model_loading"), "engine_error": ("server_error", None)}
+             "loading": ("server_error", "model_loading"), "shutting_down": ("server_error", None),
+             "engine_error": ("server_error", None)}
     type_, code = kinds[err.kind]
     return {"error": {"message": err.message, "type": type_, "param": err.param, "code": code}}
 
@@ -33,9 +36,9 @@ def _text(content, where: str) -> str:
         return content
     parts = []
     for i, part in enumerate(content):
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+        if part.get("type") != "text":
             raise unsupported(f"{where}[{i}]", f"a content part of type {part.get('type')!r}")
-        parts.append(part["text"])
+        parts.append(text_field(part, f"{where}[{i}]"))
     return "".join(parts)
 
 
@@ -101,7 +104,7 @@ def _sse(data) -> str:
 
 
 def router(service: Service) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(route_class=JsonRoute)
 
     @api.get("/v1/models")
     async def list_models():

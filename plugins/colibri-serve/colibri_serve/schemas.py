@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
+JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object",
+              type(None): "null"}
 
 
 class _Loose(BaseModel):
@@ -130,6 +132,19 @@ def stop_list(stop: str | list[str] | None, param: str) -> list[str]:
     if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
         raise ApiError("bad_request", f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters", param=param)
     return [s for s in stops if s]
+
+
+def text_field(part: dict, where: str) -> str:
+    """The ``text`` of a text content part or block, which must be a string."""
+    from colibri_serve.service import ApiError
+
+    if "text" not in part:
+        raise ApiError("bad_request", f"{where}: a text part needs a text string", param=f"{where}.text")
+    text = part["text"]
+    if not isinstance(text, str):
+        raise ApiError("bad_request", f"{where}.text: must be a string, not {JSON_TYPES.get(type(text), type(text).__name__)}",
+                       param=f"{where}.text")
+    return text
 
 
 def unsupported(param: str, why: str):

@@ -54,11 +54,13 @@ def new_scheduler(model, slots: int, max_queue: int):
 
 class ApiError(Exception):
     """A request the server refuses: rendered in the calling API's own error shape.
-    kind: bad_request | context_length_exceeded | unauthorized | not_found | too_large |
-    queue_full | loading | engine_error."""
+    kind: bad_request | context_length_exceeded | unauthorized | not_found (a model) |
+    no_route | method_not_allowed | too_large | queue_full | loading | shutting_down |
+    engine_error."""
 
-    STATUS = {"bad_request": 400, "context_length_exceeded": 400, "unauthorized": 401, "not_found": 404,
-              "too_large": 413, "queue_full": 429, "loading": 503, "engine_error": 500}
+    STATUS = {"bad_request": 400, "context_length_exceeded": 400, "unauthorized": 401, "not_found": 404, "no_route": 404,
+              "method_not_allowed": 405, "too_large": 413, "queue_full": 429, "loading": 503, "shutting_down": 503,
+              "engine_error": 500}
 
     def __init__(self, kind: str, message: str, *, param: str | None = None, retry_after: int | None = None):
         super().__init__(message)
@@ -113,6 +115,8 @@ class Service:
         self.tool_format: ToolCallFormat | None = None
         self.defaults = dict(SAMPLING_DEFAULTS)
         self.created = int(time.time())
+        self.closing = False  # the server is shutting down: no new generations, open ones end
+        self._live: set = set()  # handles of the generations running now
         self._ready = threading.Event()
 
     # -- life ------------------------------------------------------------------------
@@ -156,6 +160,14 @@ class Service:
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
 
+    def end_generations(self) -> None:
+        """Refuse new generations and cancel the running ones, which then end with a
+        "shutting down" error: their responses complete, so the server can stop without
+        cancelling a request mid-stream (uvicorn would log each as a traceback)."""
+        self.closing = True
+        for handle in list(self._live):
+            handle.cancel()
+
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.stop()
@@ -188,14 +200,19 @@ class Service:
             raise ApiError("bad_request", "this model has no chat template: use /v1/completions")
         try:
             text = tok.chat_template.render(messages, True, **({"tools": tools} if tools else {}))
+            return tok.encode(text, add_special_tokens=False)
         except UsageError as exc:
             raise ApiError("bad_request", str(exc), param="messages") from None
-        return tok.encode(text, add_special_tokens=False)
 
     def text_ids(self, text: str) -> list[int]:
+        from colibri_core.errors import UsageError
+
         if self.model.tokenizer is None:
             raise ApiError("bad_request", "this model has no tokenizer: give the prompt as token ids")
-        return self.model.tokenizer.encode(text)
+        try:
+            return self.model.tokenizer.encode(text)
+        except UsageError as exc:  # text the tokenizer refuses (not valid Unicode)
+            raise ApiError("bad_request", str(exc), param="prompt") from None
 
     def check_prompt(self, ids: list[int], param: str) -> None:
         if not ids:
@@ -224,6 +241,8 @@ class Service:
         from colibri_core.errors import UsageError
 
         self.require_ready()
+        if self.closing:
+            raise ApiError("shutting_down", "the server is shutting down")
         self.check_prompt(job.prompt_ids, "prompt")
         model = self.model
         try:
@@ -244,10 +263,12 @@ class Service:
         try:
             handle = self.scheduler.submit(request, on_event=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
         except QueueFull:
-            raise ApiError("queue_full", f"the queue is full ({self.max_queue} requests wait); retry shortly", retry_after=1) from None
+            raise ApiError("queue_full", f"every slot is busy and the queue is full (--max-queue {self.max_queue}); "
+                           "retry shortly", retry_after=1) from None
         except UsageError as exc:
             kind = "context_length_exceeded" if "context" in str(exc) else "bad_request"
             raise ApiError(kind, str(exc), param="prompt") from None
+        self._live.add(handle)
         watcher = asyncio.create_task(_cancel_on_disconnect(handle, disconnected))
         first = True
         try:
@@ -281,6 +302,8 @@ class Service:
             engine_reason = handle.finish_reason
             if engine_reason == "error":
                 raise ApiError("engine_error", f"generation failed: {handle.error}")
+            if engine_reason == "cancelled" and self.closing and reply.stopped is None:
+                raise ApiError("shutting_down", "the server is shutting down: the reply was cut short")
             if reply.stopped is not None:
                 job.finish_reason, job.stop_sequence = "stop_sequence", reply.stopped
             elif job.parsed.tool_calls:
@@ -290,6 +313,7 @@ class Service:
             else:
                 job.finish_reason = engine_reason  # stop | cancelled
         finally:
+            self._live.discard(handle)
             watcher.cancel()
             if not handle.done:
                 handle.cancel()

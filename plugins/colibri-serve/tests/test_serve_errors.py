@@ -1,8 +1,14 @@
 """Error statuses in each API's own shape, through the vendors' SDKs where they have an
 exception for it: 400 (bad request, context_length_exceeded), 401, 404, 413, 429 with
-Retry-After, 503 while loading; and a client that disconnects frees its slot."""
+Retry-After (with --max-queue 0, for a request that would wait only), 503 while loading;
+and a client that disconnects frees its slot. Also what is wrong with a body (not JSON,
+a lone surrogate, a text that is no string), unknown routes and methods, a connection
+that never sends its headers, a port in use, and Ctrl-C with streams open."""
 
 import asyncio
+import json
+import signal
+import socket
 import threading
 import time
 
@@ -11,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from colibri_core.testing.cli import run_colibri
 from serve_scripted_model import LOOP
 
 USER = [{"role": "user", "content": "hi"}]
@@ -140,6 +147,24 @@ def test_429_with_retry_after_when_the_queue_is_full(start_server, scripted_mode
     assert not waiting.is_alive()
 
 
+def test_max_queue_0_serves_a_request_that_finds_a_free_slot_and_429s_one_that_would_wait(start_server, scripted_model):
+    server = start_server(scripted_model, "--slots", "1", "--max-queue", "0", "--api-key", "sekret")
+    r = oai(server).chat.completions.create(model="scripted", messages=USER, temperature=0)  # idle: the slot is free
+    assert r.choices[0].finish_reason == "stop"
+    client, cm, _ = _hold_slot(server)
+    with pytest.raises(openai.RateLimitError) as e:
+        oai(server).chat.completions.create(model="scripted", messages=USER)
+    assert e.value.response.headers["retry-after"] == "1" and e.value.body["code"] == "rate_limit_exceeded"
+    assert "every slot is busy and the queue is full (--max-queue 0)" in e.value.body["message"]
+    cm.__exit__(None, None, None)
+    client.close()
+    deadline = time.monotonic() + 10
+    while _metric(server, "colibri_active") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = oai(server).chat.completions.create(model="scripted", messages=USER, temperature=0)  # free again
+    assert r.choices[0].finish_reason == "stop"
+
+
 def test_503_while_loading_then_ready(scripted_model):
     """The application answers 503 (with Retry-After) until the model has loaded."""
     from colibri_core.engine.api import load
@@ -189,3 +214,146 @@ def test_binding_elsewhere_without_a_key_warns(start_server, scripted_model):
     finally:
         err = server.stop()
     assert "without an API key" in err
+
+
+def _post(server, path, content: bytes, content_type: str | None = "application/json"):
+    headers = {"authorization": "Bearer sekret"}
+    if content_type:
+        headers["content-type"] = content_type
+    return httpx.post(server.url + path, content=content, headers=headers, timeout=60)
+
+
+def test_a_lone_surrogate_is_a_400_naming_the_field(scripted_server):
+    # JSON may escape one; it is no character: the tokenizer refused it with a plain-text 500
+    chat = rb'"messages":[{"role":"user","content":"\ud800 x"}]'
+    for path, body, field in (("/v1/chat/completions", b'{"model":"scripted",%s}' % chat, "messages[0].content"),
+                              ("/v1/completions", rb'{"model":"scripted","prompt":"\ud800 x"}', "prompt"),
+                              ("/v1/messages", b'{"model":"scripted","max_tokens":5,%s}' % chat, "messages[0].content"),
+                              ("/v1/messages/count_tokens", b'{"model":"scripted",%s}' % chat, "messages[0].content")):
+        r = _post(scripted_server, path, body)
+        assert r.status_code == 400, (path, r.text)
+        if path.startswith("/v1/messages"):
+            assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
+            assert r.json()["error"]["message"].startswith(field + ": a lone surrogate")
+        else:
+            assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["param"] == field
+            assert r.json()["error"]["message"].startswith(field + ": a lone surrogate")
+    # a surrogate pair is one character, and fine
+    r = _post(scripted_server, "/v1/messages/count_tokens", rb'{"model":"scripted","messages":[{"role":"user","content":"\ud83d\ude00"}]}')
+    assert r.status_code == 200
+
+
+def test_an_unknown_route_is_not_found_not_a_missing_model(scripted_server):
+    r = httpx.get(scripted_server.url + "/v1/nothing", headers={"authorization": "Bearer sekret"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert r.json()["error"]["message"] == "/v1/nothing: no such route"
+    r = httpx.post(scripted_server.url + "/v1/messages/nothing", headers={"x-api-key": "sekret"})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_wrong_method_says_which_are_allowed(scripted_server):
+    r = httpx.get(scripted_server.url + "/v1/chat/completions", headers={"authorization": "Bearer sekret"})
+    assert r.status_code == 405 and r.headers.get("allow") == "POST"
+    assert r.json()["error"]["message"] == "/v1/chat/completions takes POST, not GET"
+
+
+def test_a_body_without_a_content_type_is_json(scripted_server):
+    body = json.dumps({"model": "scripted", "messages": USER, "max_tokens": 2, "temperature": 0}).encode()
+    r = _post(scripted_server, "/v1/chat/completions", body, content_type=None)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+def test_a_body_that_is_not_json_says_so(scripted_server):
+    # curl -d sends a form's type: refused (a browser sends forms to any site unasked), saying what to send
+    body = json.dumps({"model": "scripted", "messages": USER}).encode()
+    r = _post(scripted_server, "/v1/chat/completions", body, content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "the body must be JSON sent with Content-Type: application/json, not application/x-www-form-urlencoded")
+    r = _post(scripted_server, "/v1/messages", b"[1]")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "the body must be a JSON object"
+
+
+def test_malformed_json_says_where(scripted_server):
+    r = _post(scripted_server, "/v1/chat/completions", b'{"model": "scripted",\n "messages": }')
+    assert r.status_code == 400 and r.json()["error"]["param"] is None
+    assert r.json()["error"]["message"] == "the body is not valid JSON: Expecting value (line 2, column 14)"
+
+
+def test_a_text_part_needs_a_string(scripted_server):
+    parts = [{"role": "user", "content": [{"type": "text", "text": 5}]}]
+    r = httpx.post(scripted_server.url + "/v1/chat/completions", json={"model": "scripted", "messages": parts},
+                   headers={"authorization": "Bearer sekret"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0].text"
+    assert r.json()["error"]["message"] == "messages[0].content[0].text: must be a string, not a number"
+    for path, extra in (("/v1/messages", {"max_tokens": 5}), ("/v1/messages/count_tokens", {})):
+        r = httpx.post(scripted_server.url + path, json={"model": "scripted", "messages": parts, **extra},
+                       headers={"x-api-key": "sekret"})
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == "messages[0].content[0].text: must be a string, not a number"
+
+
+def test_refusals_are_counted_under_their_route(scripted_server):
+    httpx.get(scripted_server.url + "/v1/models", headers={"authorization": "Bearer wrong"})
+    text = httpx.get(scripted_server.url + "/metrics", headers={"authorization": "Bearer sekret"}).text
+    assert 'colibri_http_requests_total{route="/v1/models",status="401"}' in text
+    assert 'route="unmatched",status="401"' not in text
+
+
+def test_a_connection_that_never_sends_its_headers_is_closed(start_server, scripted_model):
+    server = start_server(scripted_model, "--header-timeout", "0.5")
+
+    def closed_within(sock, seconds, trickle=b"") -> bool:
+        """Whether the server closes ``sock`` within ``seconds`` (sending ``trickle`` a
+        byte at a time meanwhile)."""
+        sock.settimeout(0.2)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                if trickle:
+                    sock.send(trickle[:1])
+                    trickle = trickle[1:]
+                if sock.recv(4096) == b"":
+                    return True
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                return True
+        return False
+
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /hea")
+        assert closed_within(sock, 5)
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:  # bytes that trickle in do not extend it
+        assert closed_within(sock, 5, trickle=b"GET /health HTTP/1.1\r\nX-Slow: " + b"a" * 100)
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:  # nor for the next request on a connection
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        reply = b""
+        while not reply.endswith(b"}"):
+            reply += sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /hea")
+        assert closed_within(sock, 5)
+
+
+def test_a_port_in_use_is_one_error_line(scripted_model):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_colibri("serve", "--model", scripted_model, "--port", port, timeout=120)
+    assert r.returncode == 3  # the machine refused, as for other ResourceErrors
+    assert r.stderr.splitlines() == [f"error: could not listen on 127.0.0.1:{port}: address already in use"]
+
+
+def test_ctrl_c_ends_open_streams_and_exits_cleanly(start_server, scripted_model):
+    server = start_server(scripted_model, "--slots", "2", "--api-key", "sekret")
+    held = [_hold_slot(server) for _ in range(2)]
+    server.proc.send_signal(signal.SIGINT)
+    for client, cm, lines in held:
+        data = [line for line in lines if line.startswith("data: ")]  # to the end: a cut stream raises
+        assert data[-1] == "data: [DONE]" and "shutting down" in json.loads(data[-2][6:])["error"]["message"]
+        cm.__exit__(None, None, None)
+        client.close()
+    assert server.proc.wait(timeout=30) == 130
+    err = server.proc.stderr.read()
+    assert "Traceback" not in err and "Exception in ASGI application" not in err and "interrupted" in err
