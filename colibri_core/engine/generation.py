@@ -18,6 +18,7 @@ from colibri_core.errors import NonFiniteError, UsageError
 from colibri_core.engine.sampling import Sampler, SamplingParams, check_max_tokens
 
 PREFILL_CHUNK = 256  # prompt tokens per forward pass; bounds activation memory
+RESERVE_AHEAD = 1024  # decode positions a sequence's caches are sized for before it starts
 
 
 @dataclass
@@ -120,6 +121,9 @@ class Generation:
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
         clock = _Clock(before=store_stats())
         cache = lm.new_cache(ops)
+        # room for the reply up front, so that no cache grows (and copies itself) mid-decode;
+        # at most RESERVE_AHEAD positions past the prompt: a reply that stops early wastes little
+        cache.reserve(len(prompt) + min(self.max_tokens, RESERVE_AHEAD))
         store = model.store
         self.finish_reason = "interrupted"  # until the loop below says otherwise
         report = self.prefill_progress

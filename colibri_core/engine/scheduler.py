@@ -386,6 +386,7 @@ class Scheduler:
         request = handle.request
         limit = self._request_tokens(request)
         cache = Cache([layer.new_state(self.ops, limit) for layer in self.lm.layers])
+        cache.reserve(limit)  # the KV budget holds it already: no cache grows (and copies itself) mid-decode
         model = self.model
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
         seq = _Seq(handle, cache, reserved, Sampler(request.sampling), decoder, list(request.prompt_ids))

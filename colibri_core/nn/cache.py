@@ -35,6 +35,12 @@ class KVCache:
             v[:, : self.length] = self._v[:, : self.length]
         self._k, self._v = k, v
 
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` positions (at most the context) at once: growing by doubling
+        later copies the whole cache, mid-decode (512 -> 1024 positions: ~0.5 s over the
+        full OLMoE shape's 16 layers)."""
+        self._grow(min(tokens, self.max_len))
+
     def append(self, k, v):
         """Add (T, heads, dim) keys and values; return all keys and values so far."""
         t = k.shape[0]
@@ -243,6 +249,14 @@ class Cache:
             else:  # a fixed-size state (recurrent)
                 total += getattr(layer, "nbytes", 0)
         return total
+
+    def reserve(self, tokens: int) -> None:
+        """Make room for ``tokens`` positions in the states that grow with the sequence
+        (those with a ``reserve``), so that none grows, and copies itself, mid-decode."""
+        for layer in self.layers:
+            reserve = getattr(layer, "reserve", None)
+            if reserve is not None:
+                reserve(tokens)
 
     def reusable(self) -> bool:
         """Whether every layer's state can give a prefix to another cache (prefix reuse)."""

@@ -36,9 +36,7 @@ class _Rows:
         self.length = 0
         self._data = None
 
-    def append(self, rows):
-        """Add (T, dim) rows; return all rows so far (S, dim)."""
-        end = self.length + rows.shape[0]
+    def _grow(self, end: int) -> None:
         capacity = 0 if self._data is None else self._data.shape[0]
         if end > capacity:
             new_cap = min(max(end, 2 * capacity, 64), max(self.max_len, end))
@@ -46,6 +44,15 @@ class _Rows:
             if self.length:
                 data[: self.length] = self._data[: self.length]
             self._data = data
+
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` rows (at most the context) at once (as ``KVCache.reserve``)."""
+        self._grow(min(tokens, self.max_len))
+
+    def append(self, rows):
+        """Add (T, dim) rows; return all rows so far (S, dim)."""
+        end = self.length + rows.shape[0]
+        self._grow(end)
         self._data[self.length : end] = rows
         self.length = end
         return self._data[:end]
@@ -68,6 +75,11 @@ class MLACache:
     @property
     def length(self) -> int:
         return self.latent.length
+
+    def reserve(self, tokens: int) -> None:
+        for rows in (self.latent, self.k_rot, self.index_keys):
+            if rows is not None:
+                rows.reserve(tokens)
 
     def append(self, latent, k_rot):
         """Add (T, rank) latents and (T, rope) keys; return everything cached so far."""
