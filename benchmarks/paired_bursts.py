@@ -15,7 +15,7 @@ server decodes: on an AMD EPYC, llama.cpp's decode in a fresh process after coli
     python benchmarks/paired_bursts.py --model /data/olmoe-int4 --vs-model /data/olmoe-int8
 
 Per burst: decode tok/s as ``colibri bench`` measures it ((tokens - 1) / time from the
-first token to the last), temperature 1, the burst's own seed, the same for both engines
+first token to the last) and the prompt's prefill time, temperature 1, the burst's own seed, the same for both engines
 (the prompt is ``colibri bench``'s seeded random ids; llama.cpp is timed by
 ``llama_cpp_bench.timed_generation``, with colibri's sampler). colibri loads with
 ``--preload``; llama.cpp in its default mode (mmap, its repacking as it decides). The first burst of each process is a
@@ -23,8 +23,8 @@ warm-up and is not counted. Bursts alternate which engine goes first; ``--gap`` 
 quiet come before each (the threads of the engine that just ran stop spinning).
 ``--vs-model`` pairs colibri with colibri on another model instead (two formats of one
 checkpoint, say). Prints a markdown table (per round: each engine's median and range,
-the ratio of the medians, the pairs' ratios, the 1-minute load; then the round medians'
-spread) and writes OUT.json and OUT.md. Both models stay in memory together: the machine
+the ratio of the medians, the pairs' ratios, the medians of the prefill times and their
+ratio, the 1-minute load; then the round medians' spread) and writes OUT.json and OUT.md. Both models stay in memory together: the machine
 needs the RAM for both.
 """
 
@@ -55,7 +55,8 @@ def colibri_worker(model_dir: str) -> None:
     def burst(request: dict) -> dict:
         ids = prompt_ids(model.lm.vocab_size, request["prompt_tokens"], request["seed"])
         result, measures = measured_generation(model, ids, request["tokens"], temperature=1.0, seed=request["seed"])
-        return {"decode_tok_s": result.stats.decode_tok_s, "distinct_tokens": measures["distinct_tokens"]}
+        return {"decode_tok_s": result.stats.decode_tok_s, "prefill_s": result.stats.prefill_s,
+                "distinct_tokens": measures["distinct_tokens"]}
 
     serve(burst)
     model.close()
@@ -162,17 +163,20 @@ def one_round(args, number: int) -> dict:
             w.close()
     counted = bursts[1:]
     med = {name: statistics.median(p[name]["decode_tok_s"] for p in counted) for name in names}
+    prefill = {name: statistics.median(p[name]["prefill_s"] for p in counted) for name in names}
     ratios = [p["ratio"] for p in counted]
-    return {"round": number, "engines": names, "ready": ready, "bursts": bursts, "median_tok_s": med,
+    return {"round": number, "engines": names, "prompt_tokens": args.prompt_tokens, "ready": ready, "bursts": bursts,
+            "median_tok_s": med,
             "ratio_of_medians": med[names[0]] / med[names[1]], "pair_ratio_median": statistics.median(ratios),
-            "pair_ratio_min": min(ratios), "pair_ratio_max": max(ratios)}
+            "pair_ratio_min": min(ratios), "pair_ratio_max": max(ratios), "median_prefill_s": prefill,
+            "prefill_time_ratio": prefill[names[0]] / prefill[names[1]]}
 
 
 def table(rounds: list[dict]) -> str:
     a, b = rounds[0]["engines"]
     lines = [f"| round | {a} tok/s (median, range) | {b} tok/s (median, range) | ratio of medians | "
-             "pairs' ratios (median, range) | load |",
-             "|---|---|---|---|---|---|"]
+             f"pairs' ratios (median, range) | prefill s, {a} / {b} (medians) | prefill time ratio | load |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rounds:
         counted = r["bursts"][1:]
         cells = []
@@ -182,10 +186,14 @@ def table(rounds: list[dict]) -> str:
         loads = [p["load_1min"] for p in counted]
         lines.append(f"| {r['round']} | {cells[0]} | {cells[1]} | {r['ratio_of_medians']:.2f}x | "
                      f"{r['pair_ratio_median']:.2f}x ({r['pair_ratio_min']:.2f}-{r['pair_ratio_max']:.2f}) | "
-                     f"{min(loads):.1f}-{max(loads):.1f} |")
+                     f"{r['median_prefill_s'][a]:.3f} / {r['median_prefill_s'][b]:.3f} | "
+                     f"{r['prefill_time_ratio']:.2f}x | {min(loads):.1f}-{max(loads):.1f} |")
     per_round = [r["ratio_of_medians"] for r in rounds]
     lines.append(f"\nratio of medians by round: {min(per_round):.2f}-{max(per_round):.2f}x "
                  f"(median {statistics.median(per_round):.2f}x)")
+    prefill = [r["prefill_time_ratio"] for r in rounds]
+    lines.append(f"prefill time, {a} / {b}, by round: {min(prefill):.2f}-{max(prefill):.2f}x "
+                 f"(median {statistics.median(prefill):.2f}x; {rounds[0]['prompt_tokens']}-token prompt)")
     for name in (a, b):
         medians = [r["median_tok_s"][name] for r in rounds]
         spread = (max(medians) - min(medians)) / statistics.median(medians)

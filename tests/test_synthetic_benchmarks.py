@@ -431,8 +431,13 @@ def test_paired_bursts_alternate_two_warm_processes(tmp_path, low, high):
             assert r["median_tok_s"][name] == pytest.approx(rates[1])  # the warm-up is not counted
         assert r["ratio_of_medians"] == pytest.approx(r["median_tok_s"][a] / r["median_tok_s"][b])
         assert r["pair_ratio_min"] <= r["pair_ratio_median"] <= r["pair_ratio_max"]
+        for name in (a, b):  # the prompt's prefill, timed in every burst
+            times = sorted(p[name]["prefill_s"] for p in counted)
+            assert times[0] > 0 and r["median_prefill_s"][name] == pytest.approx(times[1])
+        assert r["prefill_time_ratio"] == pytest.approx(r["median_prefill_s"][a] / r["median_prefill_s"][b])
     table = (tmp_path / "pairs.md").read_text()
     assert table == done.stdout and "| 2 |" in table and "ratio of medians by round" in table
+    assert f"prefill time, {a} / {b}, by round" in table and "3-token prompt" in table
     assert f"{b}: round medians" in table and "spread" in table
 
 
