@@ -556,7 +556,7 @@ __attribute__((noinline)) static float q8_tail(const int8_t *row, const float *x
  * path (the weight rows are not padded). */
 #define Q8I_BODY(GROUP_SUMS, TWO_STREAMS, PREFETCH)                                                            \
     const int8_t *q = W->data; const float *s = W->scales; const int64_t K = W->K, G = groups64(K), Gw = K / 64;     \
-    for (int64_t i = 0, h = (n1 - n0 + 1) / 2; i < n1 - n0; i++) {  /* two streams: n0, n0 + h, n0 + 1, ... */    \
+    for (int64_t i = 0, h = (n1 - n0 + 1) / 2; i < n1 - n0; i++) {  /* TWO_STREAMS: n0, n0 + h, n0 + 1, ... */   \
         const int64_t n = TWO_STREAMS ? n0 + i / 2 + (i % 2 ? h : 0) : n0 + i;                                        \
         const int8_t *row = q + n * K;                                                                                 \
         __m256 acc[MAX_ROWS];                                                                                          \
