@@ -22,7 +22,8 @@ KERNEL_ROW_LIMIT = 64  # up to this many activation rows, the kernels take them 
 # passes over the packed weight are cheaper than dequantising it for BLAS
 VNNI_ROW_LIMIT = 256  # int4 and int8 on AVX-512 VNNI: a whole prefill chunk. Measured on an AMD EPYC Zen 4
 # (2 threads, 2048 x 2048, 128 and 256 rows): int4 ~145-165 GMAC/s, int8 ~96, against 40-87 dequantised for
-# BLAS; a 128-token prompt's prefill 2.13 -> 1.13 s (int4), 2.3-2.6 -> 1.6 s (int8) (docs/benchmarks.md)
+# BLAS; a 128-token prompt's prefill 2.13 -> 1.13 s (int4), 2.3-2.6 -> 1.6 s (int8)
+# (benchmarks/results/2026-12-06-avx512-zen4.md)
 ROUTE_ROW_LIMIT = 8  # up to this many tokens the compiled router runs; beyond, BLAS and numpy
 _NO_SCALES = np.zeros(1, dtype=np.float32)
 
