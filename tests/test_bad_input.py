@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from colibri_core.io.checkpoint import INDEX_NAME
 from colibri_core.testing import edit_config
 from colibri_core.warn import ColibriWarning
 
-from colibri_core.testing.cli import run_colibri
+from colibri_core.testing.cli import colibri_env, run_colibri
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
                 intermediate_size=16, tokenizer_vocab=320, max_position_embeddings=64, shard_bytes=40_000,
@@ -224,6 +226,30 @@ def test_api_messages_name_keywords_and_the_cli_names_flags(model_dir):
     one_error_line(run_colibri("run", "--model", model_dir, "--token-ids", "1", "--ram", "1K"), "(--ram)")
 
 
+def test_threads_a_command_starts_name_its_flags(model_dir):
+    """`colibri serve` loads in a thread of its own (and reads experts in others): a thread
+    starts with an empty context, yet its messages are the command's."""
+    import threading
+
+    from colibri_core.errors import cli_spelling
+
+    caught = []
+
+    def load():
+        try:
+            colibri_core.load(model_dir, ram="1K", history=False)
+        except BudgetError as exc:
+            caught.append(str(exc))
+
+    with cli_spelling():
+        thread = threading.Thread(target=load)
+        thread.start()
+        thread.join()
+    assert len(caught) == 1 and "(--ram)" in caught[0] and "ram=" not in caught[0]
+    load()  # the command is over: keywords again
+    assert "(ram=)" in caught[1]
+
+
 def test_an_unknown_backend_is_a_backend_error(model_dir):
     with pytest.raises(BackendError, match="no backend named 'nosuch'"):
         colibri_core.load(model_dir, backend="nosuch")
@@ -291,11 +317,122 @@ def test_non_finite_logits_stop_generation_naming_the_layer(model_dir, bits, lay
     assert what in check["detail"] and O_PROJ.format(layer) in check["detail"]
 
 
+BF16_1E36 = int(np.array([1e36], dtype=np.float32).view(np.uint32)[0]) >> 16
+
+
+def test_degenerate_logits_stop_generation_naming_the_layer(model_dir):
+    # 1e36 in a third of a norm's weight: the hidden state stays finite but its squares
+    # overflow float32, so the final norm turns it into zeros and every logit is 0.0
+    weight = "model.layers.0.input_layernorm.weight"
+    poke_bf16(model_dir, weight, BF16_1E36, SPEC.hidden_size // 3)
+    with colibri_core.load(model_dir, history=False) as model:
+        events = []
+        with pytest.raises(colibri_core.errors.NonFiniteError) as info:
+            for event in model.stream(token_ids=[1, 2, 3], max_tokens=4, ignore_eos=True):
+                events.append(event)
+    assert events == []
+    assert "the same for every token" in str(info.value) and "first in layer 0 " in str(info.value)
+    out = run_colibri("run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "4")
+    one_error_line(out, "the same for every token", "layer 0 ", "--deep")
+    assert out.stdout.strip() == ""
+    out = run_colibri("doctor", "--model", model_dir, "--deep", "--json")
+    check = {c["name"]: c for c in json.loads(out.stdout)["checks"]}["tensor data (--deep)"]
+    assert out.returncode == 1 and check["status"] == "fail" and weight in check["detail"]
+
+
+def test_the_batched_engine_ends_a_request_with_degenerate_logits_naming_the_layer(model_dir):
+    """The server's engine checks its logits as ``generate`` does: the request ends with
+    an error naming the layer, never with tokens sampled from all-equal logits."""
+    from colibri_core.engine.scheduler import Request, Scheduler
+
+    poke_bf16(model_dir, "model.layers.0.input_layernorm.weight", BF16_1E36, SPEC.hidden_size // 3)
+    with colibri_core.load(model_dir, history=False) as model:
+        sched = Scheduler(model, slots=2, max_queue=4)
+        sched.start()
+        try:
+            handle = sched.submit(Request(prompt_ids=[1, 2, 3], max_tokens=4))
+            assert handle.wait(timeout=60)
+        finally:
+            sched.stop()
+    assert handle.finish_reason == "error" and handle.token_ids == []
+    assert isinstance(handle.error, colibri_core.errors.NonFiniteError)
+    assert "the same for every token" in str(handle.error) and "layer 0 " in str(handle.error)
+
+
 def test_the_finiteness_check_leaves_healthy_generation_alone(model_dir):
     with colibri_core.load(model_dir, history=False) as model:
         a = model.generate(token_ids=[1, 2, 3], max_tokens=6, ignore_eos=True)
         assert a.finish_reason == "length" and len(a.token_ids) == 6
-        assert model.lm.first_non_finite([1, 2, 3] + a.token_ids, model.backend) is None
+        assert model.lm.first_faulty_stage([1, 2, 3] + a.token_ids, model.backend) is None
+
+
+# -- bench: a failed run fails the command; a piped table is whole ----------------------
+def run_colibri_piped(*args, timeout=120):
+    """``run_colibri`` with stdout a pipe and no COLUMNS: what ``colibri ... | less`` sees."""
+    env = colibri_env()
+    env.pop("COLUMNS", None)
+    return subprocess.run([sys.executable, "-m", "colibri_core", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+BENCH_QUICK = ("--tokens", "2", "--prompt-tokens", "3", "--repeats", "1")
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_bench_fails_with_the_failed_runs_error(model_dir, as_json):
+    poke_bf16(model_dir, O_PROJ.format(1), BF16_NAN)
+    out = run_colibri_piped("bench", "--model", model_dir, *BENCH_QUICK, *(["--json"] if as_json else []))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: bench: run 1 of colibri failed: the model computed NaN"), out.stderr
+    if as_json:  # the results still come out, whole
+        assert "NaN" in json.loads(out.stdout)["runs"]["colibri"][0]["error"]
+    else:
+        assert "NaN or infinite logits" in out.stdout
+
+
+def test_a_piped_bench_table_cuts_no_cell(model_dir):
+    out = run_colibri_piped("bench", "--model", model_dir, *BENCH_QUICK)
+    assert out.returncode == 0, out.stderr
+    assert "…" not in out.stdout
+    header = next(line for line in out.stdout.splitlines() if "engine" in line)
+    assert "decode tok/s (median)" in header and "prefetch P / R (decode)" in header  # on one line each
+    assert any(line.startswith("│ colibri ") for line in out.stdout.splitlines())
+
+
+# -- run: the prompt from stdin or a file --------------------------------------------------
+QUICK = ("--max-tokens", "4", "--ignore-eos", "-q")
+
+
+def test_run_reads_the_prompt_from_stdin_or_a_file(model_dir, tmp_path):
+    typed = run_colibri("run", "--model", model_dir, "Once upon a time", *QUICK)
+    assert typed.returncode == 0 and typed.stdout.strip(), typed.stderr
+    (tmp_path / "prompt.txt").write_text("Once upon a time\n")  # the newline an editor adds is not the prompt's
+    for args, stdin in [((), "Once upon a time\n"), (("-",), "Once upon a time"),
+                        (("--prompt-file", tmp_path / "prompt.txt"), None), (("--prompt-file", "-"), "Once upon a time\n")]:
+        out = run_colibri("run", "--model", model_dir, *args, *QUICK, input=stdin)
+        assert out.returncode == 0, (args, out.stderr)
+        assert out.stdout == typed.stdout, args
+    chat = run_colibri("run", "--model", model_dir, "--chat", "hi", *QUICK)
+    assert run_colibri("run", "--model", model_dir, "--chat", *QUICK, input="hi").stdout == chat.stdout
+
+
+def test_prompt_sources_fail_with_one_line_naming_the_source(model_dir, tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for args, fragments in [
+        (["--prompt-file", tmp_path / "missing.txt"], ["missing.txt", "No such file"]),
+        (["--prompt-file", tmp_path], [str(tmp_path), "Is a directory"]),
+        (["--prompt-file", tmp_path / "loop"], ["loop", "symbolic links"]),
+        (["--prompt-file", "/dev/zero"], ["/dev/zero", "larger than"]),
+        (["--prompt-file", tmp_path / "latin1.txt"], ["latin1.txt", "not valid UTF-8", "0xe9"]),
+        (["--prompt-file", tmp_path / "empty.txt"], ["empty.txt", "empty"]),
+        (["hi", "--prompt-file", tmp_path / "empty.txt"], ["exactly one"]),
+        (["--prompt-file", tmp_path / "empty.txt", "--token-ids", "1"], ["exactly one"]),
+        ([], ["stdin", "empty"]),  # stdin is /dev/null: not a terminal, and nothing in it
+    ]:
+        one_error_line(run_colibri("run", "--model", model_dir, *args, "--max-tokens", "1"), *fragments)
 
 
 # -- 5. chat templates that would run away ----------------------------------------------

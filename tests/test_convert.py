@@ -125,7 +125,7 @@ def test_an_interrupted_conversion_resumes_to_the_same_bytes(source, tmp_path, m
     assert len(manifest["done"]) == 1 and not manifest["complete"]
     assert not list(resumed.glob("*.tmp-*")) or True  # a leftover temporary file is cleaned up on resume
     result = convert(source, resumed, experts="int4", dense="int8")
-    assert result.shards_resumed == 1 and result.shards_written == len(manifest["source_files"]) - 1
+    assert result.shards_resumed == 1 and result.shards_written == len(list(source.glob("*.safetensors"))) - 1
     assert not list(resumed.glob("*.tmp-*"))
     assert tree_bytes(resumed) == tree_bytes(whole)
 
@@ -248,3 +248,87 @@ def test_fused_experts_convert_as_the_same_experts_stored_apart(source, tmp_path
     assert runs[0].token_ids == runs[1].token_ids
     assert all((a == b).all() for a, b in zip(runs[0].logits, runs[1].logits))
 
+
+
+def interrupted_after_first_shard(src, out, monkeypatch, **choices):
+    """A conversion of ``src`` into ``out`` stopped once its first shard is written (as
+    a kill would stop it: every finished shard and the manifest are already on disk)."""
+    from colibri_core.cli import convert as convert_module
+
+    real_commit = convert_module.StreamWriter.commit
+    calls = {"n": 0}
+
+    def failing_commit(self):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real_commit(self)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(convert_module.StreamWriter, "commit", failing_commit)
+        with pytest.raises(KeyboardInterrupt):
+            convert(src, out, **choices)
+    assert len(json.loads((out / MANIFEST).read_text())["done"]) == 1
+
+
+def rewrite_first_tensor_in_place(shard):
+    """Flip the sign of every value of the shard's first tensor (bf16), in place: same
+    size, same header; only the bytes and the file's times change."""
+    import os
+
+    sf = SafetensorsFile(shard)
+    first = min(sf.tensors.values(), key=lambda t: t.offset)
+    sf.close()
+    before = os.stat(shard)
+    with open(shard, "r+b") as f:
+        f.seek(first.offset)
+        values = bytearray(f.read(first.nbytes))
+        for i in range(1, len(values), 2):
+            values[i] ^= 0x80  # the sign bit of each little-endian bf16
+        f.seek(first.offset)
+        f.write(values)
+    after = os.stat(shard)
+    assert after.st_size == before.st_size
+    assert (after.st_mtime_ns, after.st_ctime_ns) != (before.st_mtime_ns, before.st_ctime_ns)
+    return first.name
+
+
+def test_a_resumed_conversion_redoes_shards_whose_source_changed(source, tmp_path, monkeypatch):
+    """Interrupted after shard 1, a tensor of source shard 1 rewritten, the same command
+    again: the result is the conversion of the changed source (shard 1 redone, the
+    integrity manifest describing it), not the stale shard."""
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    resumed = tmp_path / "resumed"
+    interrupted_after_first_shard(src, resumed, monkeypatch, experts="int4", dense="int8")
+    first_shard = sorted(src.glob("*.safetensors"))[0]
+    stale = (resumed / first_shard.name).read_bytes()
+    rewrite_first_tensor_in_place(first_shard)
+
+    result = convert(src, resumed, experts="int4", dense="int8")
+    assert result.shards_resumed == 0 and result.shards_written == len(list(src.glob("*.safetensors")))
+    fresh = tmp_path / "fresh"
+    convert(src, fresh, experts="int4", dense="int8")
+    assert (resumed / first_shard.name).read_bytes() != stale
+    assert tree_bytes(resumed) == tree_bytes(fresh)  # shards, index, integrity and conversion manifests alike
+    out = run_colibri("doctor", "--model", resumed, "--deep", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_an_unchanged_source_still_resumes_and_a_version_1_manifest_is_redone(source, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    out = tmp_path / "out"
+    interrupted_after_first_shard(src, out, monkeypatch, experts="int8")
+    (src / "README.md").write_text("a file that is not a shard changes no shard")
+    assert convert(src, out, experts="int8").shards_resumed == 1
+    fresh = tmp_path / "fresh"
+    convert(src, fresh, experts="int8")
+    # what colibri before per-shard sources wrote: sizes only, which cannot tell a changed source
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest.update(colibri_convert=1, done={name: entry["size"] for name, entry in manifest["done"].items()},
+                    complete=False, source_files={p.name: p.stat().st_size for p in sorted(src.glob("*.safetensors"))})
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    result = convert(src, out, experts="int8")
+    assert result.shards_resumed == 0
+    assert tree_bytes(out) == tree_bytes(fresh)

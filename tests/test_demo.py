@@ -47,6 +47,22 @@ def test_an_interrupted_build_leaves_nothing_usable_behind(tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_demo_checks_its_family_before_writing_anything(tmp_path, monkeypatch):
+    from colibri_core.errors import UnsupportedModelError
+    from colibri_core.plugins.discovery import reset_manager
+
+    monkeypatch.setenv("COLIBRI_DISABLE_PLUGINS", "colibri-olmoe")
+    reset_manager()
+    with pytest.raises(UnsupportedModelError, match="no installed family runs model_type 'olmoe'"):
+        ensure_demo_model(tmp_path / "demo", TINY)
+    assert list(tmp_path.iterdir()) == []
+    # the command too: one line, exit 2, and not a byte of the 1.3 GB default model
+    out = run_colibri("demo", "--dir", tmp_path / "demo", "--max-tokens", "1",
+                      env={"COLIBRI_DISABLE_PLUGINS": "colibri-olmoe"}, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("error: no installed family runs model_type 'olmoe'"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_demo_model_runs_and_its_text_is_decodable(tmp_path):
     path = ensure_demo_model(tmp_path / "demo", TINY)
     with colibri_core.load(path, ram=TINY.default_budget(path), history=False) as model:

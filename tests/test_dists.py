@@ -4,8 +4,8 @@ tools/build_dists.sh builds an sdist and a wheel of each (discovered) distributi
 dist/ and runs ``twine check --strict``; a fresh venv then installs colibri-core,
 colibri-glm and colibri-olmoe from that folder with ``pip install --no-index
 --find-links dist --find-links CACHE`` (CACHE: their third-party dependencies, fetched
-from PyPI once with ``pip download`` and reused), and colibri-cuda without its CuPy
-extra, lists the families and backends and runs a tiny demo model.
+from PyPI once with ``pip download`` and reused), and colibri-cuda with the CuPy it
+depends on, lists the families and backends and runs a tiny demo model.
 """
 
 import json

@@ -284,3 +284,125 @@ def test_converting_a_container_into_its_own_format_copies_it(reference, tmp_pat
         convert(reference, tmp_path / "int8", experts="int8")
     assert any("requantised to int8-row" in str(w.message) for w in caught)
     assert json.loads((again / MANIFEST).read_text())["complete"]
+
+
+# -- out of memory in the math libraries (OpenBLAS, OpenMP): exit 3, never their exit 1 ---------
+VM_SIZE = '''
+def vm_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+'''
+
+LIMITED_AFTER_LOAD = VM_SIZE + '''
+import resource, sys
+import colibri_core.engine.api as api
+
+slack, real_load = int(sys.argv[1]) << 20, api.load
+
+def load(*args, **kwargs):  # the address space capped once the model holds its memory
+    model = real_load(*args, **kwargs)
+    resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + slack, resource.RLIM_INFINITY))
+    return model
+
+api.load = load
+from colibri_core.cli.main import main
+main(sys.argv[2:])
+'''
+
+
+BLAS_AFTER_LOAD = VM_SIZE + '''
+import resource, sys
+import numpy.random  # the sampler imports it late: here, so that what runs out is BLAS's buffer
+import colibri_core
+from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.errors import out_of_memory
+
+# no compiled kernels: every projection is a BLAS product
+with colibri_core.load(sys.argv[1], backend=CpuBackend(kernels=False), history=False, preload=True) as model:
+    resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (int(sys.argv[2]) << 20), resource.RLIM_INFINITY))
+    try:
+        model.generate(token_ids=[5 + i % 250 for i in range(200)], max_tokens=2)
+    except Exception as exc:
+        error = out_of_memory(exc)
+        if error is None:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+'''
+
+
+@pytest.mark.parametrize("slack_mib", [1, 4, 16])
+def test_openblas_out_of_address_space_after_loading_is_an_exception(source, tmp_path, slack_mib):
+    """OpenBLAS maps its work buffer at its first product; after the weights took the
+    address space that printed "OpenBLAS error: Memory allocation still failed after 10
+    retries, giving up." and exited 1, from C. Started at load, it needs nothing more."""
+    script = tmp_path / "blas.py"
+    script.write_text(BLAS_AFTER_LOAD)
+    out = subprocess.run([sys.executable, str(script), str(source), str(slack_mib)], capture_output=True, text=True,
+                         timeout=120)
+    assert "OpenBLAS" not in out.stderr and out.returncode in (0, 3), out.stderr  # it may fit; never OpenBLAS's exit
+    if out.returncode == 3:
+        assert out.stderr.startswith("error: out of memory") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("slack_mib", [1, 4, 8])  # not 0: the stack could not grow, and a segfault proves nothing
+def test_running_out_of_address_space_after_loading_is_exit_3(source, tmp_path, slack_mib):
+    """Without the math libraries started at load, a matmul or a parallel region after the
+    weights took the memory ended the process from C: OpenBLAS's "Memory allocation still
+    failed ... giving up" or libgomp's "Thread creation failed", exit 1 (and a module
+    imported late could not be mapped: exit 70)."""
+    script = tmp_path / "limited.py"
+    script.write_text(LIMITED_AFTER_LOAD)
+    ids = ",".join(str(5 + i % 250) for i in range(60))
+    out = subprocess.run([sys.executable, str(script), str(slack_mib), "run", "--model", str(source), "--token-ids",
+                          ids, "--max-tokens", "2", "-q"], capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert "OpenBLAS" not in out.stderr and "libgomp" not in out.stderr and "internal error" not in out.stderr, out.stderr
+    assert out.returncode in (0, 3), out.stderr  # it may fit; what it must never do is die in C
+    if out.returncode == 3:
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "memory" in lines[0], out.stderr
+        assert "--ram" in lines[0] and "ram=" not in lines[0]
+
+
+def test_a_limit_too_tight_for_the_math_libraries_is_a_resource_error(tmp_path):
+    """Even the first use of OpenBLAS may not fit (the address space nearly full at load):
+    it is tried in a forked child, and its failure is a ResourceError here."""
+    script = tmp_path / "tight.py"
+    script.write_text(VM_SIZE + '''
+import resource, sys
+import numpy as np
+from colibri_core.engine import math_libraries
+from colibri_core.errors import ResourceError
+from colibri_core.engine.api import open_backend
+
+backend, _ = open_backend("cpu")
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (48 << 20), resource.RLIM_INFINITY))
+hog = []
+try:
+    while True:
+        hog.append(np.ones(1 << 20, np.uint8))
+except MemoryError:
+    pass
+try:
+    math_libraries.reserve(backend)
+except ResourceError as exc:
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(exc.exit_code)
+''')
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3 and "OpenBLAS error" not in out.stderr, out.stderr
+    assert out.stderr.startswith("error: out of memory: the address-space limit (") and "ulimit -v" in out.stderr
+
+
+def test_memory_errors_the_machine_causes_are_resource_errors():
+    from colibri_core.errors import out_of_memory
+
+    assert isinstance(out_of_memory(MemoryError()), ResourceError)
+    assert "thread" in str(out_of_memory(RuntimeError("can't start new thread")))
+    mapped = out_of_memory(ImportError("/x/y.so: failed to map segment from shared object", name="numpy.random._generator"))
+    assert mapped.exit_code == 3 and "numpy.random._generator" in str(mapped)
+    assert out_of_memory(OSError(errno.ENOMEM, "Cannot allocate memory")) is not None
+    assert out_of_memory(RuntimeError("something else")) is None and out_of_memory(OSError(errno.ENOENT, "x")) is None

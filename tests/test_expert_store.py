@@ -1198,3 +1198,19 @@ def test_dense_weights_are_read_into_aligned_mappings_that_views_keep_alive(tmp_
     del raw
     gc.collect()
     np.testing.assert_array_equal(kept, tensors["b"])
+
+
+def test_a_shard_truncated_under_a_running_model_is_named_in_the_error(model_dir):
+    """An expert read that comes up short (the shard was truncated since it was opened)
+    is one error naming the shard, not just an offset."""
+    from colibri_core.errors import ColibriError
+
+    with colibri_core.load(model_dir, cap=1, history=False) as model:
+        model.generate(token_ids=PROMPT, max_tokens=2, ignore_eos=True)
+        shards = sorted(model_dir.glob("*.safetensors"))
+        for shard in shards:
+            os.truncate(shard, 100)
+        with pytest.raises(ColibriError) as info:
+            model.generate(token_ids=PROMPT, max_tokens=8, ignore_eos=True)
+    message = str(info.value)
+    assert "short read" in message and any(str(shard) in message for shard in shards), message

@@ -417,7 +417,50 @@ def bad_eos_token(d):
     return ["generation_config.json", "eos_token_id"]
 
 
-CASES = {f.__name__: f for f in [
+# -- special files: refused before they are opened (a FIFO blocks the open, /dev/zero is
+# endless); a directory or a symlink loop where a file belongs is a clean error too
+def make_special(path: Path, kind: str) -> list:
+    """Replace ``path`` with a special file of ``kind``; returns what the error must say."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+        return [str(path), "named pipe (FIFO)"]
+    if kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+        return [str(path), "character device", "/dev/zero"]
+    if kind == "directory":
+        path.mkdir()
+        return [str(path), "is a directory"]
+    assert kind == "loop"
+    path.symlink_to(path.name)
+    return [str(path), "symlink loop"]
+
+
+def special(name: str, kind: str):
+    def case(d):
+        target = d / name if name != "shard" else shard_of(d, Q0)
+        found = make_special(target, kind)
+        return [INDEX_NAME, repr(target.name), found[1]] if name == "shard" else found
+
+    case.__name__ = f"{name.replace('.', '_')}_is_{kind}"
+    return case
+
+
+SPECIAL_CASES = [special(name, kind) for name, kinds in [
+    ("config.json", ("fifo", "dev_zero", "directory", "loop")),
+    (INDEX_NAME, ("fifo", "dev_zero", "directory", "loop")),
+    ("tokenizer.json", ("fifo", "dev_zero", "directory", "loop")),
+    ("generation_config.json", ("fifo", "dev_zero")),
+    ("tokenizer_config.json", ("fifo", "dev_zero")),
+    ("chat_template.jinja", ("fifo", "dev_zero")),
+    ("shard", ("fifo", "dev_zero", "loop")),
+] for kind in kinds]
+
+
+CASES = {f.__name__: f for f in SPECIAL_CASES + [
     truncated_shard, truncated_to_nothing, truncated_inside_header, header_not_json, offsets_out_of_range,
     offsets_decreasing, overlapping_tensors, dtype_length_mismatch, unknown_dtype, unreadable_dtype,
     negative_dimension, metadata_not_strings, duplicate_across_shards, duplicate_across_shards_without_index,
@@ -483,3 +526,72 @@ def test_malformed_model_is_refused_in_one_line(model_copy, case):
     proc = run_cli(model_copy)
     assert_one_line_error(proc, fragments)
     assert proc.returncode == 2  # every ColibriError's exit code; 70 would be an internal error
+
+
+# -- special files through every command that reads a model ------------------------------
+COMMAND_TIMEOUT_S = 60  # a regression that blocks on a FIFO fails here instead of hanging the suite
+
+
+def run_command(command: str, model_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    args = {"run": ["run", "--model", model_dir, "--token-ids", "1,2,3", "--max-tokens", "2"],
+            "doctor": ["doctor", "--model", model_dir, "--json"],
+            "plan": ["plan", "--model", model_dir],
+            "convert": ["convert", "--model", model_dir, "--out", tmp_path / "converted"],
+            "chat": ["chat", "--model", model_dir]}[command]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2", RAYON_NUM_THREADS="2")
+    env.pop("COLIBRI_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "colibri_core", *map(str, args)], input="", capture_output=True,
+                          text=True, timeout=COMMAND_TIMEOUT_S, env=env, preexec_fn=_limit_memory)
+
+
+# plan reads the config, the index and the shards, not the tokenizer or the generation config
+READERS = {"config.json": ("run", "doctor", "plan", "convert", "chat"),
+           INDEX_NAME: ("run", "doctor", "plan", "convert", "chat"),
+           "tokenizer.json": ("run", "doctor", "convert", "chat"),
+           "generation_config.json": ("run", "doctor", "convert", "chat")}
+
+
+@pytest.mark.parametrize("command", ["run", "doctor", "plan", "convert", "chat"])
+@pytest.mark.parametrize("name, kind", [("config.json", "fifo"), ("config.json", "dev_zero"), ("config.json", "directory"),
+                                        ("config.json", "loop"), (INDEX_NAME, "fifo"), (INDEX_NAME, "dev_zero"),
+                                        ("tokenizer.json", "fifo"), ("tokenizer.json", "dev_zero"),
+                                        ("generation_config.json", "fifo")])
+def test_special_files_are_refused_by_every_command(model_copy, tmp_path, command, name, kind):
+    fragments = make_special(model_copy / name, kind)
+    proc = run_command(command, model_copy, tmp_path)
+    if command not in READERS[name]:
+        assert proc.returncode == 0, proc.stdout + proc.stderr  # never opened, so never in the way
+    elif command == "doctor":  # every check in a table; a failed one exits 1
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+        failed = [c["detail"] for c in json.loads(proc.stdout)["checks"] if c["status"] == "fail"]
+        assert any(all(f in detail for f in fragments) for detail in failed), failed
+    else:
+        assert_one_line_error(proc, fragments)
+        assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_colibris_own_files_as_special_files_are_never_read(model_copy, tmp_path, kind):
+    """The routing history and the integrity manifest are colibri's, not the model's: a
+    special file in their place is reported, never read. The history is ignored with a
+    warning and the run goes on; ``--verify``, which needs the manifest, fails on it."""
+    from colibri_core.experts.history import FILENAME
+    from colibri_core.io.integrity import MANIFEST_NAME
+
+    what = make_special(model_copy / FILENAME, kind)[1]
+    make_special(model_copy / MANIFEST_NAME, kind)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2")
+    env.pop("COLIBRI_DEBUG", None)
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "colibri_core", "run", "--model", str(model_copy), "--token-ids",
+                               "1,2,3", "--max-tokens", "2", "-q", *extra], capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT_S, env=env, preexec_fn=_limit_memory)
+
+    proc = run()
+    assert proc.returncode == 0, proc.stderr
+    assert any(FILENAME in line and what in line and "ignored" in line for line in proc.stderr.splitlines()), proc.stderr
+    make_special(model_copy / FILENAME, kind)  # the run saved a real history in its place
+    proc = run("--verify")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert any(MANIFEST_NAME in line and what in line for line in proc.stderr.splitlines()), proc.stderr

@@ -104,7 +104,8 @@ def doctor(model_dir, *args):
 def test_doctor_passes_a_healthy_model(model_dir):
     code, checks, data = doctor(model_dir, "--deep")
     assert code == 0 and data["ok"]
-    assert all(c["status"] == "pass" for c in checks.values()), checks
+    # colibri-cuda's CUDA check is about the machine (a warn without an NVIDIA driver), not the model
+    assert all(c["status"] == "pass" for name, c in checks.items() if name != "CUDA"), checks
     assert {"config.json", "family plugin", "tokenizer", "chat template", "weight shards", "headers and tensors",
             "RAM budget", "routing history", "disk space", "tensor data (--deep)"} <= set(checks)
 

@@ -26,8 +26,11 @@ def model_dir(tmp_path_factory):
 
 
 def shown(stderr: str) -> str:
-    """What a terminal would have shown at some moment: every redraw, without the escapes."""
-    return ANSI.sub("", stderr).replace("\r", "\n")
+    """Progress off a terminal: plain lines, no escape codes, no carriage returns (a bar
+    redrawn into a log is tens of kB of erase codes on one line)."""
+    assert not ANSI.search(stderr) and "\r" not in stderr, stderr[:500]
+    assert all(len(line) < 200 for line in stderr.splitlines()), stderr[:500]
+    return stderr
 
 
 def test_prefill_progress_counts_prompt_tokens_layer_by_layer_and_changes_nothing(model_dir):
@@ -50,10 +53,10 @@ def test_run_shows_load_and_prefill_progress_when_asked_and_never_in_json(model_
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["stats"]["prompt_tokens"] == 300  # stdout holds the JSON object only
     screen = shown(out.stderr)
-    assert re.search(r"prefill .* \d+/300 tokens", screen) and "300/300 tokens" in screen
-    assert re.search(r"loading experts .* 6/6 experts", screen), screen  # experts counted as experts
+    assert re.search(r"^prefill \d+/300 tokens", screen, re.M) and "\nprefill 300/300 tokens (100%)\n" in screen
+    assert "\nloading experts 6/6 experts (100%)\n" in screen, screen  # experts counted as experts
     assert not re.search(r"\d+/\d+ bytes", screen)
-    dense = re.search(r"loading dense weights .* ([\d.]+/[\d.]+ (\S+))", screen)
+    dense = re.search(r"^loading dense weights ([\d.]+/[\d.]+ (\S+))", screen, re.M)
     assert dense and dense.group(2) in ("KiB", "MiB", "GiB"), screen  # binary units, as the statistics use
 
 
@@ -69,5 +72,51 @@ def test_convert_report_shows_its_progress(model_dir, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "report" in json.loads(out.stdout)
     screen = shown(out.stderr)
-    assert re.search(r"converting .* [\d.]+/[\d.]+ (KiB|MiB)", screen), screen
-    assert re.search(r"comparing with the source .* 4/4 prompts", screen), screen
+    assert re.search(r"^converting [\d.]+/[\d.]+ (KiB|MiB)", screen, re.M), screen
+    assert "\ncomparing with the source 4/4 prompts (100%)\n" in screen, screen
+
+
+def test_progress_off_a_terminal_is_a_line_at_most_every_interval():
+    import io
+
+    from rich.console import Console
+
+    from colibri_core.cli import progress
+
+    now = [0.0]
+    out = io.StringIO()
+    console = Console(file=out, highlight=False)
+    assert not console.is_terminal and isinstance(progress.bar(console, enabled=True), progress.PlainProgress)
+    plain = progress.PlainProgress(console, label="loading {task.description}", interval=5, get_time=lambda: now[0])
+    with plain:
+        task = plain.add_task("experts", total=100, unit="experts")
+        for step in range(1, 101):  # one per second
+            now[0] = float(step)
+            plain.advance(task)
+            if step == 60:
+                other = plain.add_task("dense weights", total=1 << 20)
+                plain.update(other, completed=1 << 19)
+                plain.update(other, completed=3 << 18)  # within the interval: no line
+                plain.remove_task(other)  # ends short of done: where it stopped is said
+    lines = out.getvalue().splitlines()
+    experts = [line for line in lines if line.startswith("loading experts")]
+    assert [int(line.split()[2].split("/")[0]) for line in experts] == [*range(1, 100, 5), 100]
+    assert experts[1] == "loading experts 6/100 experts (6%, 0:01:34 left)"
+    assert experts[-1] == "loading experts 100/100 experts (100%)"  # done: said once, however it ended
+    dense = [line for line in lines if line.startswith("loading dense weights")]
+    assert [line.split(" (")[0] for line in dense] == ["loading dense weights 0.5/1.0 MiB",
+                                                       "loading dense weights 0.8/1.0 MiB"]
+    assert "\x1b" not in out.getvalue() and "\r" not in out.getvalue()
+
+
+def test_progress_on_a_terminal_is_a_bar():
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from colibri_core.cli import progress
+
+    console = Console(file=io.StringIO(), force_terminal=True)
+    drawn = progress.bar(console, enabled=True)
+    assert isinstance(drawn, Progress) and not isinstance(drawn, progress.PlainProgress)

@@ -30,6 +30,9 @@ from colibri_core.units import parse_size
 ENGINES = ("colibri", "transformers", "accelerate-offload")
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
+# the console width for a table that is not on a terminal: wider than any table, so rich
+# neither folds nor cuts a cell (a pipe has no width to fit)
+UNBOUNDED_WIDTH = 10_000
 
 
 def prompt_ids(vocab: int, n: int, seed: int = 0) -> list[int]:
@@ -100,12 +103,16 @@ def run_json_child(cmd: list[str], *, cgroup: int | None = None, timeout: float 
         # the child joins the cgroup before anything is allocated (pages cached before
         # joining would not be charged)
         preexec = (lambda: group.add(os.getpid())) if group else None
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec, env=env)
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec, env=env)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:g} s", "returncode": None}
         if out.returncode != 0:
             if out.returncode in (-9, 137):
-                return {"error": "killed (out of memory in the cgroup?)"}
+                return {"error": "killed (out of memory in the cgroup?)", "returncode": out.returncode}
             lines = out.stderr.strip().splitlines() or [f"exit {out.returncode}"]
-            return {"error": lines[-1], "stderr_tail": lines[-30:]}
+            return {"error": lines[-1].removeprefix("error: "), "stderr_tail": lines[-30:],
+                    "returncode": out.returncode}
         result = json.loads(out.stdout.strip().splitlines()[-1])
         if group:
             result["cgroup_peak_bytes"] = group.peak()
@@ -120,6 +127,25 @@ def run_engine(engine: str, spec: dict, *, cgroup: int | None = None, timeout: f
     result = run_json_child([sys.executable, "-m", "colibri_core.cli.bench", engine, json.dumps(spec)],
                             cgroup=cgroup, timeout=timeout)
     return {"engine": engine, **result} if "error" in result else result
+
+
+class RunFailed(ColibriError):
+    """A run inside ``colibri bench`` failed; exits as its child did (3 when it was killed
+    or timed out: the machine's limits, not the input)."""
+
+    def __init__(self, message: str, exit_code: int | None):
+        super().__init__(message)
+        self.exit_code = exit_code if exit_code is not None and 0 < exit_code < 126 else 3
+
+
+def failed_run(data: dict) -> RunFailed | None:
+    """The error of the first failed run in ``bench``'s result, or None when all ran."""
+    failed = [(engine, r, x) for engine, results in data["runs"].items() for r, x in enumerate(results) if "error" in x]
+    if not failed:
+        return None
+    engine, r, first = failed[0]
+    more = f" ({len(failed) - 1} more runs failed)" if len(failed) > 1 else ""
+    return RunFailed(f"bench: run {r + 1} of {engine} failed: {first['error']}{more}", first.get("returncode"))
 
 
 # -- the child: one engine, measured from inside ------------------------------------------
@@ -340,5 +366,21 @@ def bench(model: str | Path, *, tokens: int = 32, prompt_tokens: int = 32, repea
             "runs": runs}
 
 
+def _child_main(engine: str, spec: dict) -> None:
+    """Run the child; its errors end it as the command line's do, one ``error:`` line and
+    the error's exit status, which the parent passes on."""
+    from colibri_core.errors import cli_spelling, out_of_memory
+
+    with cli_spelling():  # bench's options are flags: name them so
+        try:
+            _child(engine, spec)
+        except Exception as exc:
+            error = exc if isinstance(exc, ColibriError) else out_of_memory(exc)
+            if error is None:
+                raise
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(error.exit_code)
+
+
 if __name__ == "__main__":
-    _child(sys.argv[1], json.loads(sys.argv[2]))
+    _child_main(sys.argv[1], json.loads(sys.argv[2]))

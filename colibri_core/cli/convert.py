@@ -6,8 +6,10 @@ one expert at a time into a fused tensor of the target format; everything else (
 block reads as arrays) is copied byte for byte. The work goes shard by shard, tensor by
 tensor, so memory holds one tensor, and every output shard is written atomically. A
 manifest (``colibri-convert.json``) records the source, the choices and the finished
-shards: an interrupted conversion resumes where it stopped and gives the same bytes as
-an uninterrupted one, and a directory converted with other choices is refused. The
+shards, each with the source shards it was made from (size, modification and change
+times, a hash of the header): an interrupted conversion resumes where it stopped and
+gives the same bytes as an uninterrupted one, a finished shard whose sources changed
+since is converted again, and a directory converted with other choices is refused. The
 finished directory gets an integrity manifest (``colibri-integrity.json``, see
 ``io/integrity.py``) hashing every tensor written.
 
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,14 +39,15 @@ from colibri_core.io.checkpoint import INDEX_NAME
 from colibri_core.io import integrity
 from colibri_core.io.checkpoint import Checkpoint
 from colibri_core.io.container import metadata as container_metadata, stamp_of
-from colibri_core.errors import ResourceError, UnsupportedModelError, UsageError
+from colibri_core.errors import ModelFormatError, ResourceError, UnsupportedModelError, UsageError
 from colibri_core.formats.base import f32_to_bf16
 from colibri_core.formats.integer import FORMATS, StampedFormat
+from colibri_core.io import smallfile
 from colibri_core.io.safetensors import StreamWriter, TensorInfo
 from colibri_core.warn import warn
 
 MANIFEST = "colibri-convert.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: every finished shard records its sources; a version-1 manifest's shards are redone
 TARGETS = {"int4": "int4-gs64", "int8": "int8-row", "mxfp4": "mxfp4", "bf16": "bf16", "f32": "f32", "keep": "keep"}
 SKIP_FILES = {INDEX_NAME, MANIFEST, "colibri-usage.json", integrity.MANIFEST_NAME}
 MAX_COPIED_FILE = 256 << 20
@@ -86,11 +91,12 @@ def convert(src: str | Path, out: str | Path, *, experts: str = "int4", dense: s
         raise UsageError("--out must be a different directory from --model")
     bp = inspect_model(src)
     try:
+        copied = _files_to_copy(bp.model_dir)  # a FIFO or device among them is refused now, not after the work
         notes: list[str] = []
         plan = _plan(bp, TARGETS[experts], TARGETS[dense], notes)
         with _storage_errors(out), _only_writer(out):
             manifest = _open_manifest(bp, out, experts, dense)
-            return _run(bp, out, plan, manifest, progress, notes)
+            return _run(bp, out, plan, manifest, copied, progress, notes)
     finally:
         bp.close()
 
@@ -186,30 +192,81 @@ def _plan(bp, experts: str, dense: str, notes: list[str] | None = None) -> dict[
 
 
 def _source_files(bp) -> dict[str, int]:
-    return {name: os.path.getsize(sf.path) for name, sf in sorted(bp.checkpoint.files.items())}
+    return {name: sf.file_size for name, sf in sorted(bp.checkpoint.files.items())}
+
+
+def _files_to_copy(model_dir: Path) -> list[Path]:
+    """The model directory's files other than weights and colibri's own, which the
+    conversion copies (subdirectories are not part of the model). Each must be a regular
+    file once links are followed: anything else is refused before it is opened."""
+    files = []
+    for item in sorted(model_dir.iterdir()):
+        if item.suffix == ".safetensors" or item.name in SKIP_FILES or item.is_dir():
+            continue
+        smallfile.check_regular(item, "model file")
+        files.append(item)
+    return files
 
 
 def _open_manifest(bp, out: Path, experts: str, dense: str) -> dict:
-    wanted = {"colibri_convert": MANIFEST_VERSION, "source": str(bp.model_dir.resolve()), "source_files": _source_files(bp),
-              "experts": experts, "dense": dense}
+    wanted = {"source": str(bp.model_dir.resolve()), "experts": experts, "dense": dense}
     path = out / MANIFEST
-    if path.exists():
+    if smallfile.present(path):
         try:
-            manifest = json.loads(path.read_text())
-        except (ValueError, RecursionError):
+            manifest = smallfile.read_json(path, smallfile.MANIFEST_BYTES, "conversion manifest")
+        except ModelFormatError:
             manifest = None
-        if not isinstance(manifest, dict):
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("done"), dict):
             raise UsageError(f"{path}: unreadable conversion manifest; delete {out} and convert again")
+        if manifest.get("colibri_convert") not in (1, MANIFEST_VERSION):
+            raise UsageError(f"{path}: written by another colibri (manifest version "
+                             f"{manifest.get('colibri_convert')!r}); delete {out} and convert again")
         for key, value in wanted.items():
             if manifest.get(key) != value:
                 raise UsageError(f"{out} holds a conversion with {key} = {manifest.get(key)!r}, not {value!r}; "
                                  "refusing to mix: choose another --out or delete it")
+        manifest["colibri_convert"] = MANIFEST_VERSION
+        manifest.pop("source_files", None)  # version 1's sizes: each shard's sources replace them
         return manifest
     if any(out.iterdir()):  # _only_writer made it
         raise UsageError(f"{out} exists and is not a colibri conversion in progress; choose an empty or new --out")
-    manifest = {**wanted, "done": {}, "complete": False}
+    manifest = {"colibri_convert": MANIFEST_VERSION, **wanted, "done": {}, "complete": False}
     _write_json(path, manifest)
     return manifest
+
+
+def _fingerprint(sf) -> dict:
+    """What tells this version of a source shard from any other: its size, modification
+    and change times (of the file as it was opened) and a hash of its header. A tensor
+    rewritten in place changes the times; one whose times were restored (``cp -p``)
+    still changes the change time."""
+    return {"size": sf.stat.st_size, "mtime_ns": sf.stat.st_mtime_ns, "ctime_ns": sf.stat.st_ctime_ns,
+            "header_sha256": hashlib.sha256(sf.header_bytes()).hexdigest()}
+
+
+def _plan_digest(specs, meta: dict, targets: list) -> str:
+    """Hash of what an output shard is made to hold (tensors, stamps, each source tensor's
+    target): a config change that alters it redoes the shard even if no source did."""
+    blob = json.dumps([specs, meta, targets], sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _still_valid(recorded, target_path: Path, plan_digest: str, fingerprint) -> bool:
+    """Whether a shard the manifest lists as finished can be kept: the file is there
+    with the size written, made for the same plan from sources that have not changed
+    since (``fingerprint(name)``: a source shard's fingerprint now, None if it is gone)."""
+    if not isinstance(recorded, dict) or recorded.get("plan") != plan_digest:
+        return False  # a version-1 entry (a bare size) says nothing of its sources
+    sources = recorded.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        return False
+    if any(fingerprint(name) != value for name, value in sources.items()):
+        return False
+    try:
+        st = os.stat(target_path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == recorded.get("size")
 
 
 def _write_json(path: Path, data) -> None:
@@ -221,10 +278,23 @@ def _write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: list[str] = ()) -> ConvertResult:
+def _run(bp, out: Path, plan: dict[str, str], manifest: dict, copied: list[Path], progress,
+         notes: list[str] = ()) -> ConvertResult:
     for stale in out.glob("*.tmp-*"):
         stale.unlink()
     resolver, checkpoint = bp.resolver, bp.checkpoint
+    for gone in [shard for shard in manifest["done"] if shard not in checkpoint.files]:
+        (out / gone).unlink(missing_ok=True)  # its source shard is no longer in the model
+        del manifest["done"][gone]
+    shard_of_path = {sf.path: shard for shard, sf in checkpoint.files.items()}
+    fingerprints: dict[str, dict] = {}
+
+    def fingerprint(shard: str) -> dict | None:
+        if shard not in checkpoint.files:
+            return None
+        if shard not in fingerprints:
+            fingerprints[shard] = _fingerprint(checkpoint.files[shard])
+        return fingerprints[shard]
     # companions of converted tensors (e.g. fp8 scale_inv) are not carried over
     dropped = {c.name for name in plan for c in resolver.companions(checkpoint.info(name))}
     files = _source_files(bp)
@@ -254,27 +324,34 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: l
         for name, _, _ in specs:
             weight_map[name] = shard
         target_path = out / shard
+        meta = container_metadata(stamps) if stamps else {"format": "pt"}
+        plan_digest = _plan_digest(specs, meta, [[t.name, plan.get(t.name)] for t in tensors])
         recorded = manifest["done"].get(shard)
-        if recorded is not None and target_path.is_file() and target_path.stat().st_size == recorded:
+        if _still_valid(recorded, target_path, plan_digest, fingerprint):
             result.shards_resumed += 1
-            result.bytes_out += recorded
+            result.bytes_out += recorded["size"]
             done_bytes += files[shard]
             if progress:
                 progress(done_bytes, total)
             continue
-        meta = container_metadata(stamps) if stamps else {"format": "pt"}
+        read_from = {sf.path}  # the source shards this output shard's bytes come from
+
+        def read(infos: list[TensorInfo]) -> dict[str, np.ndarray]:
+            read_from.update(t.path for t in infos)
+            return checkpoint.read_many(infos)
+
         with StreamWriter(target_path, specs, meta) as writer:
             for t in tensors:
                 if t.name in dropped and t.name not in plan:
                     continue
                 target = plan.get(t.name)
                 if target is None:
-                    writer.write(t.name, (t.dtype, checkpoint.read_many([t])[t.name]))
+                    writer.write(t.name, (t.dtype, read([t])[t.name]))
                 elif len(resolver.logical_shape(t)) == 3:
-                    _write_fused(writer, resolver, checkpoint, t, target)
+                    _write_fused(writer, resolver, read, t, target)
                     result.tensors_converted += 1
                 else:
-                    raw = checkpoint.read_many(resolver.with_companions([t]))
+                    raw = read(resolver.with_companions([t]))
                     weight = resolver.decode_all([t], {k: v for k, v in raw.items()})[t.name]
                     for name, value in _encode(target, resolver.logical_name(t), weight).items():
                         writer.write(name, value)
@@ -283,15 +360,21 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, progress, notes: l
                 if progress:
                     progress(done_bytes, total)
             size = writer.commit()
-        manifest["done"][shard] = size
+        sources = sorted(shard_of_path[path] for path in read_from)
+        for name in sources:
+            if checkpoint.files[name].changed_since_open():
+                raise ModelFormatError(f"{checkpoint.files[name].path}: changed while it was being converted; run the same "
+                                       "command again once it is complete: what was made from it is redone")
+        manifest["done"][shard] = {"size": size, "plan": plan_digest,
+                                   "sources": {name: fingerprint(name) for name in sources}}
         _write_json(out / MANIFEST, manifest)
         result.shards_written += 1
         result.bytes_out += size
-    _finish(bp, out, weight_map, result, manifest, keeps_config)
+    _finish(bp, out, weight_map, result, manifest, copied, keeps_config)
     return result
 
 
-def _write_fused(writer: StreamWriter, resolver, checkpoint, t, target: str) -> None:
+def _write_fused(writer: StreamWriter, resolver, read, t, target: str) -> None:
     """Experts stored fused, (experts, rows, cols): each expert's slice decoded and encoded
     on its own (memory holds one expert), the packed rows written as they come and the
     scales (1/16 of them or less) after them."""
@@ -303,7 +386,7 @@ def _write_fused(writer: StreamWriter, resolver, checkpoint, t, target: str) -> 
     def pieces():
         for e in range(count):
             piece = TensorInfo(f"{t.name}[{e}]", t.path, t.dtype, t.shape[1:], t.offset + e * stride, stride)
-            raw = checkpoint.read_many(resolver.with_companions([piece]))
+            raw = read(resolver.with_companions([piece]))
             weight = resolver.decode_all([piece], raw)[piece.name]
             # each piece one expert along the fused tensor's first axis
             encoded = {key: (dtype, array[None]) for key, (dtype, array) in _encode(target, name, weight).items()}
@@ -317,19 +400,17 @@ def _write_fused(writer: StreamWriter, resolver, checkpoint, t, target: str) -> 
         writer.write_parts(other, values)
 
 
-def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, manifest: dict,
+def _finish(bp, out: Path, weight_map: dict[str, str], result: ConvertResult, manifest: dict, copied: list[Path],
             keeps_config: bool = False) -> None:
     index = {"metadata": {"total_size": result.bytes_out, "colibri_convert": {k: manifest[k] for k in ("experts", "dense")}},
              "weight_map": dict(sorted(weight_map.items()))}
     _write_json(out / INDEX_NAME, index)
-    for item in sorted(bp.model_dir.iterdir()):
-        if not item.is_file() or item.suffix == ".safetensors" or item.name in SKIP_FILES:
-            continue
-        if item.stat().st_size > MAX_COPIED_FILE:
+    for item in copied:
+        if smallfile.check_regular(item, "model file").st_size > MAX_COPIED_FILE:
             result.notes.append(f"not copied (larger than {MAX_COPIED_FILE >> 20} MiB): {item.name}")
             continue
         if item.name == "config.json":
-            config = json.loads(item.read_text())
+            config = smallfile.read_json(item, smallfile.CONFIG_BYTES, "model config")
             if not keeps_config:  # no tensor the config describes is left
                 for holder in (config, config.get("text_config")):
                     if isinstance(holder, dict):

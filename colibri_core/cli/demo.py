@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from colibri_core.formats.base import f32_to_bf16
-from colibri_core.io.safetensors import write_safetensors
+from colibri_core.io.safetensors import save_file
 
 FORMAT_VERSION = 1
 MARKER = "colibri-demo.json"
+DEMO_MODEL_TYPE, DEMO_ARCHITECTURE = "olmoe", "OlmoeForCausalLM"
 
 CORPUS = """\
 The hummingbird is the smallest of birds, yet it crosses seas. It does not carry the ocean;
@@ -109,16 +110,29 @@ def default_demo_dir() -> Path:
 
 
 def is_complete(path: Path, spec: DemoSpec) -> bool:
+    from colibri_core.errors import ColibriError
+    from colibri_core.io import smallfile
+
     try:
-        return json.loads((path / MARKER).read_text()).get("digest") == spec.digest()
-    except (OSError, ValueError):
+        marker = smallfile.read_json(path / MARKER, smallfile.CONFIG_BYTES, "demo marker")
+    except ColibriError:  # missing or damaged: rebuilt
         return False
+    return isinstance(marker, dict) and marker.get("digest") == spec.digest()
+
+
+def check_family() -> None:
+    """Refuse, before a byte is written, when no installed family runs the demo's
+    model_type: building it takes a gigabyte and half a minute that would be wasted."""
+    from colibri_core.plugins.discovery import get_registry
+
+    get_registry().family_for(DEMO_MODEL_TYPE, [DEMO_ARCHITECTURE])
 
 
 def ensure_demo_model(path: str | Path, spec: DemoSpec = DEFAULT_SPEC, *, rebuild: bool = False, console=None,
                       quiet: bool = False) -> Path:
     """Return the demo model directory, building it first if it is missing or stale."""
     path = Path(path)
+    check_family()
     if not rebuild and is_complete(path, spec):
         return path
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
@@ -188,7 +202,7 @@ def build_demo_model(out: Path, spec: DemoSpec = DEFAULT_SPEC, progress=None) ->
         "eos_token": "<|endoftext|>", "bos_token": None, "chat_template": CHAT_TEMPLATE,
         "model_max_length": spec.max_position_embeddings}, indent=2))
     config = {
-        "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "vocab_size": spec.vocab_size,
+        "architectures": [DEMO_ARCHITECTURE], "model_type": DEMO_MODEL_TYPE, "vocab_size": spec.vocab_size,
         "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_hidden_layers, "num_attention_heads": spec.num_attention_heads,
         "num_key_value_heads": spec.num_attention_heads, "num_experts": spec.num_experts,
@@ -207,7 +221,8 @@ def build_demo_model(out: Path, spec: DemoSpec = DEFAULT_SPEC, progress=None) ->
 
     def flush(index: int, tensors) -> None:
         name = f"model-{index + 1:05d}.safetensors"
-        write_safetensors(out / name, tensors, metadata={"format": "pt", "colibri.demo": spec.digest()})
+        # a shard is held in memory anyway: the safetensors library's own serializer writes it
+        save_file(out / name, dict(tensors), metadata={"format": "pt", "colibri.demo": spec.digest()})
         for tensor_name, _ in tensors:
             weight_map[tensor_name] = name
 

@@ -73,6 +73,12 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
         return checks
     add(Check("config.json", "pass" if model_type else "warn", f"model_type {model_type!r}",
               "" if model_type else "config.json has no model_type; the family is chosen from 'architectures'"))
+    from colibri_core.model.config import eos_token_ids
+
+    try:
+        eos_token_ids(model_dir, config)  # what loading reads of generation_config.json
+    except ColibriError as exc:
+        add(Check("generation_config.json", "fail", str(exc), "restore generation_config.json from the model's release"))
 
     from colibri_core.plugins.discovery import get_registry
 
@@ -87,10 +93,11 @@ def run_checks(model_dir: str | Path, *, ram: int | None = None, deep: bool = Fa
     checks.extend(_tokenizer_checks(model_dir))
 
     from colibri_core.io.checkpoint import INDEX_NAME, read_index
+    from colibri_core.io.smallfile import present
 
     index = model_dir / INDEX_NAME
     shards = sorted(model_dir.glob("*.safetensors"))
-    if index.exists():
+    if present(index):
         try:
             weight_map = read_index(index)
         except ColibriError as exc:
@@ -141,9 +148,10 @@ def _headers_hint(exc: ColibriError) -> str:
 
 
 def _tokenizer_checks(model_dir: Path) -> list[Check]:
+    from colibri_core.io.smallfile import present
     from colibri_core.model.tokenizer import Tokenizer
 
-    if not (model_dir / "tokenizer.json").exists():
+    if not present(model_dir / "tokenizer.json"):
         return [Check("tokenizer", "warn", "no tokenizer.json: the model runs from token ids only",
                       "copy tokenizer.json from the model's release to use text prompts")]
     try:

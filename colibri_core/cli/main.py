@@ -14,7 +14,7 @@ import sys
 import click
 
 from colibri_core import __version__, interrupts
-from colibri_core.errors import ColibriError, cli_spelling
+from colibri_core.errors import ColibriError, cli_spelling, out_of_memory
 from colibri_core.plugins.discovery import get_manager
 
 
@@ -231,11 +231,13 @@ def main(argv=None) -> None:
             raise
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except MemoryError:
-        click.echo("error: out of memory; try a smaller --ram budget or --cap", err=True)
-        sys.exit(3)
     except Exception as exc:
         if os.environ.get("COLIBRI_DEBUG"):
             raise
+        with cli_spelling():  # the exception left the command's block: its message names flags all the same
+            memory = out_of_memory(exc)
+        if memory is not None:
+            click.echo(f"error: {memory}", err=True)
+            sys.exit(memory.exit_code)
         click.echo(f"internal error: {type(exc).__name__}: {exc} (this is a bug in colibri; COLIBRI_DEBUG=1 shows the traceback)", err=True)
         sys.exit(70)

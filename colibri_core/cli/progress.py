@@ -1,21 +1,26 @@
-"""Progress bars on stderr for long work: loading, the prompt's prefill, converting.
+"""Progress on stderr for long work: loading, the prompt's prefill, converting.
 
-They show on a terminal, or anywhere when ``--progress`` asks (they go to stderr, so
-``--json`` output on stdout stays one clean object). Each bar counts in its own unit:
-bytes in binary units (KiB, MiB, GiB: the units of the statistics, ``units.format_bytes``),
-experts as experts, tokens as tokens.
+It shows on a terminal, or anywhere when ``--progress`` asks (it goes to stderr, so
+``--json`` output on stdout stays one clean object). On a terminal it is a bar redrawn in
+place; elsewhere (a log file, a pipe, CI) it is plain lines, one every PLAIN_INTERVAL_S
+seconds at most per task and one when the task is done, with no escape codes: a bar
+redrawn into a file is tens of kB of erase codes on one line. Each counts in its own
+unit: bytes in binary units (KiB, MiB, GiB: the units of the statistics,
+``units.format_bytes``), experts as experts, tokens as tokens.
 """
 
 from __future__ import annotations
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TaskID, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+PLAIN_INTERVAL_S = 5.0
 
-def stderr_console(force: bool = False) -> Console:
-    """The console bars draw on: stderr, drawn as on a terminal when ``force``."""
-    return Console(stderr=True, highlight=False, force_terminal=True if force else None)
+
+def stderr_console() -> Console:
+    """The console progress draws on: stderr."""
+    return Console(stderr=True, highlight=False)
 
 
 def wanted(console: Console, *, asked: bool, quiet: bool) -> bool:
@@ -40,9 +45,71 @@ class AmountColumn(ProgressColumn):
 
 
 def bar(console: Console, *, enabled: bool, label: str = "{task.description}", transient: bool = True) -> Progress:
-    """A progress display whose tasks carry a ``unit`` field ("bytes" by default)."""
+    """A progress display whose tasks carry a ``unit`` field ("bytes" by default): a bar on
+    a terminal, plain lines elsewhere."""
+    if enabled and not console.is_terminal:
+        return PlainProgress(console, label=label)
     return Progress(TextColumn(label), BarColumn(), AmountColumn(), TimeRemainingColumn(), console=console,
                     disable=not enabled, transient=transient)
+
+
+class PlainProgress(Progress):
+    """Progress as plain lines (``converting 12.0/48.0 MiB (25%, 0:00:09 left)``): a line at
+    a task's first report, then at most one every ``interval`` seconds, one when it is
+    done, and one with where it stopped if it ends (or is removed) short of done. Rich keeps
+    the tasks (so the amounts and time left are computed as the bar's are); its live
+    display stays off."""
+
+    def __init__(self, console: Console, *, label: str = "{task.description}", interval: float = PLAIN_INTERVAL_S,
+                 get_time=None):
+        self._label, self._amount, self._left = TextColumn(label), AmountColumn(), TimeRemainingColumn()
+        self._interval = interval
+        self._shown: dict[TaskID, tuple[float, str]] = {}  # per task: when its last line was written, and the line
+        super().__init__(console=console, disable=True, get_time=get_time)
+
+    def update(self, task_id: TaskID, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._report(task_id)
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._report(task_id)
+
+    def remove_task(self, task_id: TaskID) -> None:
+        self._report(task_id, final=True)
+        self._shown.pop(task_id, None)
+        super().remove_task(task_id)
+
+    def stop(self) -> None:
+        for task_id in list(self._shown):
+            self._report(task_id, final=True)
+        super().stop()
+
+    def line(self, task_id: TaskID) -> str:
+        task = self._tasks[task_id]
+        text = f"{self._label.render(task).plain} {self._amount.render(task).plain}"
+        if task.total:
+            text += f" ({min(task.completed / task.total, 1):.0%}"
+            text += ")" if task.finished else f", {self._left.render(task).plain} left)"
+        return text
+
+    def _report(self, task_id: TaskID, *, final: bool = False) -> None:
+        task = self._tasks.get(task_id)
+        if task is None:
+            return
+        now, shown = self.get_time(), self._shown.get(task_id)
+        line = self.line(task_id)
+        if shown is not None and shown[1] == line:
+            return
+        if shown is None:
+            due = not final  # a task that never reported has nothing to end on
+        else:
+            due = final or task.finished or now - shown[0] >= self._interval
+        if not due:
+            return
+        self._shown[task_id] = (now, line)
+        self.console.file.write(line + "\n")
+        self.console.file.flush()
 
 
 class PrefillBar:

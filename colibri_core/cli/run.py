@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from colibri_core.cli.modelarg import model_option
 from colibri_core.errors import UsageError
 
 
@@ -21,7 +22,7 @@ def load_with_progress(model_dir, *, quiet: bool, show_progress: bool = False, *
     from colibri_core.cli import progress
     from colibri_core.engine.api import LoadProgress, load
 
-    console = progress.stderr_console(force=show_progress)
+    console = progress.stderr_console()
     if not progress.wanted(console, asked=show_progress, quiet=quiet):
         return load(model_dir, **options)
     with progress.bar(console, enabled=True, label="loading {task.description}") as bar:
@@ -46,6 +47,47 @@ def parse_token_ids(text: str) -> list[int]:
     if not parts:
         raise UsageError("--token-ids is empty")
     return [int(part) for part in parts]
+
+
+# far more text than any context holds (a million tokens are a few MB), yet a bound on
+# what `yes | colibri run` or a mistaken --prompt-file /dev/zero can make colibri read
+PROMPT_BYTES = 64 << 20
+
+
+def read_prompt(source: str) -> str:
+    """The prompt text from ``source``: a file name, or "-" for stdin. Read to at most
+    PROMPT_BYTES (so an endless source is an error, not a hang that fills memory),
+    decoded as UTF-8 (a leading byte-order mark dropped), one final newline dropped (echo
+    and editors add it; the tokens should be those of the text typed on the command line)."""
+    name = "stdin" if source == "-" else f"--prompt-file {source}"
+    try:
+        if source == "-":
+            if sys.stdin is None:
+                raise UsageError("stdin is closed: give a PROMPT, --prompt-file or --token-ids")
+            data = sys.stdin.buffer.read(PROMPT_BYTES + 1)
+        else:
+            # a pipe (--prompt-file <(cmd)) is read as stdin is; a directory, a missing file or a
+            # link loop fails in open() with its reason
+            with open(source, "rb") as f:
+                data = f.read(PROMPT_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{name}: cannot read the prompt: {exc.strerror or exc}") from None
+    if len(data) > PROMPT_BYTES:
+        raise UsageError(f"{name}: the prompt is larger than {PROMPT_BYTES} bytes, more than any context holds")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{name}: the prompt is not valid UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start}); give UTF-8 text") from None
+    text = text.removesuffix("\r\n") if text.endswith("\r\n") else text.removesuffix("\n")
+    if not text:
+        raise UsageError(f"{name}: the prompt is empty; give a PROMPT, --prompt-file or --token-ids")
+    return text
+
+
+def stdin_is_piped() -> bool:
+    """Whether stdin is something other than a terminal (a pipe, a file), to read a prompt from."""
+    return sys.stdin is not None and not sys.stdin.isatty()
 
 
 def stats_table(stats, model):
@@ -208,8 +250,10 @@ def sampling_options(f):
 
 
 @click.command("run")
-@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@model_option()
 @click.argument("prompt", required=False)
+@click.option("--prompt-file", default=None, metavar="FILE",
+              help="Read the prompt from FILE (UTF-8; - for stdin).")
 @click.option("--token-ids", default=None, help="Prompt as comma-separated token ids (for models without a tokenizer).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
@@ -219,24 +263,32 @@ def sampling_options(f):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or statistics.")
 @click.option("--progress", "show_progress", is_flag=True,
-              help="Show progress bars (loading, the prompt's prefill) on stderr even when it is not a terminal.")
-def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ignore_eos, as_json,
-        quiet, show_progress, **placement):
-    """Generate from PROMPT (or --token-ids) with the model in --model."""
+              help="Show progress (loading, the prompt's prefill) on stderr even when it is not a terminal "
+                   "(there as plain lines every few seconds).")
+def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ignore_eos,
+        as_json, quiet, show_progress, **placement):
+    """Generate from PROMPT (or --prompt-file, or --token-ids) with the model in --model.
+    PROMPT "-", or no prompt at all with stdin not a terminal, reads the prompt from stdin."""
     from colibri_core.engine.api import check_load_options
     from colibri_core.engine.sampling import SamplingParams, check_max_tokens
     from colibri_core.model.tokenizer import check_text
 
     # every option is checked before anything is loaded (a large model takes minutes)
-    if (prompt is None) == (token_ids is None):
-        raise UsageError("give a PROMPT or --token-ids (exactly one)")
-    if chat and prompt is None:
+    given = [prompt is not None, prompt_file is not None, token_ids is not None]
+    if sum(given) > 1:
+        raise UsageError("give a PROMPT, --prompt-file or --token-ids (exactly one)")
+    prompt_source = prompt_file if prompt_file is not None else "-" if prompt == "-" else None
+    if not any(given):
+        if not stdin_is_piped():
+            raise UsageError("give a PROMPT, --prompt-file or --token-ids (exactly one), or pipe the prompt on stdin")
+        prompt_source = "-"
+    if chat and token_ids is not None:
         raise UsageError("--chat needs a text PROMPT")
     # an error, not a warning: without --chat the system message would silently not reach the model
     if system is not None and not chat:
         raise UsageError("--system is a chat message: add --chat (the model's chat template places it)")
     ids = parse_token_ids(token_ids) if token_ids is not None else None
-    if prompt is not None:
+    if prompt is not None and prompt_source is None:
         check_text(prompt, "PROMPT")
     if system is not None:
         check_text(system, "--system")
@@ -245,11 +297,13 @@ def run(model_dir, prompt, token_ids, chat, system, max_tokens, temperature, top
     options = placement_kwargs(**placement)
     check_load_options(**{k: options[k] for k in ("cap", "pin", "pin_share", "prefetch_slots", "prefetch_window", "history",
                                              "history_decay")})
+    if prompt_source is not None:  # read last: every option above is checked before waiting on stdin
+        prompt = read_prompt(prompt_source)
 
     model = load_with_progress(model_dir, quiet=quiet or as_json, show_progress=show_progress, **options)
     from colibri_core.cli import progress
 
-    console = progress.stderr_console(force=show_progress)
+    console = progress.stderr_console()
     prefill = progress.PrefillBar(console, progress.wanted(console, asked=show_progress, quiet=quiet or as_json))
     with model:
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -94,7 +94,7 @@ def new_family_command(name, parent):
     target = new_family(name, parent)
     spellings = names(name)
     click.echo(f"wrote {target}\n"
-               f"next: pip install -e {target} && colibri list-families   (shows {spellings['__NAME__']})\n"
+               f"next: pip install -e '{target}[test]' && colibri list-families   (shows {spellings['__NAME__']})\n"
                f"      pytest {target / 'tests'}")
 
 
@@ -112,6 +112,7 @@ license = "Apache-2.0"
 dependencies = ["colibri-core>=0.1.0"]
 
 [project.optional-dependencies]
+# what tests/ needs: the oracle suite compares with transformers, which runs on torch
 test = ["pytest", "torch", "transformers"]
 
 [project.entry-points.colibri]
@@ -129,7 +130,7 @@ A colibri model family for Hugging Face `model_type` `__MODEL_TYPE__`, written w
 for your architecture (colibri's docs/writing-a-family.md walks through it).
 
 ```
-pip install -e .            # registers the family through the `colibri` entry point
+pip install -e '.[test]'    # registers the family (the `colibri` entry point); [test]: pytest, torch, transformers
 colibri list-families       # shows __NAME__
 pytest tests                # the oracle suite against transformers, on every installed backend
 ```
@@ -246,7 +247,7 @@ class __CLASS__(Family):
         return build_decoder(a, w, attention, moe)
 '''
 
-INSTALL_TEST = '''"""Installed (pip install -e .), the distribution registers its family through the
+INSTALL_TEST = '''"""Installed (pip install -e '.[test]'), the distribution registers its family through the
 ``colibri`` entry point: ``colibri list-families`` lists it."""
 
 import json

@@ -8,13 +8,14 @@ import sys
 import click
 
 from colibri_core.cli.extend import add_plugin_options
+from colibri_core.cli.modelarg import model_option
 from colibri_core.cli.run import backend_options
 from colibri_core.errors import Interrupted, UsageError
 from colibri_core.units import format_bytes, parse_size
 
 
 @click.command("plan")
-@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@model_option()
 @click.option("--ram", default=None, help="RAM budget for weights, e.g. 8G (default: 80% of available memory).")
 @click.option("--cap", type=int, default=None, help="At most N experts per MoE layer in each tier.")
 @click.option("--pin", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
@@ -130,7 +131,7 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, prefetch_slots, prefetch
 
 
 @click.command("doctor")
-@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@model_option()
 @click.option("--ram", default=None, help="RAM budget to check (default: 80% of available memory).")
 @click.option("--deep", is_flag=True, help="Also read every tensor once: readable to the end, no NaN or infinity.")
 @click.option("--write-manifest", is_flag=True,
@@ -171,7 +172,7 @@ def doctor(model_dir, ram, deep, write_manifest, as_json, **plugin_values):
 
 
 @click.command("convert")
-@click.option("--model", "model_dir", required=True, help="Source Hugging Face model directory.")
+@model_option("Source model: a directory, or a Hugging Face repo id in the local Hugging Face cache.")
 @click.option("--out", "out_dir", required=True, help="Where to write the converted model (new, or an interrupted conversion to resume).")
 @click.option("--experts", type=click.Choice(["int4", "int8", "mxfp4", "bf16", "f32", "keep"]), default="int4", show_default=True,
               help="Format of the routed experts.")
@@ -179,7 +180,8 @@ def doctor(model_dir, ram, deep, write_manifest, as_json, **plugin_values):
               help="Format of the dense linear weights (attention, shared experts, dense MLPs, LM head).")
 @click.option("--report", is_flag=True, help="Compare next-token distributions with the source on fixed prompts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--progress", "show_progress", is_flag=True, help="Show progress bars on stderr even when it is not a terminal.")
+@click.option("--progress", "show_progress", is_flag=True,
+              help="Show progress on stderr even when it is not a terminal (there as plain lines every few seconds).")
 def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
     """Quantise a model into a colibri container, shard by shard (resumable)."""
     from rich.console import Console
@@ -187,7 +189,7 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
     from colibri_core.cli import progress
     from colibri_core.cli.convert import convert as run_convert, quality_report
 
-    console = progress.stderr_console(force=show_progress)
+    console = progress.stderr_console()
     enabled = progress.wanted(console, asked=show_progress, quiet=as_json)
     with progress.bar(console, enabled=enabled) as bar:
         task = bar.add_task("converting", total=None)
@@ -220,7 +222,7 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
 
 
 @click.command("bench")
-@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@model_option()
 @click.option("--tokens", type=int, default=32, show_default=True, help="Tokens to generate per run.")
 @click.option("--prompt-tokens", type=int, default=32, show_default=True, help="Prompt length (seeded random token ids).")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Runs per engine (medians are reported).")
@@ -239,7 +241,8 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
 @click.option("--direct-io", is_flag=True, help="colibri: read experts with O_DIRECT.")
 @click.option("--verify", is_flag=True,
               help="colibri: check every read against the model's integrity manifest (what verifying costs).")
-@click.option("--peer-model", default=None, help="Run the --vs engines on this checkpoint instead (e.g. the bf16 source).")
+@click.option("--peer-model", default=None,
+              help="Run the --vs engines on this checkpoint instead (e.g. the bf16 source): a directory or a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @backend_options
 @add_plugin_options
@@ -248,9 +251,10 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     """Measure prefill and decode speed, time to first token, disk reads and peak memory,
     beside transformers (resident) or transformers + accelerate disk offload."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    from colibri_core.cli.bench import bench as run_bench
+    from colibri_core.cli.bench import UNBOUNDED_WIDTH, bench as run_bench, failed_run
 
     err = Console(stderr=True, highlight=False)
     from colibri_core.engine.api import check_load_options, open_backend
@@ -278,12 +282,19 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     def report(engine, r, result):
         if not as_json:
             what = result.get("error") or f"decode {result['decode_tok_s']:.2f} tok/s, prefill {result['prefill_s']:.2f} s"
-            err.print(f"[dim]run {r + 1} {engine}: {what}[/]")
+            err.print(f"[dim]run {r + 1} {engine}: {escape(what)}[/]", soft_wrap=True)  # one line each, even in a log
 
+    if peer_model is not None:
+        from colibri_core.io.hub_cache import resolve_model
+
+        peer_model = str(resolve_model(peer_model))
     data = run_bench(model_dir, tokens=tokens, prompt_tokens=prompt_tokens, repeats=repeats, cold=cold, vs=tuple(vs),
                      ram=ram, cgroup=cgroup, temperature=temperature, options=options, report=report, peer_model=peer_model)
+    failure = failed_run(data)  # the results are printed first, then bench fails with the run's error
     if as_json:
         click.echo(json.dumps(data, indent=2))
+        if failure:
+            raise failure
         return
     table = Table(title=f"bench {model_dir}: {prompt_tokens}-token prompt, {tokens} tokens, {data['cache']} cache"
                         + (f", cgroup {format_bytes(data['cgroup_bytes'])}" if data["cgroup_bytes"] else ""),
@@ -295,7 +306,7 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     pct = lambda v: f"{v:.1%}" if v is not None else "-"  # noqa: E731
     for engine, s in data["summary"].items():
         if "error" in s:
-            table.add_row(engine, f"[red]{s['error']}[/]", *[""] * (len(columns) - 2))
+            table.add_row(engine, f"[red]{escape(s['error'])}[/]", *[""] * (len(columns) - 2))
             continue
         peak = s.get("cgroup_peak_bytes") or s.get("peak_rss_bytes", 0)
         # coverage: distinct experts the generated tokens touched / experts, mean (min) over the MoE layers
@@ -308,7 +319,11 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
                       f"{s['ttft_s']:.2f}", format_bytes(s["disk_bytes_per_token"]), format_bytes(peak),
                       f"{s['hit_rate']:.1%}" if "hit_rate" in s else "", distinct, coverage, prefetch)
     console = Console(highlight=False)
+    if not console.is_terminal:  # piped or redirected: whole cells, however wide the table
+        console = Console(highlight=False, width=UNBOUNDED_WIDTH)
     console.print(table)
     for engine, r in data["ratios"].items():
         prefill = f", prefill {r['prefill']:.2f}x" if r.get("prefill") else ""
         console.print(f"colibri vs {engine}: decode {r['decode']:.2f}x{prefill}")
+    if failure:
+        raise failure

@@ -32,6 +32,7 @@ from colibri_core.experts.store import ExpertStore, PinPolicy
 from colibri_core.engine.backend import Backend
 from colibri_core.engine.generation import Generation, GenerationResult, TokenEvent
 from colibri_core.nn.layers import CausalLM
+from colibri_core.engine.math_libraries import reserve as reserve_math_libraries
 from colibri_core.engine.placement import Placement, budget_beyond_memory
 from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.discovery import create_backend, get_registry
@@ -127,12 +128,17 @@ class Model:
     # -- generation ------------------------------------------------------------------
     def stream(self, prompt: str | None = None, *, token_ids: list[int] | None = None,
                messages: list[dict[str, Any]] | None = None, max_tokens: int = 128, temperature: float = 0.0,
-               top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
-               return_logits: bool = False, prefill_progress: Callable[[int, int], None] | None = None) -> Generation:
+               top_p: float = 1.0, top_k: int = 0, seed: int | None = None, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+               ignore_eos: bool = False, return_logits: bool = False,
+               prefill_progress: Callable[[int, int], None] | None = None) -> Generation:
         """Start generating; iterate the returned Generation for TokenEvents, then call
         its ``result()`` for the token ids, text and statistics. ``prefill_progress(done,
-        total)`` is told how many prompt tokens are through the model, layer by layer."""
-        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        total)`` is told how many prompt tokens are through the model, layer by layer.
+        ``logit_bias``, the penalties and ``logprobs`` as OpenAI's (colibri_core.engine.sampling)."""
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                  frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                  logit_bias=logit_bias, logprobs=logprobs)
         check_max_tokens(max_tokens)
         ids = self._prompt_ids(prompt, token_ids, messages)
         stop = frozenset() if ignore_eos else frozenset(self.eos_ids)
@@ -266,6 +272,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     backend_obj, vram_budget = open_backend(backend, vram)
     budget = parse_size(ram) if ram is not None else None
     mirror_specs = [m if isinstance(m, MirrorSpec) else MirrorSpec.parse(str(m)) for m in mirrors]
+    reserve_math_libraries(backend_obj)  # before the weights take the memory: see math_libraries.py
 
     bp = inspect_model(model_dir, backend_obj)
     store = None

@@ -139,6 +139,12 @@ class Backend(abc.ABC):
         """Called once the model's weights are placed; ``packed`` says whether any weight
         is kept in a packed form (so the backend's kernels will do most of the work)."""
 
+    def start_threads(self) -> None:
+        """Start the thread pools and buffers the backend's compute takes on first use.
+        Called before any weight is loaded (colibri_core/engine/math_libraries.py): a pool
+        that starts only once the weights hold the memory may fail in C, ending the
+        process. Optional; a backend that starts nothing lazily leaves it alone."""
+
     def batch_invariant_rows(self, op: str, weights: list) -> int:
         """Up to how many activation rows ``op`` with these (prepared) weights computes
         every row bit for bit as it would that row alone: "linear" (``linear`` /

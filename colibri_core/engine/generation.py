@@ -7,6 +7,7 @@ hits_device, hits_ram, misses, host_syncs_per_token, device_resident_bytes.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -15,7 +16,7 @@ import numpy as np
 
 from colibri_core import interrupts
 from colibri_core.errors import NonFiniteError, UsageError
-from colibri_core.engine.sampling import Sampler, SamplingParams, check_max_tokens
+from colibri_core.engine.sampling import Sampler, SamplingParams, TokenLogprob, check_max_tokens
 
 PREFILL_CHUNK = 256  # prompt tokens per forward pass; bounds activation memory
 RESERVE_AHEAD = 1024  # decode positions a sequence's caches are sized for before it starts
@@ -74,6 +75,7 @@ class TokenEvent:
     token_id: int
     text: str  # the new text this token completes ("" while a character is incomplete)
     logits: np.ndarray | None = None
+    logprob: TokenLogprob | None = None  # when the sampling parameters ask for logprobs
 
 
 @dataclass
@@ -83,9 +85,16 @@ class GenerationResult:
     stats: GenerationStats
     finish_reason: str  # "stop" (eos), "length" (max tokens), "context" (context full) or "interrupted"
     logits: list[np.ndarray] | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the sampling parameters ask for them
 
     def as_dict(self) -> dict:
-        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason, "stats": self.stats.as_dict()}
+        out = {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
+               "stats": self.stats.as_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [{"token_id": t.token_id, "logprob": t.logprob,
+                                "top_logprobs": [{"token_id": i, "logprob": lp} for i, lp in t.top]}
+                               for t in self.logprobs]
+        return out
 
 
 @dataclass
@@ -105,6 +114,7 @@ class Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
     _text: list[str] = field(default_factory=list)
     _logits: list[np.ndarray] = field(default_factory=list)
+    _logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __iter__(self):
         model = self.model
@@ -116,6 +126,7 @@ class Generation:
         if len(prompt) >= lm.max_context:
             raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {lm.max_context}")
         check_max_tokens(self.max_tokens)
+        self.sampling.check_vocab(lm.vocab_size)
 
         sampler = Sampler(self.sampling)
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
@@ -143,8 +154,8 @@ class Generation:
             clock.prefilled = time.perf_counter()
             finish = "length"
             for n in range(self.max_tokens):
-                _check_finite(logits, lm, ops, prompt + self.token_ids, model)
-                token = sampler(logits)
+                check_logits(logits, lm, ops, prompt + self.token_ids, model)
+                token, logprob = sampler.sample(logits)
                 now = time.perf_counter()
                 if n == 0:
                     clock.first = now
@@ -158,7 +169,9 @@ class Generation:
                 self._text.append(text)
                 if self.return_logits:
                     self._logits.append(logits)
-                yield TokenEvent(token, text, logits if self.return_logits else None)
+                if logprob is not None:
+                    self._logprobs.append(logprob)
+                yield TokenEvent(token, text, logits if self.return_logits else None, logprob)
                 if n == self.max_tokens - 1:
                     break
                 if cache.length >= lm.max_context:
@@ -239,7 +252,8 @@ class Generation:
     def result(self) -> GenerationResult:
         text = "".join(self._text) if self.model.tokenizer is not None else None
         return GenerationResult(list(self.token_ids), text, self.stats, self.finish_reason or "length",
-                                self._logits if self.return_logits else None)
+                                self._logits if self.return_logits else None,
+                                list(self._logprobs) if self.sampling.logprobs is not None else None)
 
 
 def _counter_delta(after: dict, before: dict) -> dict:
@@ -268,14 +282,21 @@ class _Clock:
     decode_steps: int = 0  # forward passes after the first token
 
 
-def _check_finite(logits: np.ndarray, lm, ops, ids: list[int], model) -> None:
-    """Refuse to sample from NaN or infinite logits. The sum is one cheap pass over the
-    vocabulary; only when it is not finite are the logits looked at closely and, when
-    they hold NaN or infinity, the step re-run layer by layer to say where it started."""
-    if np.isfinite(logits.sum(dtype=np.float64)) or np.isfinite(logits).all():
+def check_logits(logits: np.ndarray, lm, ops, ids: list[int], model) -> None:
+    """Refuse to sample from NaN, infinite or degenerate logits (the same value for every
+    token: say, a norm that collapsed a huge hidden state to zeros). The minimum and the
+    maximum are two cheap passes over the vocabulary and catch all three; only when they
+    fail is the step re-run layer by layer to say where it went wrong."""
+    low, high = float(logits.min()), float(logits.max())  # NaN anywhere makes both NaN
+    if math.isfinite(high - low) and (high > low or logits.size < 2):
         return
-    stage = lm.first_non_finite(ids, ops)
-    where = f"first in {stage}" if stage else "(a re-run layer by layer stayed finite: the fault is not reproducible)"
+    finite = math.isfinite(high - low)
+    found = lm.first_faulty_stage(ids, ops)
+    if found:
+        where = f"first in {found[0]}: {found[1]}"
+    else:
+        where = "(a re-run layer by layer stayed sound: the fault is not reproducible)"
+    what = f"logits that are all {low:.3g}, the same for every token," if finite else "NaN or infinite logits"
     raise NonFiniteError(
-        f"the model computed NaN or infinite logits after {len(ids)} tokens, {where}; its weights are damaged or "
+        f"the model computed {what} after {len(ids)} tokens, {where}; its weights are damaged or "
         f"hold absurd values: run colibri doctor --model {model.model_dir} --deep")

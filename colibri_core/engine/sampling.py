@@ -1,18 +1,44 @@
-"""Choosing the next token: greedy, or temperature with top-k and top-p, seeded.
+"""Choosing the next token: greedy, or temperature with top-k and top-p, seeded; with
+OpenAI's logit bias and frequency / presence penalties, and log-probabilities.
 
 The filters run in the order transformers applies them (temperature, top-k, top-p), so a
-setting means the same thing in both.
+setting means the same thing in both. Before them, the logits are adjusted as OpenAI
+documents: ``logit_bias`` is added by token id, and every token already generated in this
+completion loses ``frequency_penalty * count + presence_penalty``.
+
+Log-probabilities are the log-softmax of those adjusted logits, before temperature, top-k
+and top-p: the model's distribution as the bias and penalties left it, so that a
+temperature (or greedy decoding) does not change them. OpenAI's logprobs behave so: they
+do not move with the temperature, and the logit-bias attacks on its API (Carlini et al.,
+2024) relied on a bias moving them. vLLM offers either side of this: ``raw_logprobs`` (its
+default, before the bias and penalties too) and ``processed_logprobs`` (after the
+temperature too).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
 from colibri_core.errors import ColibriError, UsageError, option
 
 MAX_SEED = 2**64 - 1
+MAX_LOGPROBS = 20  # most likely alternatives reported per token, as OpenAI's top_logprobs
+MAX_PENALTY = 2.0  # OpenAI's range for frequency_penalty and presence_penalty: [-2, 2]
+MAX_BIAS = 100.0  # OpenAI's range for a logit bias: [-100, 100]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability and the ``logprobs`` most likely tokens' (token
+    id, log-probability), most likely first (ties: lower id first)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -21,6 +47,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = no limit
     seed: int | None = None
+    frequency_penalty: float = 0.0  # subtracted once per time a token was generated
+    presence_penalty: float = 0.0  # subtracted from every token generated at least once
+    logit_bias: Mapping[int, float] | None = field(default=None, hash=False)  # token id -> added to its logit
+    logprobs: int | None = None  # None: none; N: each token's log-probability and the N most likely
 
     def __post_init__(self):
         if not _is_number(self.temperature) or not 0 <= self.temperature < float("inf"):
@@ -31,10 +61,41 @@ class SamplingParams:
             raise UsageError(f"{option('top_k')} must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise UsageError(f"{option('seed')} must be an integer from 0 to 2**64 - 1, got {self.seed!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise UsageError(f"{option(name)} must be a number from -2 to 2, got {value!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise UsageError(f"{option('logprobs')} must be an integer from 0 to {MAX_LOGPROBS} (the most likely tokens "
+                             f"reported besides the chosen one) or None, got {self.logprobs!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping):
+                raise UsageError(f"{option('logit_bias')} must map token ids to biases, got {self.logit_bias!r}")
+            bias = {}
+            for token, value in self.logit_bias.items():
+                if not _is_int(token) or token < 0:
+                    raise UsageError(f"{option('logit_bias')}: token ids are integers >= 0, got {token!r}")
+                if not _is_number(value) or not -MAX_BIAS <= value <= MAX_BIAS:
+                    raise UsageError(f"{option('logit_bias')}: the bias of token {token} must be a number from -100 "
+                                     f"to 100, got {value!r}")
+                bias[int(token)] = float(value)
+            object.__setattr__(self, "logit_bias", bias or None)  # a copy: the caller's dict may change
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a bias or a penalty changes the logits before they are sampled from."""
+        return bool(self.logit_bias) or self.frequency_penalty != 0 or self.presence_penalty != 0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Refuse a logit bias for a token the model does not have."""
+        outside = [t for t in (self.logit_bias or ()) if t >= vocab_size]
+        if outside:
+            raise UsageError(f"{option('logit_bias')}: token id {outside[0]} is outside the vocabulary "
+                             f"(0..{vocab_size - 1})")
 
 
 def _is_int(value) -> bool:
@@ -51,17 +112,49 @@ def check_max_tokens(max_tokens) -> None:
 
 
 class Sampler:
+    """One completion's sampler: it remembers the tokens it chose, for the penalties, so
+    each sequence needs its own."""
+
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.counts: dict[int, int] = {}  # token id -> times chosen in this completion
+        bias = params.logit_bias or {}
+        self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self._bias = np.fromiter(bias.values(), dtype=np.float64, count=len(bias))
+        self._penalised = params.frequency_penalty != 0 or params.presence_penalty != 0
 
     def __call__(self, logits: np.ndarray) -> int:
+        return self.sample(logits)[0]
+
+    def sample(self, logits: np.ndarray) -> tuple[int, TokenLogprob | None]:
+        """The next token, and its log-probability (with the most likely tokens') when
+        the parameters ask for them."""
         p = self.params
-        if p.greedy:
-            return int(np.argmax(logits))
+        if p.greedy and p.logprobs is None and not p.adjusts_logits:
+            return int(np.argmax(logits)), None
         # in place on one float64 copy: every fresh vocabulary-sized temporary (~400 KB)
         # costs page faults, which dominated sampling when each step made a new one
         scores = logits.astype(np.float64)
+        if self._bias.size:
+            if self._bias_ids.max() >= scores.size:
+                p.check_vocab(scores.size)
+            scores[self._bias_ids] += self._bias
+        if self._penalised and self.counts:
+            ids = np.fromiter(self.counts.keys(), dtype=np.int64, count=len(self.counts))
+            seen = np.fromiter(self.counts.values(), dtype=np.float64, count=len(self.counts))
+            scores[ids] -= p.frequency_penalty * seen + p.presence_penalty
+        logprobs = _log_softmax(scores) if p.logprobs is not None else None
+        token = int(np.argmax(scores)) if p.greedy else self._draw(scores)
+        if self._penalised:
+            self.counts[token] = self.counts.get(token, 0) + 1
+        if logprobs is None:
+            return token, None
+        return token, TokenLogprob(token, float(logprobs[token]), _most_likely(logprobs, p.logprobs))
+
+    def _draw(self, scores: np.ndarray) -> int:
+        """Temperature, top-k, top-p and a seeded draw; overwrites ``scores``."""
+        p = self.params
         # the maximum goes first: divided by a tiny temperature (5e-324 is a valid one)
         # the scores would overflow to +inf, and inf - inf is NaN
         scores -= scores.max()
@@ -81,6 +174,21 @@ class Sampler:
             mask[order[keep]] = True
             probs = np.where(mask, probs, 0.0)
         return draw(probs, self.rng.random())
+
+
+def _log_softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - scores.max()
+    return shifted - math.log(np.exp(shifted).sum())
+
+
+def _most_likely(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The ``n`` most likely (token id, log-probability), most likely first, ties by id."""
+    n = min(n, logprobs.size)
+    if n == 0:
+        return ()
+    ids = np.argpartition(-logprobs, n - 1)[:n] if n < logprobs.size else np.arange(logprobs.size)
+    ids = ids[np.lexsort((ids, -logprobs[ids]))]
+    return tuple((int(i), float(logprobs[i])) for i in ids)
 
 
 BLOCK = 1024  # inverse-CDF draws sum blocks of this many probabilities first

@@ -49,7 +49,7 @@ import numpy as np
 
 from colibri_core.engine import generation
 from colibri_core.engine.batching import RowInvariantOps
-from colibri_core.engine.generation import TokenEvent
+from colibri_core.engine.generation import TokenEvent, check_logits
 from colibri_core.engine.sampling import Sampler, SamplingParams
 from colibri_core.errors import ColibriError, UsageError
 from colibri_core.nn.cache import Cache
@@ -76,6 +76,8 @@ class Handle:
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self.usage = {"prompt_tokens": len(request.prompt_ids), "completion_tokens": 0, "cached_tokens": 0}
+        # one TokenLogprob per token id, when the request's sampling parameters ask for them
+        self.logprobs: list | None = [] if request.sampling.logprobs is not None else None
         self.submitted = time.perf_counter()
         self.ttft_s: float | None = None
         self._on_event = on_event
@@ -232,6 +234,7 @@ class Scheduler:
             raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {self.lm.max_context}")
         if request.max_tokens < 0:
             raise UsageError(f"max_tokens must be >= 0, got {request.max_tokens}")
+        request.sampling.check_vocab(self.lm.vocab_size)
         need = self._reservation(self._request_tokens(request))
         if need > self.kv.budget:
             raise UsageError(f"the request needs {need} bytes of KV cache (prompt {len(prompt)} + max_tokens "
@@ -473,16 +476,20 @@ class Scheduler:
         try:
             if len(handle.token_ids) >= request.max_tokens:
                 return self._retire(seq, "length")
-            token = seq.sampler(logits)
+            # NaN or degenerate logits end this sequence with an error naming the faulty layer
+            check_logits(logits, self.lm, self.ops, seq.prompt + handle.token_ids, self.model)
+            token, logprob = seq.sampler.sample(logits)
             if handle.ttft_s is None:
                 handle.ttft_s = time.perf_counter() - handle.submitted
                 self._ttft.append(handle.ttft_s)
             if token in request.stop_ids:
                 return self._retire(seq, "stop")
             handle.token_ids.append(token)
+            if logprob is not None:
+                handle.logprobs.append(logprob)
             self.tokens_total += 1
             text = seq.decoder.add(token) if seq.decoder is not None else ""
-            handle._emit(TokenEvent(token, text))
+            handle._emit(TokenEvent(token, text, logprob=logprob))
             if len(handle.token_ids) >= request.max_tokens:
                 return self._retire(seq, "length")
             if seq.cache.length >= self.lm.max_context:

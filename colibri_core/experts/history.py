@@ -1,9 +1,10 @@
 """Routing history: how often each (MoE layer, expert) was chosen.
 
 It is what the pinned hot set and ``colibri plan`` learn from. It is saved as
-``colibri-usage.json`` next to the model, or, when the model directory is read-only, in
-the user cache dir; once the cache copy exists it is the one read and written (a stale
-copy in a read-only model directory never shadows what later runs learned). Saving is
+``colibri-usage.json`` next to the model, or, when the model directory is read-only or
+is a Hugging Face hub cache snapshot (whose files are huggingface_hub's), in the user
+cache dir; once the cache copy exists it is the one read and written (a stale copy in a
+read-only model directory never shadows what later runs learned). Saving is
 atomic (temporary file, fsync, rename) and holds an ``fcntl`` lock on a ``.lock`` file
 beside the history while it reads the saved counts, adds this session's and writes:
 concurrent runs add up instead of the last writer winning. A temporary file left by a
@@ -23,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from colibri_core.errors import ColibriError
+from colibri_core.io import smallfile
+from colibri_core.io.hub_cache import hub_repo_id
 from colibri_core.warn import warn
 
 FILENAME = "colibri-usage.json"
@@ -64,7 +68,7 @@ class RoutingHistory:
         """The saved history to read: the cache copy once it exists, else the one next
         to the model, else none."""
         for candidate in (cache_path(self.model_dir), self.model_dir / FILENAME):
-            if candidate.exists():
+            if smallfile.present(candidate):  # a FIFO or a broken link is read, refused and reported
                 return candidate
         return None
 
@@ -72,12 +76,12 @@ class RoutingHistory:
         """(counts, tokens) saved at ``path``; ValueError with a one-line reason if the
         file is unreadable, corrupt or for another model."""
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = smallfile.read_json(path, smallfile.MANIFEST_BYTES, "routing history")
             if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
                 raise ValueError(f"not a version-{FORMAT_VERSION} colibri usage file")
             counts = np.asarray(data["counts"], dtype=np.float64)
             tokens = float(data["tokens"])
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        except (ColibriError, OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(f"{path}: routing history is unreadable and is ignored ({exc})") from None
         if data.get("family") != self.family or counts.shape != self.shape:
             raise ValueError(f"{path}: routing history is for family {data.get('family')!r} with shape "
@@ -109,7 +113,9 @@ class RoutingHistory:
         if not self.session_tokens:
             return self.path
         cache = cache_path(self.model_dir)
-        targets = [cache] if cache.exists() else [self.model_dir / FILENAME, cache]
+        # never into a hub snapshot, the lock file neither: those files are huggingface_hub's
+        cache_only = cache.exists() or hub_repo_id(self.model_dir) is not None
+        targets = [cache] if cache_only else [self.model_dir / FILENAME, cache]
         for target in targets:
             try:
                 counts, tokens = self._merge_into(target, decay)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from colibri_core.io.drives import stop_reads_when
+from colibri_core.errors import ColibriError
+from colibri_core.io.drives import ReadStopped, stop_reads_when
 from colibri_core.io.safetensors import TensorInfo
 from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.reads import ReadPool
@@ -182,13 +183,13 @@ class ExpertStore:
         future = self._staged[layer].pop(expert, None)
         if future is not None:
             self.ram.return_slot(layer)  # the expert takes its place in the cache (put, below)
-            weights = self._wait(future)
+            weights = self._settled(future, layer, expert)
             self.stats.hits_prefetched += 1
         else:
             self.stats.misses += 1
             future = self._demand[layer].pop(expert, None)
             if future is not None:  # already being read, with the layer's other misses
-                weights = self._wait(future)
+                weights = self._settled(future, layer, expert)
                 self._fill(layer)
             else:
                 started = time.perf_counter_ns()
@@ -205,6 +206,15 @@ class ExpertStore:
             return future.result()
         finally:
             self.stats.read_wait_ns += time.perf_counter_ns() - started
+
+    def _settled(self, future: Future, layer: int, expert: int) -> ExpertWeights:
+        """What a read started earlier gave; where it failed, the expert read again now. A
+        forward pass that fails midway leaves its layer's reads behind (failed, or stopped
+        reads ahead): their failure must not fail a later pass, once the file reads again."""
+        try:
+            return self._wait(future)
+        except (OSError, ColibriError, ReadStopped):
+            return self._read(layer, expert)
 
     def ready(self, layer: int, expert: int) -> bool:
         """Whether ``get`` would answer without waiting for a read."""

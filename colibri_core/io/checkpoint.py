@@ -18,11 +18,11 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from colibri_core.errors import ModelFormatError
-from colibri_core.io.jsontext import parse_json
+from colibri_core.io import smallfile
 from colibri_core.io.safetensors import DTYPES, SafetensorsFile, TensorInfo, as_array
 
 INDEX_NAME = "model.safetensors.index.json"
-MAX_INDEX_BYTES = 64 << 20
+MAX_INDEX_BYTES = smallfile.INDEX_BYTES
 # Reads of tensors closer than this on disk are merged into one pread: a few wasted
 # bytes cost less than another round trip to the drive.
 MERGE_GAP_BYTES = 256 << 10
@@ -52,7 +52,7 @@ class Checkpoint:
 
     def _open(self) -> None:
         index_path = self.model_dir / INDEX_NAME
-        if index_path.exists():
+        if smallfile.present(index_path):
             weight_map = self._read_index(index_path)
             shard_names = sorted(set(weight_map.values()))
         else:
@@ -90,9 +90,11 @@ class Checkpoint:
             raise ShardOutsideModelError(f"{where}: shard {shard!r} lies outside the model directory")
         # not resolved: a symlink named inside the directory is the shard (mirrors match by this name)
         path = Path(os.path.abspath(self.model_dir / name))
-        if not path.is_file():
-            problem = "is not a regular file in" if path.exists() else "is missing from"
-            raise ModelFormatError(f"{where}: shard {shard!r} {problem} {self.model_dir}")
+        if not smallfile.present(path):
+            raise ModelFormatError(f"{where}: shard {shard!r} is missing from {self.model_dir}")
+        problem = smallfile.why_not_regular(path)  # a FIFO would block the open, a device is no shard
+        if problem is not None:
+            raise ModelFormatError(f"{where}: shard {shard!r} in {self.model_dir} {problem}")
         return path
 
     # -- lookups ---------------------------------------------------------------------
@@ -171,9 +173,7 @@ class Checkpoint:
 def read_index(index_path: Path) -> dict[str, str]:
     """The validated ``weight_map`` of a ``model.safetensors.index.json``: tensor name ->
     shard file name, both strings."""
-    if index_path.stat().st_size > MAX_INDEX_BYTES:
-        raise ModelFormatError(f"{index_path}: larger than {MAX_INDEX_BYTES} bytes")
-    index = parse_json(index_path.read_bytes(), str(index_path))
+    index = smallfile.read_json(index_path, MAX_INDEX_BYTES, "safetensors index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
         raise ModelFormatError(f"{index_path}: 'weight_map' must map tensor names to shard file names")

@@ -74,7 +74,12 @@ def stop_reads_when(stop):
 
 
 class ReadFailed(ColibriError):
-    pass
+    """A read of a weight file failed: an I/O error, or the file ended early (changed or
+    truncated since it was opened). ``path``: that file."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
 
 
 @dataclass
@@ -92,6 +97,11 @@ class Drive:
     integrity: object | None = None  # a Manifest the bytes read are checked against (None: not checked)
     _fds: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # files whose last read failed: before the next read, a file put back in their place
+    # (a new inode: restored by rename) is opened instead, so a failure does not outlast the fault
+    _suspect: set[str] = field(default_factory=set)
+    # descriptors of replaced files: closed with the drive, as a read in flight may still use them
+    _retired: list[tuple[int, int | None]] = field(default_factory=list)
 
     def has(self, primary_path: str) -> bool:
         return self.failed is None and primary_path in self.files
@@ -99,9 +109,15 @@ class Drive:
     def _open(self, primary_path: str) -> tuple[int, int | None]:
         with self._lock:
             fds = self._fds.get(primary_path)
+            if fds is not None and primary_path in self._suspect:
+                self._suspect.discard(primary_path)
+                if _replaced(self.files[primary_path], fds[0]):
+                    self._retired.append(self._fds.pop(primary_path))
+                    fds = None
             if fds is None:
                 path = self.files[primary_path]
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                # non-blocking: a shard swapped for a FIFO since it was validated cannot hang the open
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
                 if _FADVISE:  # expert reads are random: readahead would cache bytes nobody asked for
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 direct_fd = None
@@ -118,21 +134,28 @@ class Drive:
         """Read one merged group (tensors of one shard) and return each tensor's bytes."""
         start = group[0].offset
         end = max(t.offset + t.nbytes for t in group)
-        fd, direct_fd = self._open(group[0].path)
+        path = self.files[group[0].path]
         try:
+            fd, direct_fd = self._open(group[0].path)
             if direct_fd is not None:
                 lo = start - start % ALIGN
                 hi = -(-end // ALIGN) * ALIGN
                 buf = expert_buffer(hi - lo)
-                got = _read_full(direct_fd, buf, lo, minimum=end - lo)
+                got = _read_full(direct_fd, buf, lo, minimum=end - lo, path=path)
                 data = buf[start - lo : end - lo]
                 nread = got
             else:
                 data = expert_buffer(end - start)
-                nread = _read_full(fd, data, start, minimum=end - start)
+                nread = _read_full(fd, data, start, minimum=end - start, path=path)
         except ReadStopped as stopped:  # the bytes it did read were read
             self._ended(fd, start, end, stopped.nbytes)
             raise
+        except (OSError, ReadFailed) as exc:
+            with self._lock:
+                self._suspect.add(group[0].path)
+            if isinstance(exc, ReadFailed):
+                raise
+            raise ReadFailed(f"{path}: cannot read: {exc.strerror or exc}", path) from None
         self._ended(fd, start, end, nread)
         out = {t.name: data[t.offset - start : t.offset - start + t.nbytes] for t in group}
         if self.integrity is not None:
@@ -150,15 +173,27 @@ class Drive:
 
     def close(self) -> None:
         with self._lock:
-            for fd, direct_fd in self._fds.values():
+            for fd, direct_fd in [*self._fds.values(), *self._retired]:
                 os.close(fd)
                 if direct_fd is not None:
                     os.close(direct_fd)
             self._fds.clear()
+            self._retired.clear()
 
 
-def _read_full(fd: int, buf: np.ndarray, offset: int, minimum: int) -> int:
+def _replaced(path: str, fd: int) -> bool:
+    """Whether ``path`` now names another file than the one open as ``fd`` (a missing
+    file is not a replacement: the open one is read, and fails, until one appears)."""
+    try:
+        now, opened = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
+
+
+def _read_full(fd: int, buf: np.ndarray, offset: int, minimum: int, path: str) -> int:
     """preadv into buf until at least ``minimum`` bytes arrived; returns bytes read.
+    ``path`` (the file ``fd`` reads) names it in the error of a short read.
     Under ``stop_reads_when``, in chunks of STOP_CHUNK, looking at the stop before each."""
     view = memoryview(buf)
     done = 0
@@ -168,7 +203,7 @@ def _read_full(fd: int, buf: np.ndarray, offset: int, minimum: int) -> int:
             raise ReadStopped(done)
         n = os.preadv(fd, [view[done:] if stop is None else view[done : done + STOP_CHUNK]], offset + done)
         if n <= 0:
-            raise ReadFailed(f"short read at offset {offset + done}: file changed or truncated")
+            raise ReadFailed(f"{path}: short read at offset {offset + done}: file changed or truncated", path)
         done += n
     return done
 

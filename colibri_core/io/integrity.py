@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Callable
 
@@ -27,12 +26,13 @@ import numpy as np
 import xxhash
 
 from colibri_core.errors import ModelFormatError, UsageError
+from colibri_core.io import smallfile
 from colibri_core.warn import warn
 
 MANIFEST_NAME = "colibri-integrity.json"
 FORMAT_VERSION = 1
 ALGORITHM = "xxh3_128"
-MAX_MANIFEST_BYTES = 256 << 20
+MAX_MANIFEST_BYTES = smallfile.MANIFEST_BYTES
 HASH_CHUNK = 16 << 20  # bytes hashed per read when hashing whole files (bounded memory)
 
 
@@ -47,11 +47,9 @@ def digest(data) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
-def _header_digest(path: str) -> str:
-    with open(path, "rb") as f:
-        head = f.read(8)
-        (n,) = struct.unpack("<Q", head)
-        return digest(head + f.read(n))
+def _header_digest(sf) -> str:
+    """Digest of an open SafetensorsFile's header (read from what was opened, not by name)."""
+    return digest(sf.header_bytes())
 
 
 class Manifest:
@@ -68,12 +66,10 @@ class Manifest:
         unreadable (with a warning). Shards changed since it was written are left out,
         with one warning naming them."""
         path = checkpoint.model_dir / MANIFEST_NAME
-        if not path.exists():
+        if not smallfile.present(path):
             return None
         try:
-            if path.stat().st_size > MAX_MANIFEST_BYTES:
-                raise ValueError(f"larger than {MAX_MANIFEST_BYTES} bytes")
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = smallfile.read_json(path, MAX_MANIFEST_BYTES, "integrity manifest")
             shards = data["shards"] if isinstance(data, dict) else None
             if data.get("format") != FORMAT_VERSION or data.get("algorithm") != ALGORITHM or not isinstance(shards, dict):
                 raise ValueError(f"not a version-{FORMAT_VERSION} {ALGORITHM} manifest")
@@ -82,7 +78,8 @@ class Manifest:
                         and isinstance(entry.get("tensors"), dict)
                         and all(isinstance(k, str) and isinstance(v, str) for k, v in entry["tensors"].items())):
                     raise ValueError("a shard entry needs size, header and tensors")
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        except (ModelFormatError, OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError,
+                RecursionError) as exc:
             warn(f"{path}: integrity manifest is unreadable and is ignored ({exc}); "
                  "colibri doctor --deep --write-manifest writes a new one")
             return None
@@ -90,7 +87,7 @@ class Manifest:
         stale = []
         for shard, sf in checkpoint.files.items():
             entry = shards.get(shard)
-            if entry is None or entry["size"] != sf.file_size or entry["header"] != _header_digest(sf.path):
+            if entry is None or entry["size"] != sf.file_size or entry["header"] != _header_digest(sf):
                 stale.append(shard)
                 continue
             digests.update((name, entry["tensors"][name]) for name in sf.tensors if name in entry["tensors"])
@@ -134,7 +131,7 @@ def build(checkpoint, progress: Callable[[int], None] | None = None) -> dict:
     """The manifest of ``checkpoint`` as it is on disk now (reads every tensor once)."""
     shards = {}
     for shard, sf in sorted(checkpoint.files.items()):
-        shards[shard] = {"size": sf.file_size, "header": _header_digest(sf.path), "tensors": tensor_digests(sf, progress)}
+        shards[shard] = {"size": sf.file_size, "header": _header_digest(sf), "tensors": tensor_digests(sf, progress)}
     return {"format": FORMAT_VERSION, "algorithm": ALGORITHM, "shards": shards}
 
 

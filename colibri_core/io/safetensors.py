@@ -1,18 +1,30 @@
 """Our own safetensors reader and writer.
 
 The reader parses and validates a file's header before anything is allocated: the header
-length fits the file, every tensor's offsets lie inside the data section, no two tensors
-overlap, and dtype x shape equals the byte length. Errors name the file and the tensor.
+length fits the file, the tensors tile the data section exactly (from its first byte to
+its last, no gap, no overlap, nothing after them), and dtype x shape equals the byte
+length. Errors name the file and the tensor. It accepts no file that the safetensors
+library refuses (``tests/test_safetensors_differential.py`` fuzzes both), and refuses a
+few that the library accepts, on purpose: a key named twice (the library keeps one of
+them silently), dtypes no colibri weight format reads (F4, F6, C64, ...: refused at the
+header, naming the tensor, not later), more than MAX_TENSOR_RANK dimensions and JSON
+nested deeper than MAX_HEADER_DEPTH (no weight has such a shape or header).
 Tensors are then read with positioned reads (``preadv`` straight into the destination
 buffer), never mmap, so resident memory stays honest.
 
-The writer streams tensors to a temporary file and renames it into place, so a file we
-write is either complete or absent.
+The writers put a file in place atomically (a temporary file, fsync, rename), so a file
+we write is either complete or absent. ``StreamWriter`` streams tensors, and pieces of
+one tensor, in an order fixed up front: ``colibri convert`` writes a fused tensor of
+hundreds of experts one expert at a time, which the safetensors library cannot (its
+serializer takes every tensor of the file, whole, at once). ``save_file`` writes tensors
+held in memory with the safetensors library's own serializer (the demo model's shards);
+``write_safetensors`` keeps the order it is given (tests place tensors deliberately).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import struct
@@ -24,9 +36,12 @@ import numpy as np
 from colibri_core.errors import ModelFormatError
 from colibri_core.io.jsontext import parse_json
 from colibri_core.io.pagecache import forget
+from colibri_core.io.smallfile import check_regular
 
-MAX_HEADER_BYTES = 100 << 20  # the safetensors library refuses larger headers too
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's limit
 MAX_TENSOR_RANK = 8
+MAX_HEADER_DEPTH = 64  # a header nests 3 levels (entries, their fields, a shape); the library allows 128
+_USIZE_MAX = 2**64 - 1  # the library's integers: anything larger is a float to it, and refused
 
 # safetensors dtype -> (numpy storage dtype, bytes per element). BF16 and the 8-bit
 # floats have no numpy dtype: they are read as unsigned integers and decoded by a quant format.
@@ -79,8 +94,12 @@ class SafetensorsFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
+        self._fd = -1
+        # stat before opening: opening a FIFO blocks, and a device is no weight file
+        check_regular(self.path, "safetensors file")
         try:
-            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # non-blocking: a file swapped for a FIFO since the stat cannot hang the open
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise ModelFormatError(f"{self.path}: file not found") from None
         except OSError as exc:
@@ -89,6 +108,7 @@ class SafetensorsFile:
             st = os.fstat(self._fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ModelFormatError(f"{self.path}: not a regular file")
+            self.stat = st  # of what was opened: size and times identify this version of the file
             self.file_size = st.st_size
             self.metadata, self.tensors = self._parse_header()
         except BaseException:
@@ -104,13 +124,15 @@ class SafetensorsFile:
             raise _fail(path, f"header length {header_len} runs past the end of the {size}-byte file (truncated?)")
         if header_len > MAX_HEADER_BYTES:
             raise _fail(path, f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit")
+        self.header_length = header_len
         raw = self._read_exact(8, header_len)
         try:
-            header = parse_json(raw, f"{path}: header", object_pairs_hook=_refuse_duplicate_keys)
+            header = parse_json(raw, f"{path}: header", object_pairs_hook=_refuse_duplicate_keys, parse_int=_header_int)
         except _DuplicateKey as dup:
-            raise _fail(path, "appears twice in the header; refusing to guess", str(dup)) from None
+            raise _fail(path, f"key {str(dup)!r} appears twice in the header; refusing to guess") from None
         if not isinstance(header, dict):
             raise _fail(path, "header is not a JSON object")
+        _check_json_values(path, header)
         data_start = 8 + header_len
         data_size = size - data_start
 
@@ -148,18 +170,33 @@ class SafetensorsFile:
             if end > data_size:
                 raise _fail(path, f"data_offsets {offsets} run past the {data_size}-byte data section (truncated file?)", name)
             numel = 1
-            for d in shape:
+            for d in shape:  # in order, as the library multiplies: past 64 bits is refused even if a later 0 ends it
                 numel *= d
+                if numel > _USIZE_MAX:
+                    raise _fail(path, f"shape {shape} overflows 64 bits", name)
+            if numel * 8 * DTYPES[dtype][1] > _USIZE_MAX:  # the library counts bits
+                raise _fail(path, f"{dtype} x {shape} overflows 64 bits", name)
             expected = numel * DTYPES[dtype][1]
             if expected != end - begin:
                 raise _fail(path, f"{dtype} x {shape} is {expected} bytes but data_offsets span {end - begin}", name)
             tensors[name] = TensorInfo(name, path, dtype, tuple(shape), data_start + begin, end - begin)
-            if end > begin:
-                spans.append((begin, end, name))
+            spans.append((begin, end, name))
+        # the tensors tile the data section: sorted by offsets, each begins where the one
+        # before ends (empty ones included), and the last ends with the file
         spans.sort()
-        for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-            if b1 < e0:
-                raise _fail(path, f"bytes [{b0}, {e0}) overlap tensor {n1!r} at [{b1}, {e1})", n0)
+        reach = (0, 0, None)  # the span reaching furthest so far
+        for begin, end, name in spans:
+            if begin < reach[1]:
+                raise _fail(path, f"bytes [{reach[0]}, {reach[1]}) overlap tensor {name!r} at [{begin}, {end})", reach[2])
+            reach = (begin, end, name)
+        covered = 0
+        for begin, end, name in spans:
+            if begin > covered:
+                raise _fail(path, f"bytes [{covered}, {begin}) of the data section before it belong to no tensor", name)
+            covered = end
+        if covered != data_size:
+            raise _fail(path, f"the last {data_size - covered} bytes of the data section belong to no tensor "
+                              "(trailing bytes: a damaged or foreign file)")
         return metadata, tensors
 
     def _read_exact(self, offset: int, nbytes: int) -> bytes:
@@ -167,6 +204,17 @@ class SafetensorsFile:
         if len(data) != nbytes:
             raise _fail(self.path, f"short read at offset {offset}: file changed or truncated")
         return data
+
+    def header_bytes(self) -> bytes:
+        """The 8-byte header length and the JSON header: what fixes every tensor's name,
+        dtype, shape and place in the file."""
+        return self._read_exact(0, 8 + self.header_length)
+
+    def changed_since_open(self) -> bool:
+        """Whether the opened file's size or modification time differs from when it was
+        opened (written to in place meanwhile)."""
+        now = os.fstat(self._fd)
+        return (now.st_size, now.st_mtime_ns) != (self.stat.st_size, self.stat.st_mtime_ns)
 
     def read_into(self, offset: int, out: memoryview) -> None:
         """Fill ``out`` with the file's bytes starting at ``offset``."""
@@ -208,6 +256,43 @@ def _refuse_duplicate_keys(pairs):
     return seen
 
 
+def _header_int(text: str):
+    """An integer of the header as the safetensors library reads it: "-0" and values past
+    64 bits are floats to it (and so refused where an integer belongs)."""
+    value = int(text)
+    return float(value) if text.startswith("-0") or value > _USIZE_MAX else value
+
+
+def _check_json_values(path: str, header) -> None:
+    """What the library's JSON parser refuses and Python's accepts: strings that are not
+    Unicode (a lone UTF-16 surrogate escape), NaN, Infinity and numbers too large for a
+    float (1e400), and nesting deeper than MAX_HEADER_DEPTH."""
+    stack = [(header, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_HEADER_DEPTH:
+            raise _fail(path, f"header nests deeper than {MAX_HEADER_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+            strings = value.keys()
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+            continue
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise _fail(path, f"header holds {value}, which is not a JSON number")
+            continue
+        elif isinstance(value, str):
+            strings = (value,)
+        else:
+            continue
+        for text in strings:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _fail(path, f"header string {text[:40]!r} holds a lone UTF-16 surrogate (not Unicode)") from None
+
+
 def _pread_copy(fd: int, view: memoryview, offset: int) -> int:
     data = os.pread(fd, len(view), offset)
     view[: len(data)] = data
@@ -243,6 +328,47 @@ def _typed(name: str, value) -> tuple[str, np.ndarray]:
     if array.dtype.itemsize != DTYPES[dtype][1]:
         raise ValueError(f"tensor {name!r}: {dtype} needs {DTYPES[dtype][1]}-byte elements, got {array.dtype}")
     return dtype, array
+
+
+# our dtype names -> the safetensors library's (it takes framework-style names)
+_LIBRARY_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+                   "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu", "I64": "int64", "I32": "int32", "I16": "int16",
+                   "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool"}
+
+
+def save_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray | tuple[str, np.ndarray]],
+              metadata: Mapping[str, str] | None = None) -> int:
+    """Write tensors held in memory with the safetensors library, atomically. Values as
+    for ``write_safetensors``; the library orders them in the file (by alignment, then
+    name). Returns the file size."""
+    from safetensors import TensorSpec, serialize_file
+
+    path = os.fspath(path)
+    arrays, specs = [], {}
+    for name, value in tensors.items():
+        dtype, array = _typed(name, value)
+        shape = list(array.shape)  # before ascontiguousarray, which makes a 0-d array 1-d
+        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        arrays.append(array)  # the library reads each array through its address: it must stay alive
+        specs[name] = TensorSpec(dtype=_LIBRARY_DTYPES[dtype], shape=shape, data_ptr=array.ctypes.data,
+                                 data_len=array.nbytes)
+    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise ValueError("metadata must map strings to strings")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        serialize_file(specs, tmp, dict(metadata) if metadata else None)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return size
 
 
 class StreamWriter:

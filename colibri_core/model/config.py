@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from colibri_core.errors import ModelFormatError
-from colibri_core.io.jsontext import parse_json
+from colibri_core.io import smallfile
 
-MAX_CONFIG_BYTES = 16 << 20
+MAX_CONFIG_BYTES = smallfile.CONFIG_BYTES
 
 # Generous upper bounds for common size fields: larger values are certainly corrupt and
 # would otherwise turn into absurd allocations.
@@ -37,13 +37,8 @@ LIMITS: dict[str, tuple[int, int]] = {
 
 
 def read_json(path: Path, what: str = "file") -> dict[str, Any]:
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise ModelFormatError(f"{path}: {what} not found") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ModelFormatError(f"{path}: {size} bytes is too large for a {what}")
-    data = parse_json(path.read_bytes(), str(path))
+    """A config-sized JSON object file (a regular file, read through ``io.smallfile``)."""
+    data = smallfile.read_json(path, MAX_CONFIG_BYTES, what)
     if not isinstance(data, dict):
         raise ModelFormatError(f"{path}: expected a JSON object")
     return data
@@ -147,7 +142,7 @@ def eos_token_ids(model_dir: Path, config: dict[str, Any]) -> list[int]:
     """End-of-sequence ids: generation_config.json wins over config.json."""
     gen_path = model_dir / "generation_config.json"
     sources = []
-    if gen_path.exists():
+    if smallfile.present(gen_path):
         sources.append((read_json(gen_path, "generation config"), gen_path.name))
     sources.append((config, "config.json"))
     for data, name in sources:

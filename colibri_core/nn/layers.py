@@ -402,23 +402,28 @@ class CausalLM:
             watch("the LM head", logits)
         return logits if all_logits else logits[0]
 
-    def first_non_finite(self, ids: list[int], ops, chunk: int = 256) -> str | None:
+    def first_faulty_stage(self, ids: list[int], ops, chunk: int = 256) -> tuple[str, str] | None:
         """Re-run ``ids`` from an empty cache, looking at the activations after every
-        stage: the first stage whose output holds NaN or infinity, or None when all stay
-        finite. A diagnosis after non-finite logits, never on the normal path."""
+        stage: (the first stage whose output is non-finite or degenerate, what is wrong
+        with it), or None when all stay sound. A diagnosis after bad logits, never on the
+        normal path."""
         class Found(Exception):
             pass
 
+        last_chunk = False
+
         def watch(stage, x):
-            if not np.isfinite(x if isinstance(x, np.ndarray) else ops.to_host(x)).all():
-                raise Found(stage)
+            fault = activation_fault(x if isinstance(x, np.ndarray) else ops.to_host(x), sampled_row=last_chunk)
+            if fault is not None:
+                raise Found(stage, fault)
 
         cache = self.new_cache(ops)
         try:
             for i in range(0, len(ids), chunk):
+                last_chunk = i + chunk >= len(ids)
                 self.forward(np.asarray(ids[i : i + chunk]), cache, ops, watch=watch)
         except Found as found:
-            return str(found)
+            return found.args[0], found.args[1]
         return None
 
     def forward_batch(self, seqs: list[tuple[np.ndarray, Cache]], ops, *, routing: list | None = None) -> np.ndarray:
@@ -447,3 +452,26 @@ class CausalLM:
         if begin != len(seqs):  # some sequence brought several tokens: keep each one's last
             x = ops.take_rows(x, last)
         return ops.to_host(self.lm_head(self.norm(x, step), step))
+
+
+# A row whose sum of squares passes this overflows in float32: the RMS norm that reads it
+# divides by infinity and turns it into zeros, so the model goes on silently with nothing.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def activation_fault(x: np.ndarray, *, sampled_row: bool = True) -> str | None:
+    """What is wrong with activations ``x`` (rows of features), or None: NaN or infinity,
+    values so large that a norm of them overflows float32, or, when ``sampled_row`` (the
+    last row is the one the next token comes from), a last row with the same value in
+    every element. Other rows may be constant (say, a zero embedding at position 0)."""
+    x = np.asarray(x)
+    if not np.isfinite(x).all():
+        return "it holds NaN or infinity"
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    squares = np.square(rows, dtype=np.float64).sum(axis=-1)
+    if (squares > _FLOAT32_MAX).any():
+        return (f"its values reach {float(np.abs(rows).max()):.3g}, so large that their squares overflow float32 "
+                f"and the norm after it collapses them to zero")
+    if sampled_row and rows.shape[-1] > 1 and rows[-1].min() == rows[-1].max():
+        return f"every element is {float(rows[-1][0]):.3g}"
+    return None

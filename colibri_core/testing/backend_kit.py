@@ -894,7 +894,9 @@ class BackendConformanceSuite:
             lengths = [12, 5, 20, 9, 16, 3, 14, 7]  # requests end at different steps: the batch changes
             expected = [model.generate(token_ids=p, max_tokens=n, ignore_eos=True).token_ids
                         for p, n in zip(ps, lengths)]
-            sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=7)
+            # with OpenAI's penalties, bias and logprobs: state of the sequence's own, no other's
+            sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=7, frequency_penalty=0.5, presence_penalty=0.3,
+                                     logit_bias={3: 2.0}, logprobs=2)
             with Scheduler(model, slots=8) as alone:
                 first = self.run_requests(alone, [Request(ps[0], lengths[0])])[0]
                 lone_sampled = self.run_requests(alone, [Request(ps[1], 10, sampled)])[0]
@@ -906,6 +908,8 @@ class BackendConformanceSuite:
         assert [h.token_ids for h in handles[:8]] == expected, "requests in a batch: not Model.generate's tokens"
         assert handles[8].token_ids == lone_sampled.token_ids and len(lone_sampled.token_ids) == 10, \
             "a sampled request: other tokens in a batch than alone"
+        assert handles[8].logprobs == lone_sampled.logprobs and len(lone_sampled.logprobs) == 10, \
+            "a sampled request: other logprobs in a batch than alone"
         assert all(h.finish_reason == "length" for h in handles)
         assert handles[0].usage == {"prompt_tokens": len(ps[0]), "completion_tokens": 12, "cached_tokens": 0}
 

@@ -22,7 +22,10 @@ def colibri_env(**extra) -> dict:
     return env
 
 
-def run_colibri(*args, env=None, timeout=120, cwd=None) -> subprocess.CompletedProcess:
-    """Run ``python -m colibri_core ARGS`` in a subprocess; returns the CompletedProcess (text)."""
+def run_colibri(*args, env=None, timeout=120, cwd=None, input=None) -> subprocess.CompletedProcess:
+    """Run ``python -m colibri_core ARGS`` in a subprocess; returns the CompletedProcess (text).
+    Its stdin is ``input``, else empty: never the test runner's, which ``colibri run``
+    without a prompt would wait on."""
     return subprocess.run([sys.executable, "-m", "colibri_core", *map(str, args)], capture_output=True, text=True,
-                          env=colibri_env(**(env or {})), timeout=timeout, cwd=cwd)
+                          env=colibri_env(**(env or {})), timeout=timeout, cwd=cwd,
+                          **({"input": input} if input is not None else {"stdin": subprocess.DEVNULL}))

@@ -9,9 +9,10 @@ import importlib.util
 import sys
 
 from colibri_core import hookimpl
-from colibri_core.plugins.registry import BackendSpec
+from colibri_core.plugins.registry import BackendSpec, LoadOptionsSpec
 
-INSTALL_HINT = "pip install colibri-cuda[cuda13] (or [cuda12] for a CUDA 12 driver)"
+# what colibri-cuda depends on, for an environment that lost it (or installed with --no-deps)
+INSTALL_HINT = "pip install 'cupy-cuda12x[ctk]>=14' (CUDA 12 and 13 drivers)"
 DRIVER_LIBRARIES = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
 CUDA_ERROR_NO_DEVICE = 100
 
@@ -62,3 +63,9 @@ def colibri_register_backends(register):
             description="CUDA on CuPy, float32: cuBLAS products, kernels on packed weights, experts in VRAM",
         )
     )
+
+
+@hookimpl
+def colibri_register_load_options(register):
+    register(LoadOptionsSpec("cuda", "colibri_cuda.environment:CudaEnvironment",
+                             "colibri doctor's CUDA check: the driver and the CUDA runtime found"))

@@ -78,7 +78,7 @@ def test_registered_as_cuda_on_the_gpu():
 
 
 def test_the_table_shows_the_reason_as_written(monkeypatch):
-    """The install hint's extras ([cuda13], [cuda12]) are text, not markup."""
+    """The install hint's extra ([ctk]) is text, not markup."""
     from click.testing import CliRunner
 
     from colibri_core.cli.main import build_cli
@@ -88,5 +88,5 @@ def test_the_table_shows_the_reason_as_written(monkeypatch):
     with cuda_registered():
         result = CliRunner().invoke(build_cli(), ["list-backends"])
     assert result.exit_code == 0, result.output
-    assert "unavailable: cupy is not installed: pip install colibri-cuda[cuda13] (or [cuda12] for a CUDA 12 driver)" \
+    assert "unavailable: cupy is not installed: pip install 'cupy-cuda12x[ctk]>=14' (CUDA 12 and 13 drivers)" \
         in result.output

@@ -52,6 +52,13 @@ class CpuBackend(ReferenceBackend):
 
             threadpool_limits(limits=1, user_api="blas")
 
+    def start_threads(self) -> None:
+        if self.kernels is not None and self.kernels.OPENMP:
+            from colibri_core.formats.base import QuantTensor, f32_to_bf16
+
+            weight = QuantTensor("bf16", f32_to_bf16(np.ones((64, 64), dtype=np.float32)), None, (64, 64))
+            self.linear(np.ones((1, 64), dtype=np.float32), weight)  # a parallel region: OpenMP's team starts
+
     def keeps_stored(self, kind: str, use: str) -> bool:
         if use == "embedding":  # rows are decoded on lookup; fp8's block scales do not split by row
             return self.has_kernel(kind) and kind != "fp8"

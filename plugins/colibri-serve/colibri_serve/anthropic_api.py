@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -22,7 +21,8 @@ def error_body(err: ApiError) -> dict:
     kinds = {"bad_request": "invalid_request_error", "context_length_exceeded": "invalid_request_error",
              "unauthorized": "authentication_error", "not_found": "not_found_error", "no_route": "not_found_error",
              "method_not_allowed": "invalid_request_error", "too_large": "request_too_large", "queue_full": "rate_limit_error",
-             "loading": "overloaded_error", "shutting_down": "overloaded_error", "engine_error": "api_error"}
+             "loading": "overloaded_error", "shutting_down": "overloaded_error", "engine_error": "api_error",
+             "weights_unreadable": "api_error", "misdirected": "invalid_request_error"}
     return {"type": "error", "error": {"type": kinds[err.kind], "message": err.message}}
 
 
@@ -94,6 +94,18 @@ def _tools(body) -> list[dict] | None:
             for t in body.tools]
 
 
+def check_unsupported(body: MessagesRequest) -> None:
+    """Fields whose effect colibri cannot give are refused, not ignored: extended
+    thinking (colibri returns no thinking blocks and cannot hold a thinking budget) and
+    what runs on Anthropic's side (MCP servers, code-execution containers, context editing)."""
+    thinking = (body.thinking or {}).get("type", "disabled")
+    if thinking != "disabled":
+        raise unsupported("thinking", f"thinking of type {thinking!r} (no thinking blocks)")
+    for field in ("mcp_servers", "container", "context_management"):
+        if getattr(body, field):
+            raise unsupported(field, f"{field} (a feature of Anthropic's servers)")
+
+
 def _usage(job: Job) -> dict:
     prompt = job.usage.get("prompt_tokens", len(job.prompt_ids))
     cached = job.usage.get("cached_tokens", 0)
@@ -112,7 +124,7 @@ def router(service: Service) -> APIRouter:
         service.check_model(body.model)
         service.require_ready()
         tools = _tools(body)
-        ids = await asyncio.to_thread(service.chat_ids, template_messages(body), tools)
+        ids = await service.tokenize(service.chat_ids, template_messages(body), tools)
         return ids, tools
 
     @api.post("/v1/messages/count_tokens")
@@ -122,6 +134,7 @@ def router(service: Service) -> APIRouter:
 
     @api.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
+        check_unsupported(body)
         ids, tools = await prompt_ids(body)
         service.check_prompt(ids, "messages")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop_sequences, "stop_sequences"),

@@ -1,10 +1,12 @@
 """The HTTP application: the OpenAI and Anthropic routes, /health and /metrics, the web
-dashboard (/ and /dashboard.json), the API key check, bounded request bodies, and errors
-in each API's own shape."""
+dashboard (/ and /dashboard.json), the Host header and API key checks, bounded request
+bodies, an access log line per request, and errors in each API's own shape."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,7 +14,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from colibri_serve import anthropic_api, dashboard, openai_api
+from colibri_serve import anthropic_api, dashboard, logs, openai_api
+from colibri_serve.listen import HostNames
 from colibri_serve.metrics import Metrics
 from colibri_serve.service import ApiError, Service
 
@@ -31,13 +34,15 @@ def error_response(path: str, err: ApiError) -> JSONResponse:
 
 
 class Gate:
-    """Pure ASGI middleware in front of the application: the API key (compared in
+    """Pure ASGI middleware in front of the application: the Host header (421 for a name
+    the server does not answer to, when ``hosts`` is given), the API key (compared in
     constant time; /health and the dashboard's static files stay open), request bodies bounded to ``max_body`` bytes
-    (413, by the declared length or as chunks arrive), and requests counted by route
-    and status."""
+    (413, by the declared length or as chunks arrive), requests counted by route
+    and status, and each request's access log line."""
 
-    def __init__(self, app, *, api_key: str | None, max_body: int, metrics: Metrics, routes=()):
-        self.app, self.max_body, self.metrics = app, max_body, metrics
+    def __init__(self, app, *, api_key: str | None, max_body: int, metrics: Metrics, routes=(),
+                 hosts: HostNames | None = None):
+        self.app, self.max_body, self.metrics, self.hosts = app, max_body, metrics, hosts
         self.routes = list(routes)  # the application's routes, for counting what it never saw
         self.expected = api_key.encode() if api_key else None
 
@@ -62,6 +67,8 @@ class Gate:
         path = scope["path"]
         headers = dict(scope.get("headers") or [])
         status = {"code": 500}
+        started, record = time.perf_counter(), {}
+        noting = logs.REQUEST.set(record)  # this request's task (and those it starts) note what its access line shows
 
         async def counted_send(message):
             if message["type"] == "http.response.start":
@@ -69,6 +76,11 @@ class Gate:
             await send(message)
 
         try:
+            if self.hosts is not None and not self.hosts.allows(headers.get(b"host")):
+                host = headers[b"host"].decode("latin-1")
+                err = ApiError("misdirected", f"this server does not answer to the name in the Host header ({host!r}); "
+                                              "start it with --allowed-host to allow a name")
+                return await error_response(path, err)(scope, receive, counted_send)
             if self.expected is not None and path not in OPEN_PATHS and not self._authorised(headers):
                 err = ApiError("unauthorized", "a valid API key is needed (Authorization: Bearer KEY or x-api-key)")
                 return await error_response(path, err)(scope, receive, counted_send)
@@ -90,10 +102,14 @@ class Gate:
             return await self.app(scope, bounded_receive, counted_send)
         finally:
             self.metrics.requests.labels(self._route(scope), str(status["code"])).inc()
+            logs.access(scope, status["code"], time.perf_counter() - started, record)
+            logs.REQUEST.reset(noting)
 
 
-def create_app(service: Service, *, api_key: str | None = None, max_body: int = MAX_BODY_BYTES) -> Gate:
-    """The ASGI application (``.app`` is the FastAPI application inside the gate)."""
+def create_app(service: Service, *, api_key: str | None = None, max_body: int = MAX_BODY_BYTES,
+               hosts: HostNames | None = None) -> Gate:
+    """The ASGI application (``.app`` is the FastAPI application inside the gate);
+    ``hosts``: the names the Host header may give (None: any)."""
     metrics = Metrics(lambda: service.scheduler.stats() if service.status == "ready" else None)
     service.metrics = metrics
     app = FastAPI(title="colibri serve", version="0.1.0", docs_url=None, redoc_url=None)
@@ -126,7 +142,12 @@ def create_app(service: Service, *, api_key: str | None = None, max_body: int = 
     @app.get("/health")
     async def health():
         if service.status == "ready":
-            return {"status": "ok", "model": service.model_name}
+            # a weight file that failed to read is looked at again (a stat and a read: off the event loop)
+            faults = await asyncio.to_thread(service.read_faults) if service.faulted else []
+            if not faults:
+                return {"status": "ok", "model": service.model_name}
+            return JSONResponse({"status": "degraded", "model": service.model_name, "errors": faults}, status_code=503,
+                                headers={"Retry-After": "5"})
         status = 503
         return JSONResponse({"status": service.status, "model": service.model_name}, status_code=status,
                             headers={"Retry-After": "5"} if service.status == "loading" else None)
@@ -143,12 +164,13 @@ def create_app(service: Service, *, api_key: str | None = None, max_body: int = 
     app.openapi = lambda: app.openapi_schema or _document_responses(app)
     # each route itself (newer FastAPI lists an included router as one entry)
     routes = [r for r in (*app.routes, *(r for router in routers for r in router.routes)) if hasattr(r, "path")]
-    return Gate(app, api_key=api_key, max_body=max_body, metrics=metrics, routes=routes)
+    return Gate(app, api_key=api_key, max_body=max_body, metrics=metrics, routes=routes, hosts=hosts)
 
 
 ERRORS = {"400": "Malformed or unsupported request, or a prompt longer than the context", "401": "Missing or wrong API key",
-          "404": "Unknown model", "413": "Request body too large", "429": "Queue full (Retry-After)",
-          "503": "Model still loading (Retry-After)"}
+          "404": "Unknown model", "413": "Request body too large", "421": "A Host header naming another server",
+          "429": "Queue full (Retry-After)",
+          "503": "Model still loading, or a weight file could not be read (Retry-After)"}
 OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
     "properties": {"message": {"type": "string"}, "type": {"type": "string"},
@@ -173,7 +195,7 @@ def _document_responses(app: FastAPI) -> dict:
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             if path == "/health":
-                responses["503"] = {"description": "Model still loading"}
+                responses["503"] = {"description": "Model still loading, or degraded: a weight file could not be read"}
                 continue
             error = ANTHROPIC_ERROR if _is_anthropic(path) else OPENAI_ERROR
             for code, text in ERRORS.items():

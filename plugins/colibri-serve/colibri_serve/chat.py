@@ -3,6 +3,11 @@
 Each turn renders the whole conversation and submits it to the core's scheduler, which
 reuses the cached prefix of the previous turn (the prompt is only extended); the reply
 streams to the terminal as it is decoded. Commands: /reset, /stats, /save FILE, /exit.
+
+On a terminal the input line is edited with prompt_toolkit: arrows, Up/Down through the
+messages of earlier chats (kept in colibri's state dir), Alt+Enter (or Esc then Enter)
+for a new line within a message. Otherwise (a pipe, a file) each line read is a message,
+as a script expects.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 from colibri_core.errors import UsageError
 
 HELP = "commands: /reset (new conversation), /stats (speed, cache and expert hit rates), /save FILE (the conversation as JSON), /exit"
+EDITING_HELP = "Up/Down recall earlier messages; Alt+Enter (or Esc, Enter) starts a new line, Enter sends"
+HISTORY_NAME = "chat-history"
 
 
 @dataclass
@@ -135,12 +142,62 @@ def _stats_table(stats: dict):
     return table
 
 
-def run_chat(session: ChatSession, console=None, read=input) -> None:
+def history_path() -> Path:
+    """The file of earlier chats' messages: colibri's state dir, shared by every model."""
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("colibri")) / HISTORY_NAME
+
+
+def terminal_reader(input=None, output=None, history_file: Path | None = None):
+    """``read(prompt) -> str`` editing the line with prompt_toolkit: history in
+    ``history_file`` (in memory when it cannot be written), Enter sends, Alt+Enter or Esc
+    Enter inserts a newline. Ctrl-D raises EOFError and Ctrl-C KeyboardInterrupt, as
+    ``input`` does."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+    from prompt_toolkit.key_binding import KeyBindings
+
+    history = InMemoryHistory()
+    if history_file is not None:
+        try:
+            history_file.parent.mkdir(parents=True, exist_ok=True)
+            history_file.touch()
+            history = FileHistory(str(history_file))
+        except OSError:  # a read-only home: editing still works, recall only within this chat
+            pass
+    keys = KeyBindings()
+
+    @keys.add("escape", "enter")
+    def _newline(event):
+        event.current_buffer.insert_text("\n")
+
+    session = PromptSession(history=history, key_bindings=keys, multiline=False, input=input, output=output,
+                            enable_history_search=False)
+    return lambda prompt: session.prompt(prompt)
+
+
+def default_reader():
+    """prompt_toolkit's editing on a terminal; plain lines from a pipe or a file."""
+    import sys
+
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return terminal_reader(history_file=history_path()), True
+    return input, False
+
+
+def run_chat(session: ChatSession, console=None, read=None) -> None:
     from rich.console import Console
+
+    from colibri_core.io.hub_cache import hub_repo_id
 
     console = console or Console(highlight=False)
     err = Console(stderr=True, highlight=False)
-    err.print(f"colibri chat with {session.model.model_dir.name}. {HELP}")
+    editing = False
+    if read is None:
+        read, editing = default_reader()
+    name = hub_repo_id(session.model.model_dir) or session.model.model_dir.name  # a snapshot's name is a hash
+    err.print(f"colibri chat with {name}. {HELP}" + (f"\n{EDITING_HELP}" if editing else ""))
     while True:
         try:
             line = read("you> ")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 
 import click
 
+from colibri_core.cli.modelarg import model_option
 from colibri_core.cli.run import placement_kwargs, placement_options
 from colibri_core.errors import UsageError
+from colibri_serve.logs import LEVELS
 
 
 def _stderr():
@@ -17,24 +18,18 @@ def _stderr():
     return Console(stderr=True, highlight=False)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _check_model_dir(model_dir: str) -> Path:
+    from colibri_core.io import smallfile
+
     path = Path(model_dir)
-    if not (path / "config.json").is_file():
+    if not smallfile.present(path / "config.json"):
         raise UsageError(f"--model: {path} is not a model directory (no config.json)")
+    smallfile.check_regular(path / "config.json", "model config")  # a FIFO, device or link loop: said so here
     return path
 
 
 @click.command("serve")
-@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@model_option()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--api-key", envvar="COLIBRI_API_KEY", default=None,
@@ -42,12 +37,21 @@ def _check_model_dir(model_dir: str) -> Path:
 @click.option("--slots", type=click.IntRange(1, 1024), default=4, show_default=True, help="Requests decoded together.")
 @click.option("--max-queue", type=click.IntRange(0, 100000), default=64, show_default=True,
               help="Requests that may wait for a slot; more get 429 with Retry-After.")
-@click.option("--served-model-name", default=None, help="The model's name in the APIs (default: the directory's name).")
+@click.option("--served-model-name", default=None,
+              help="The model's name in the APIs (default: the repo id, or the directory's name).")
 @click.option("--max-body", default="4M", show_default=True, help="Largest request body accepted (413 above it).")
 @click.option("--header-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
               help="Seconds a connection may take to send a request's headers before it is closed.")
+@click.option("--insecure-no-key", is_flag=True,
+              help="Serve a --host other than loopback without an API key (anyone who can reach the port uses the model).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests whose Host header gives NAME (repeatable; * for any), e.g. behind a proxy.")
+@click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False), envvar="COLIBRI_LOG_LEVEL", default="info",
+              show_default=True, help="The log's level: info shows the model loaded line and one line per request. "
+              "Default: env COLIBRI_LOG_LEVEL.")
 @placement_options
-def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout, **placement):
+def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout, insecure_no_key,
+          allowed_hosts, log_level, **placement):
     """Serve the model in --model over HTTP with the OpenAI API (/v1/chat/completions,
     /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health,
     /metrics and a web dashboard at /. The APIs answer 503 until the model has loaded."""
@@ -56,28 +60,37 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
     from colibri_core.engine.api import load, open_backend
     from colibri_core.units import parse_size
     from colibri_serve.app import create_app
-    from colibri_serve.listen import Server, address, bind, protocol
+    from colibri_serve import logs
+    from colibri_serve.listen import HostNames, Server, address, bind, is_loopback, protocol
     from colibri_serve.service import Service
+
+    if not is_loopback(host) and not api_key and not insecure_no_key:
+        raise UsageError(f"--host {host} is not a loopback address: anyone who can reach it could use the model; "
+                         "set --api-key (or COLIBRI_API_KEY), or pass --insecure-no-key to serve it without one")
 
     path = _check_model_dir(model_dir)
     options = placement_kwargs(**placement)
     open_backend(options["backend"], options["vram"])  # a bad --backend / --vram fails before the port is bound
     body_limit = parse_size(max_body)
     console = _stderr()
-    if not _loopback(host) and not api_key:
-        console.print(f"[yellow]warning:[/] binding {host} without an API key: anyone who can reach this port can use the model "
-                      "(set --api-key or COLIBRI_API_KEY)")
-    name = served_model_name or path.resolve().name
+    log_level = log_level.lower()
+    logs.configure(log_level)
+    if not is_loopback(host) and not api_key:
+        console.print(f"[yellow]warning:[/] binding {host} without an API key (--insecure-no-key): anyone who can reach "
+                      "this port can use the model")
+    from colibri_core.io.hub_cache import hub_repo_id
+
+    name = served_model_name or hub_repo_id(path) or path.resolve().name  # a hub snapshot's name is a commit hash
     service = Service(lambda: load(path, **options), model_name=name, slots=slots, max_queue=max_queue)
-    app = create_app(service, api_key=api_key, max_body=body_limit)
-    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+    app = create_app(service, api_key=api_key, max_body=body_limit, hosts=HostNames(host, allowed_hosts))
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level=logs.uvicorn_level(log_level), access_log=False,
                                    timeout_graceful_shutdown=5, http=protocol(header_timeout)), service)
 
     def failed(exc):
         server.should_exit = True
 
     sock = bind(host, port)  # before saying so: a port in use is one error line, not a log after it
-    where = address(host, sock.getsockname()[1])
+    where = service.address = address(host, sock.getsockname()[1])
     console.print(f"colibri serve: loading {path} as {name!r}; listening on http://{where} (503 until loaded)")
     service.start_loading(on_failure=failed)
     try:
@@ -94,7 +107,7 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
 
 
 @click.command("chat")
-@click.option("--model", "model_dir", required=True, help="Hugging Face model directory.")
+@model_option()
 @click.option("--system", default=None, help="System message.")
 @click.option("--max-tokens", type=click.IntRange(1), default=512, show_default=True, help="Tokens per reply at most.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")

@@ -1,10 +1,12 @@
 """The HTTP server around the application: the port bound before anything says it is
-listening, uvicorn's h11 protocol with a deadline for each request's headers, and a
-shutdown (Ctrl-C, SIGTERM) that ends open streams rather than cancelling them."""
+listening, the names a request's Host header may give, uvicorn's h11 protocol with a
+deadline for each request's headers, and a shutdown (Ctrl-C, SIGTERM) that ends open
+streams rather than cancelling them."""
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 
 import h11
@@ -34,6 +36,50 @@ def bind(host: str, port: int) -> socket.socket:
 
 def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class HostNames:
+    """The names a request's ``Host`` header may give: the address bound, ``localhost``,
+    this machine's host names, any IP address, and those allowed with ``--allowed-host``
+    (``*``: any). Against DNS rebinding: a web page whose own name was made to resolve to
+    this machine could otherwise drive the server from the browser of anyone on it (a
+    browser sends the page's name as the Host; a literal address cannot be rebound)."""
+
+    def __init__(self, bound: str, allowed: tuple[str, ...] = ()):
+        self.any = "*" in allowed
+        names = {bound, "localhost", socket.gethostname(), *allowed}  # (not getfqdn: a DNS lookup, which may hang)
+        self.names = {_bare(n) for n in names if n}
+
+    def allows(self, header: bytes | None) -> bool:
+        if header is None or self.any:  # HTTP/1.0 may omit it; browsers always send one
+            return True
+        name = _bare(_strip_port(header.decode("latin-1").strip()))
+        if name in self.names:
+            return True
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            return False
+
+
+def _strip_port(host: str) -> str:
+    if host.startswith("["):  # [v6] or [v6]:port
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _bare(name: str) -> str:
+    return name.strip("[]").rstrip(".").lower()
 
 
 def protocol(header_timeout: float) -> type[H11Protocol]:

@@ -1,6 +1,7 @@
 """GET /metrics in the Prometheus text format: the server's own counts (requests by
-route and status, time to first token) and, read at each scrape, the scheduler's
-(queue depth, active slots, tokens/s, prefix reuse, expert hits per tier, bytes read)."""
+route and status, time to first token, generations failed by unreadable weight files)
+and, read at each scrape, the scheduler's (queue depth, active slots, tokens/s, prefix
+reuse, expert hits per tier, bytes read)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("colibri_http_requests", "HTTP requests by route and status", ["route", "status"],
                                 registry=self.registry)
+        self.read_errors = Counter("colibri_weight_read_errors", "Generations failed because a weight file could not be read",
+                                   registry=self.registry)
         self.ttft = Histogram("colibri_time_to_first_token_seconds", "From queueing a request to its first token",
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=self.registry)
         self.registry.register(_SchedulerCollector(service_stats))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -12,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from colibri_serve.jsonbody import JsonRoute
+from colibri_serve.logprobs import LogprobWriter, chat_logprobs, check_response_format, logit_bias
 from colibri_serve.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, stop_list, text_field, unsupported
 from colibri_serve.service import ApiError, Job, Service, started
 
@@ -24,7 +24,8 @@ def error_body(err: ApiError) -> dict:
              "no_route": ("invalid_request_error", "not_found"), "method_not_allowed": ("invalid_request_error", None),
              "too_large": ("invalid_request_error", "request_too_large"), "queue_full": ("rate_limit_error", "rate_limit_exceeded"),
              "loading": ("server_error", "model_loading"), "shutting_down": ("server_error", None),
-             "engine_error": ("server_error", None)}
+             "engine_error": ("server_error", None), "weights_unreadable": ("server_error", "weights_unreadable"),
+             "misdirected": ("invalid_request_error", "misdirected_request")}
     type_, code = kinds[err.kind]
     return {"error": {"message": err.message, "type": type_, "param": err.param, "code": code}}
 
@@ -92,6 +93,12 @@ def _tools(req: ChatCompletionRequest) -> list[dict] | None:
     return [t.model_dump(exclude_none=True) for t in req.tools]
 
 
+def _penalties(body, service: Service) -> dict:
+    """A request's logit bias and frequency / presence penalties, as Job takes them."""
+    return dict(frequency_penalty=body.frequency_penalty or 0.0, presence_penalty=body.presence_penalty or 0.0,
+                logit_bias=logit_bias(body.logit_bias, service.vocab_size))
+
+
 def _usage(job: Job) -> dict:
     prompt = job.usage.get("prompt_tokens", len(job.prompt_ids))
     completion = job.usage.get("completion_tokens", len(job.token_ids))
@@ -121,14 +128,19 @@ def router(service: Service) -> APIRouter:
         service.check_model(body.model)
         if body.n not in (None, 1):
             raise unsupported("n", "more than one choice")
+        check_response_format(body.response_format)
+        top_logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
         service.require_ready()
         tools = _tools(body)
+        penalties = _penalties(body, service)
         # rendering and tokenising a large prompt takes a while: off the event loop
-        ids = await asyncio.to_thread(service.chat_ids, template_messages(body.messages), tools)
+        ids = await service.tokenize(service.chat_ids, template_messages(body.messages), tools)
         service.check_prompt(ids, "messages")
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         job = Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools,
+                  logprobs=top_logprobs, **penalties,
                   **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
+        writer = LogprobWriter(service.token_bytes) if top_logprobs is not None else None
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "created": created, "model": service.model_name}
         if not body.stream:
@@ -137,7 +149,8 @@ def router(service: Service) -> APIRouter:
             if job.parsed.tool_calls:
                 message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
                                          for c in job.parsed.tool_calls]
-            reply = {**head, "object": "chat.completion", "choices": [{"index": 0, "message": message, "logprobs": None,
+            logprobs = writer.chat(job.token_logprobs) if writer is not None else None
+            reply = {**head, "object": "chat.completion", "choices": [{"index": 0, "message": message, "logprobs": logprobs,
                                                                        "finish_reason": FINISH[job.finish_reason]}],
                      "usage": _usage(job)}
             if body.return_token_ids:
@@ -148,8 +161,18 @@ def router(service: Service) -> APIRouter:
         gen = service.stream(job, request.is_disconnected)
         first = await started(gen)  # errors before the first token are HTTP errors, not stream events
 
-        def chunk(delta, finish=None):
-            data = {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        sent = 0  # tokens whose logprobs a chunk carried
+
+        def new_logprobs():
+            """The logprobs of the tokens since the last chunk that carried some."""
+            nonlocal sent
+            if writer is None:
+                return None
+            entries, sent = job.token_logprobs[sent:], len(job.token_logprobs)
+            return writer.chat(entries)
+
+        def chunk(delta, finish=None, logprobs=None):
+            data = {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                                                                             "finish_reason": finish}]}
             if include_usage:
                 data["usage"] = None
@@ -159,15 +182,17 @@ def router(service: Service) -> APIRouter:
             try:
                 yield chunk({"role": "assistant", "content": ""})
                 if first:
-                    yield chunk({"content": first})
+                    yield chunk({"content": first}, logprobs=new_logprobs())
                 async for piece in gen:
-                    yield chunk({"content": piece})
+                    yield chunk({"content": piece}, logprobs=new_logprobs())
                 if job.parsed.tool_calls:
                     yield chunk({"tool_calls": [{"index": k, "id": c.id, "type": "function",
                                                  "function": {"name": c.name, "arguments": c.arguments_json}}
                                                 for k, c in enumerate(job.parsed.tool_calls)]})
+                # tokens whose text no chunk showed (held back, cut at a stop string, tool calls)
+                rest = new_logprobs() if writer is not None and sent < len(job.token_logprobs) else None
                 last = {**head, "object": "chat.completion.chunk",
-                        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": FINISH[job.finish_reason]}]}
+                        "choices": [{"index": 0, "delta": {}, "logprobs": rest, "finish_reason": FINISH[job.finish_reason]}]}
                 if body.return_token_ids:
                     last["choices"][0]["token_ids"] = job.token_ids
                 if include_usage:
@@ -186,11 +211,12 @@ def router(service: Service) -> APIRouter:
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         service.check_model(body.model)
-        for param, bad in (("n", body.n not in (None, 1)), ("echo", body.echo), ("logprobs", body.logprobs is not None),
+        for param, bad in (("n", body.n not in (None, 1)), ("best_of", body.best_of not in (None, 1)), ("echo", body.echo),
                            ("suffix", body.suffix is not None)):
             if bad:
                 raise unsupported(param, f"{param}={getattr(body, param)!r}")
         service.require_ready()
+        penalties = _penalties(body, service)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
             ids = list(prompt)
@@ -199,15 +225,17 @@ def router(service: Service) -> APIRouter:
                 if len(prompt) != 1:
                     raise unsupported("prompt", "a batch of prompts")
                 prompt = prompt[0]
-            ids = await asyncio.to_thread(service.text_ids, prompt)
+            ids = await service.tokenize(service.text_ids, prompt)
         service.check_prompt(ids, "prompt")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop, "stop"),
-                  **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
+                  logprobs=body.logprobs, **penalties, **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
+        writer = LogprobWriter(service.token_bytes) if body.logprobs is not None else None
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": created, "model": service.model_name}
         if not body.stream:
             text = await service.run(job, request.is_disconnected)
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH[job.finish_reason]}
+            logprobs = writer.completion(job.token_logprobs) if writer is not None else None
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": FINISH[job.finish_reason]}
             if body.return_token_ids:
                 choice["token_ids"] = job.token_ids
             return {**head, "choices": [choice], "usage": _usage(job)}
@@ -215,14 +243,26 @@ def router(service: Service) -> APIRouter:
         gen = service.stream(job, request.is_disconnected)
         first = await started(gen)
 
+        sent = 0  # tokens whose logprobs a chunk carried
+
+        def new_logprobs(last=False):
+            nonlocal sent
+            if writer is None or (last and sent == len(job.token_logprobs)):
+                return None
+            entries, sent = job.token_logprobs[sent:], len(job.token_logprobs)
+            return writer.completion(entries)
+
+        def text_chunk(piece):
+            return _sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": new_logprobs(), "finish_reason": None}]})
+
         async def events():
             try:
-                pieces = [first] if first else []
-                for piece in pieces:
-                    yield _sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]})
+                if first:
+                    yield text_chunk(first)
                 async for piece in gen:
-                    yield _sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]})
-                yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": FINISH[job.finish_reason]}]})
+                    yield text_chunk(piece)
+                yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": new_logprobs(last=True),
+                                                 "finish_reason": FINISH[job.finish_reason]}]})
                 if include_usage:
                     yield _sse({**head, "choices": [], "usage": _usage(job)})
             except ApiError as err:

@@ -70,6 +70,12 @@ class ChatCompletionRequest(_Loose):
     tools: list[ToolDef] | None = None
     tool_choice: str | dict[str, Any] | None = None
     n: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, Any] | None = None  # token id (a string) -> bias from -100 to 100, checked by the route
+    response_format: dict[str, Any] | None = None
     return_token_ids: bool = False  # vLLM's extension: the generated token ids in the reply
 
 
@@ -85,8 +91,12 @@ class CompletionRequest(_Loose):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1)
+    best_of: int | None = Field(default=None, ge=1)
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, Any] | None = None
     suffix: str | None = None
     return_token_ids: bool = False
 
@@ -115,6 +125,11 @@ class MessagesRequest(_Loose):
     top_k: int | None = Field(default=None, ge=0)
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    # features run on Anthropic's side: refused by the route, not ignored
+    mcp_servers: list[dict[str, Any]] | None = None
+    container: str | dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
 
 
 class CountTokensRequest(_Loose):

@@ -1,16 +1,23 @@
 """The model behind the server: loaded in the background (the APIs answer 503 until it
 is ready), then every request is a job submitted to the core's scheduler, whose token
 events are carried over to asyncio. A job whose client goes away is cancelled, which
-frees its slot."""
+frees its slot. Prompts are rendered and tokenized on their own threads, at most one per
+slot at once, after a check of their length that refuses one far over the context without
+tokenizing it. A weight file that fails to read fails the requests that needed it with a
+503 naming it, and makes /health say "degraded" until the file reads again."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+from colibri_serve.logs import log, note_tokens
 from colibri_serve.reply import ReplyStream
 from colibri_serve.toolcalls import ParsedReply, ToolCallFormat, detect_format
 
@@ -21,13 +28,16 @@ SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}  # the APIs' 
 def sampling_defaults(model_dir) -> dict:
     """What a request that does not say gets: the model's generation_config.json
     (temperature, top_p, top_k) where it has them, else the APIs' defaults."""
-    import json
     from pathlib import Path
+
+    from colibri_core.errors import ColibriError
+    from colibri_core.io import smallfile
 
     out = dict(SAMPLING_DEFAULTS)
     try:
-        config = json.loads((Path(model_dir) / "generation_config.json").read_text())
-    except (OSError, ValueError):
+        config = smallfile.read_json(Path(model_dir) / "generation_config.json", smallfile.CONFIG_BYTES,
+                                     "generation config")
+    except ColibriError:  # absent or unreadable: the APIs' defaults (loading the model reported a damaged one)
         return out
     if not isinstance(config, dict):
         return out
@@ -55,12 +65,12 @@ def new_scheduler(model, slots: int, max_queue: int):
 class ApiError(Exception):
     """A request the server refuses: rendered in the calling API's own error shape.
     kind: bad_request | context_length_exceeded | unauthorized | not_found (a model) |
-    no_route | method_not_allowed | too_large | queue_full | loading | shutting_down |
-    engine_error."""
+    no_route | method_not_allowed | too_large | misdirected (a Host header naming another
+    server) | queue_full | loading | shutting_down | weights_unreadable | engine_error."""
 
     STATUS = {"bad_request": 400, "context_length_exceeded": 400, "unauthorized": 401, "not_found": 404, "no_route": 404,
-              "method_not_allowed": 405, "too_large": 413, "queue_full": 429, "loading": 503, "shutting_down": 503,
-              "engine_error": 500}
+              "method_not_allowed": 405, "too_large": 413, "misdirected": 421, "queue_full": 429, "loading": 503,
+              "shutting_down": 503, "weights_unreadable": 503, "engine_error": 500}
 
     def __init__(self, kind: str, message: str, *, param: str | None = None, retry_after: int | None = None):
         super().__init__(message)
@@ -81,6 +91,10 @@ class Job:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None  # None: none; N: each token's logprob and the N most likely tokens'
     stops: list[str] = field(default_factory=list)
     tools: list[dict] | None = None  # OpenAI-style definitions; None: tool calls are not parsed
     # results
@@ -88,6 +102,7 @@ class Job:
     stop_sequence: str | None = None
     parsed: ParsedReply | None = None
     token_ids: list[int] = field(default_factory=list)
+    token_logprobs: list = field(default_factory=list)  # TokenLogprobs as they come, with logprobs
     usage: dict[str, int] = field(default_factory=dict)
 
 
@@ -116,8 +131,17 @@ class Service:
         self.defaults = dict(SAMPLING_DEFAULTS)
         self.created = int(time.time())
         self.closing = False  # the server is shutting down: no new generations, open ones end
+        self.address: str | None = None  # where the server listens, for the log
+        self.max_prompt_chars: int | None = None  # a longer prompt cannot fit the context (None: no such bound)
         self._live: set = set()  # handles of the generations running now
         self._ready = threading.Event()
+        # rendering and tokenizing prompts: a thread per slot, so that long prompts neither
+        # stall the event loop nor take every thread; requests waiting for one count against max_queue
+        self._tokenizer = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="colibri-tokenize")
+        self._tokenizing = 0  # requests whose prompt is being tokenized or waits for a thread
+        self._lock = threading.Lock()
+        self._faults: dict[str, str] = {}  # weight file -> why its last read failed
+        self._file_sizes: dict[str, int] = {}  # weight file -> its size when loaded
 
     # -- life ------------------------------------------------------------------------
     def start_loading(self, on_failure: Callable[[BaseException], None] | None = None) -> threading.Thread:
@@ -148,7 +172,25 @@ class Service:
         self.model, self.scheduler = model, scheduler
         self.tool_format = detect_format(source, model.family.spec.name)
         self.defaults = sampling_defaults(model.model_dir)
+        self._file_sizes = {sf.path: sf.file_size for sf in model.checkpoint.files.values()}
+        per_token = model.tokenizer.max_chars_per_token() if model.tokenizer is not None else None
+        self.max_prompt_chars = per_token * (model.lm.max_context - 1) if per_token else None
         self.status = "ready"
+        log.info("model loaded: %s", self.describe())
+
+    def describe(self) -> str:
+        """The loaded model, its backend and budgets, and where it is served: the log's "model loaded" line."""
+        from colibri_core.units import format_bytes
+
+        model, placement = self.model, self.model.placement
+        budgets = f"RAM for weights {format_bytes(placement.budget)} ({placement.budget_source})"
+        if placement.device is not None:
+            budgets += f", device tier {format_bytes(placement.device.budget)} ({placement.device.budget_source})"
+        budgets += (f", KV cache {format_bytes(self.scheduler.kv.budget)}; {self.slots} slots, "
+                    f"{self.max_queue} may wait")
+        where = f"; serving http://{self.address}" if self.address else ""
+        return (f"{self.model_name!r} ({model.model_type}, {model.model_dir}) on the {model.backend.name} backend "
+                f"in {model.load_seconds:.1f} s; {budgets}{where}")
 
     def sampling(self, temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None = None) -> dict:
         """A request's sampling settings, the defaults filling what it leaves out."""
@@ -169,6 +211,7 @@ class Service:
             handle.cancel()
 
     def close(self) -> None:
+        self._tokenizer.shutdown(wait=False, cancel_futures=True)
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.model is not None:
@@ -189,6 +232,15 @@ class Service:
     def max_context(self) -> int:
         return self.model.lm.max_context
 
+    @property
+    def vocab_size(self) -> int:
+        return self.model.lm.vocab_size
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes of one token (None for a model without a tokenizer)."""
+        tok = self.model.tokenizer
+        return tok.token_bytes(token_id) if tok is not None else None
+
     # -- prompts ---------------------------------------------------------------------
     def chat_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """The prompt of a conversation, rendered by the model's chat template the way
@@ -200,6 +252,7 @@ class Service:
             raise ApiError("bad_request", "this model has no chat template: use /v1/completions")
         try:
             text = tok.chat_template.render(messages, True, **({"tools": tools} if tools else {}))
+            self.check_length(text, "messages")
             return tok.encode(text, add_special_tokens=False)
         except UsageError as exc:
             raise ApiError("bad_request", str(exc), param="messages") from None
@@ -209,10 +262,42 @@ class Service:
 
         if self.model.tokenizer is None:
             raise ApiError("bad_request", "this model has no tokenizer: give the prompt as token ids")
+        self.check_length(text, "prompt")
         try:
             return self.model.tokenizer.encode(text)
         except UsageError as exc:  # text the tokenizer refuses (not valid Unicode)
             raise ApiError("bad_request", str(exc), param="prompt") from None
+
+    def check_length(self, text: str, param: str) -> None:
+        """Refuse, before tokenizing it, a text with more characters than the context's
+        tokens can cover (a bound of the tokenizer's: it never refuses a text that fits)."""
+        limit = self.max_prompt_chars
+        if limit is not None and isinstance(text, str) and len(text) > limit:
+            raise ApiError("context_length_exceeded", f"the prompt has {len(text)} characters, more than the model's "
+                           f"context of {self.max_context} tokens can hold ({limit} characters at most with this "
+                           "tokenizer)", param=param)
+
+    async def tokenize(self, work: Callable[..., list[int]], *args) -> list[int]:
+        """``work(*args)`` (rendering and tokenizing a prompt) on the tokenizing threads,
+        one per slot; a request that finds them all busy waits, and counts against
+        max_queue as a request waiting for a slot does (429 beyond it)."""
+        with self._lock:
+            if self._tokenizing >= self.slots + self.max_queue:
+                raise ApiError("queue_full", f"every slot is busy and the queue is full (--max-queue {self.max_queue}); "
+                               "retry shortly", retry_after=1)
+            self._tokenizing += 1
+        try:
+            future = self._tokenizer.submit(work, *args)
+        except BaseException:
+            self._tokenized(None)
+            raise
+        # counted until the work ends, also when the client has gone (a running tokenizer cannot be stopped)
+        future.add_done_callback(self._tokenized)
+        return await asyncio.wrap_future(future)
+
+    def _tokenized(self, _future) -> None:
+        with self._lock:
+            self._tokenizing -= 1
 
     def check_prompt(self, ids: list[int], param: str) -> None:
         if not ids:
@@ -246,7 +331,9 @@ class Service:
         self.check_prompt(job.prompt_ids, "prompt")
         model = self.model
         try:
-            sampling = SamplingParams(temperature=job.temperature, top_p=job.top_p, top_k=job.top_k, seed=job.seed)
+            sampling = SamplingParams(temperature=job.temperature, top_p=job.top_p, top_k=job.top_k, seed=job.seed,
+                                      frequency_penalty=job.frequency_penalty, presence_penalty=job.presence_penalty,
+                                      logit_bias=job.logit_bias, logprobs=job.logprobs)
         except UsageError as exc:
             raise ApiError("bad_request", str(exc)) from None
         reply = ReplyStream(job.stops, self.tool_format if job.tools else None, job.tools)
@@ -277,6 +364,8 @@ class Service:
                 ev = await events.get()
                 if ev is None:
                     break
+                if ev.logprob is not None:  # before the text: a chunk carries its tokens' logprobs
+                    job.token_logprobs.append(ev.logprob)
                 if first and ev.token_id >= 0:
                     first = False
                     if self.metrics is not None:
@@ -301,7 +390,7 @@ class Service:
             job.usage = dict(handle.usage)
             engine_reason = handle.finish_reason
             if engine_reason == "error":
-                raise ApiError("engine_error", f"generation failed: {handle.error}")
+                raise self._failure(handle.error)
             if engine_reason == "cancelled" and self.closing and reply.stopped is None:
                 raise ApiError("shutting_down", "the server is shutting down: the reply was cut short")
             if reply.stopped is not None:
@@ -313,16 +402,64 @@ class Service:
             else:
                 job.finish_reason = engine_reason  # stop | cancelled
         finally:
+            note_tokens(len(job.prompt_ids), len(handle.token_ids))
             self._live.discard(handle)
             watcher.cancel()
             if not handle.done:
                 handle.cancel()
+
+    def _failure(self, error: BaseException | None) -> ApiError:
+        """What a client is told of a generation the engine failed."""
+        from colibri_core.io.drives import ReadFailed
+
+        if isinstance(error, ReadFailed):  # the disk, not the request: the next request reads the file again
+            log.warning("reading the model's weights failed: %s", error)
+            if error.path is not None:
+                with self._lock:
+                    self._faults[error.path] = str(error)
+            if self.metrics is not None:
+                self.metrics.read_errors.inc()
+            return ApiError("weights_unreadable", f"reading the model's weights failed: {error}; retry once the file "
+                            "is whole again", retry_after=5)
+        return ApiError("engine_error", f"generation failed: {error}")
+
+    @property
+    def faulted(self) -> bool:
+        """Whether a weight file failed to read and has not been seen whole since."""
+        return bool(self._faults)
+
+    def read_faults(self) -> list[str]:
+        """Why weight files failed to read, for those that still do not read: each is
+        looked at again (a file whole again, at its size when loaded, clears its fault)."""
+        with self._lock:
+            faults = dict(self._faults)
+        healed = [path for path in faults if _reads_again(path, self._file_sizes.get(path))]
+        with self._lock:
+            for path in healed:
+                if self._faults.get(path) == faults[path]:
+                    del self._faults[path]
+        return [message for path, message in faults.items() if path not in healed]
 
     async def run(self, job: Job, disconnected: Callable[[], Awaitable[bool]]) -> str:
         """Run ``job`` to its end; returns the content (tool calls are in job.parsed)."""
         async for _ in self.stream(job, disconnected):
             pass
         return job.parsed.content
+
+
+def _reads_again(path: str, size: int | None) -> bool:
+    """Whether ``path`` is a regular file of ``size`` bytes whose last byte reads."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or size is None or st.st_size != size:
+            return False
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            return len(os.pread(fd, 1, size - 1)) == 1
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
 
 
 async def _cancel_on_disconnect(handle, disconnected, period: float = 0.2) -> None:

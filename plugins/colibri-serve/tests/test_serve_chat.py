@@ -2,8 +2,10 @@
 template, multi-turn with prefix reuse, /stats, /save, /reset."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 from colibri_core.testing.cli import colibri_env
 from serve_scripted_model import PLAIN_REPLY
@@ -47,3 +49,104 @@ def test_chat_commands_and_bad_input(random_model, tmp_path):
     long = " ".join(["bird"] * 200)
     stdout = chat(random_model, f"{long}\n/exit\n", "--max-tokens", 4)
     assert "error:" in stdout and "/reset" in stdout
+
+
+class Terminal:
+    """``colibri chat`` on a pseudo-terminal, typed at as a person types."""
+
+    def __init__(self, args, env):
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+        self.proc = subprocess.Popen([sys.executable, "-m", "colibri_core", "chat", *map(str, args)], stdin=slave,
+                                     stdout=slave, stderr=slave, env=colibri_env(**env), close_fds=True)
+        os.close(slave)
+        self.seen = b""
+
+    def expect(self, text: str, timeout=120.0) -> None:
+        """Read the screen's bytes until ``text`` appears after what was matched before."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {text!r} on the terminal; it shows: {self.seen[-2000:]!r}"
+            if select.select([self.master], [], [], min(left, 0.5))[0]:
+                try:
+                    self.seen += os.read(self.master, 65536)
+                except OSError:  # the child closed the terminal
+                    assert text.encode() in self.seen, f"no {text!r}; the terminal showed: {self.seen[-2000:]!r}"
+        self.seen = self.seen[self.seen.index(text.encode()) + len(text):]
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def close(self, timeout=60.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.proc.kill()  # a no-op once it exited
+            os.close(self.master)
+
+
+def test_chat_on_a_terminal_edits_lines_recalls_history_and_takes_multi_line_messages(random_model, tmp_path):
+    saved, multi_line = tmp_path / "chat.json", tmp_path / "multi-line.json"
+    env = {"TERM": "xterm", "XDG_STATE_HOME": str(tmp_path / "state"), "PROMPT_TOOLKIT_NO_CPR": "1"}
+    term = Terminal(["--model", random_model, "--max-tokens", "3"], env)
+    try:
+        term.expect("Alt+Enter")  # the editing keys are said at the start
+        term.expect("you>")
+        term.type("Once upon a tim\x1b[De\x1b[C\r")  # Left, a letter, Right: edited where the cursor is
+        term.expect("model> ")
+        term.expect("you>")
+        term.type("\x1b[A\r")  # Up recalls the last message
+        term.expect("model> ")
+        term.expect("you>")
+        term.type(f"/save {saved}\r")
+        term.expect("saved")
+        term.expect("you>")
+        term.type("/reset\r")  # a third turn would overflow the tiny model's context
+        term.expect("(new conversation)")
+        term.expect("you>")
+        term.type("first line\x1b\rsecond line\r")  # Esc, Enter: a new line within the message
+        term.expect("model> ")
+        term.expect("you>")
+        term.type(f"/save {multi_line}\r")
+        term.expect("saved")
+        term.expect("you>")
+        term.type("/exit\r")
+    except BaseException:
+        term.proc.kill()
+        raise
+    finally:
+        code = term.close()
+    assert code == 0
+    user = [m["content"] for m in json.loads(saved.read_text())["messages"] if m["role"] == "user"]
+    assert user == ["Once upon a tiem", "Once upon a tiem"]
+    assert json.loads(multi_line.read_text())["messages"][0] == {"role": "user", "content": "first line\nsecond line"}
+    history = (tmp_path / "state" / "colibri" / "chat-history").read_text()
+    assert "+Once upon a tiem\n" in history and "+first line\n+second line\n" in history
+
+    # the next chat recalls the last one's lines from the history file: /exit, /save, the two-line message
+    term = Terminal(["--model", random_model, "--max-tokens", "2"], env)
+    try:
+        term.expect("you>")
+        term.type("\x1b[A\x1b[A\x1b[A\r")
+        term.expect("model> ")
+        term.expect("you>")
+        term.type(f"/save {saved}\r")
+        term.expect("saved")
+        term.expect("you>")  # typed at the prompt: between prompts the terminal is not in raw mode
+        term.type("\x04")  # Ctrl-D ends the chat as end of input does
+    except BaseException:
+        term.proc.kill()
+        raise
+    finally:
+        code = term.close()
+    assert code == 0
+    assert [m["content"] for m in json.loads(saved.read_text())["messages"] if m["role"] == "user"] == [
+        "first line\nsecond line"]

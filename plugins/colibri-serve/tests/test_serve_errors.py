@@ -206,16 +206,6 @@ def test_503_while_loading_then_ready(scripted_model):
         service.close()
 
 
-def test_binding_elsewhere_without_a_key_warns(start_server, scripted_model):
-    server = start_server(scripted_model, "--host", "0.0.0.0", ready=False)
-    try:
-        server.url = f"http://127.0.0.1:{server.port}"
-        server.wait_ready()
-    finally:
-        err = server.stop()
-    assert "without an API key" in err
-
-
 def _post(server, path, content: bytes, content_type: str | None = "application/json"):
     headers = {"authorization": "Bearer sekret"}
     if content_type:
