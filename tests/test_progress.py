@@ -73,6 +73,9 @@ def test_convert_report_shows_its_progress(model_dir, tmp_path):
     assert "report" in json.loads(out.stdout)
     screen = shown(out.stderr)
     assert re.search(r"^converting [\d.]+/[\d.]+ (KiB|MiB)", screen, re.M), screen
+    # the last line of the conversion is all of it: the total counts whole files
+    last = [line for line in screen.splitlines() if line.startswith("converting ")][-1]
+    assert "(100%" in last, screen
     assert "\ncomparing with the source 4/4 prompts (100%)\n" in screen, screen
 
 

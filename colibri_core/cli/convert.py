@@ -335,6 +335,7 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, copied: list[Path]
                 progress(done_bytes, total)
             continue
         read_from = {sf.path}  # the source shards this output shard's bytes come from
+        shard_start = done_bytes
 
         def read(infos: list[TensorInfo]) -> dict[str, np.ndarray]:
             read_from.update(t.path for t in infos)
@@ -360,6 +361,10 @@ def _run(bp, out: Path, plan: dict[str, str], manifest: dict, copied: list[Path]
                 if progress:
                     progress(done_bytes, total)
             size = writer.commit()
+        # the total counts whole files (headers, dropped tensors): a finished shard is all of its file
+        done_bytes = shard_start + files[shard]
+        if progress:
+            progress(done_bytes, total)
         sources = sorted(shard_of_path[path] for path in read_from)
         for name in sources:
             if checkpoint.files[name].changed_since_open():
