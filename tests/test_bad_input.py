@@ -472,5 +472,5 @@ def test_other_commands_check_their_options_first(tmp_path, command, args, fragm
 
 
 def test_demo_checks_its_options_before_building(tmp_path):
-    one_error_line(run_colibri("demo", "--dir", tmp_path / "demo", "--max-tokens", "-5"), "--max-tokens")
+    one_error_line(run_colibri("demo", "--size", "full", "--dir", tmp_path / "demo", "--max-tokens", "-5"), "--max-tokens")
     assert not (tmp_path / "demo").exists()

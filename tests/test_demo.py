@@ -57,7 +57,7 @@ def test_the_demo_checks_its_family_before_writing_anything(tmp_path, monkeypatc
         ensure_demo_model(tmp_path / "demo", TINY)
     assert list(tmp_path.iterdir()) == []
     # the command too: one line, exit 2, and not a byte of the 1.3 GB default model
-    out = run_colibri("demo", "--dir", tmp_path / "demo", "--max-tokens", "1",
+    out = run_colibri("demo", "--size", "full", "--dir", tmp_path / "demo", "--max-tokens", "1",
                       env={"COLIBRI_DISABLE_PLUGINS": "colibri-olmoe"}, timeout=60)
     assert out.returncode == 2 and out.stderr.startswith("error: no installed family runs model_type 'olmoe'"), out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
@@ -74,7 +74,7 @@ def test_demo_model_runs_and_its_text_is_decodable(tmp_path):
 
 def test_colibri_demo_command_end_to_end(tmp_path):
     """The real default demo (1.3 GB on disk): experts must stream under its budget."""
-    out = run_colibri("demo", "--dir", tmp_path / "demo", "--max-tokens", "6", "--json", timeout=600)
+    out = run_colibri("demo", "--size", "full", "--dir", tmp_path / "demo", "--max-tokens", "6", "--json", timeout=600)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     stats = data["stats"]
@@ -83,3 +83,35 @@ def test_colibri_demo_command_end_to_end(tmp_path):
     assert len(data["token_ids"]) >= 1
     size = sum(f.stat().st_size for f in (tmp_path / "demo").glob("*.safetensors"))
     assert size >= 1_000_000_000
+
+
+def test_the_default_demo_streams_the_trained_model():
+    """``colibri demo`` runs colibri-trained's OLMoE-geometry model with a quarter of the
+    experts cached: its text is real text and experts are read from disk."""
+    trained = pytest.importorskip("colibri_trained", reason="colibri-trained is not installed")
+    out = run_colibri("demo", "--json", "--max-tokens", "24", timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["size"] == "trained" and data["model_dir"] == str(trained.path("olmoe"))
+    assert data["stats"]["cache_slots"] == DEFAULT_SPEC.cached_experts_per_layer
+    assert data["stats"]["bytes_read"] > 0 and data["stats"]["hit_rate"] < 1
+    assert len(data["token_ids"]) >= 1 and data["text"].strip()
+    # its routing history goes to the cache dir, never into the installed model
+    assert not (trained.path("olmoe") / "colibri-usage.json").exists()
+
+
+def test_the_trained_demo_says_how_to_get_its_model(monkeypatch):
+    import sys
+
+    from colibri_core.cli.demo import trained_demo_path
+    from colibri_core.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "colibri_trained", None)  # as if not installed
+    with pytest.raises(UsageError, match="pip install colibri-trained.*--size full"):
+        trained_demo_path()
+
+
+def test_the_full_size_demo_options_need_size_full(tmp_path):
+    out = run_colibri("demo", "--dir", tmp_path / "demo", "--max-tokens", "1", timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("error: --dir builds the full-size demo: add --size full")
+    assert not (tmp_path / "demo").exists()

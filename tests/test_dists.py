@@ -2,7 +2,7 @@
 
 tools/build_dists.sh builds an sdist and a wheel of each (discovered) distribution into
 dist/ and runs ``twine check --strict``; a fresh venv then installs colibri-core,
-colibri-glm and colibri-olmoe from that folder with ``pip install --no-index
+colibri-glm, colibri-olmoe and colibri-trained from that folder with ``pip install --no-index
 --find-links dist --find-links CACHE`` (CACHE: their third-party dependencies, fetched
 from PyPI once with ``pip download`` and reused), and colibri-cuda with the CuPy it
 depends on, lists the families and backends and runs a tiny demo model.
@@ -33,7 +33,7 @@ TINY = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_
 
 def distributions() -> dict[str, dict]:
     """name -> [project] table of every pyproject.toml the build script builds."""
-    paths = [REPO / "pyproject.toml"] + sorted(p for kind in ("families", "backends", "plugins")
+    paths = [REPO / "pyproject.toml"] + sorted(p for kind in ("families", "backends", "plugins", "models")
                                                for p in (REPO / kind).glob("*/pyproject.toml"))
     return {data["project"]["name"]: {**data["project"], "dir": path.parent}
             for path in paths for data in [tomllib.loads(path.read_text())]}
@@ -93,7 +93,7 @@ def test_the_built_distributions_install_as_a_user_installs_them(tmp_path, wheel
     for name in distributions():
         assert name.replace("-", "_") in names, f"{name} was not built"
     assert any(p.name.startswith("colibri_core-") and p.suffix == ".whl" for p in dist.iterdir())
-    wanted = ["colibri-core", "colibri-glm", "colibri-olmoe", "colibri-cuda"]
+    wanted = ["colibri-core", "colibri-glm", "colibri-olmoe", "colibri-cuda", "colibri-trained"]
     download = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(wheel_cache),
                                "--find-links", str(dist), *wanted], capture_output=True, text=True, timeout=1800, env=ENV)
     assert download.returncode == 0, download.stderr[-3000:]
@@ -120,3 +120,13 @@ def test_the_built_distributions_install_as_a_user_installs_them(tmp_path, wheel
                           "--ignore-eos", "--json"], capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(json.loads(run.stdout)["token_ids"]) == 4
+    # the README's demo line: the trained model and its held-out text come with the wheel
+    demo = subprocess.run([colibri, "demo", "--json", "--max-tokens", "4"], capture_output=True, text=True, env=ENV,
+                          timeout=300, cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert json.loads(demo.stdout)["stats"]["bytes_read"] > 0
+    trained = json.loads(demo.stdout)["model_dir"]
+    scored = subprocess.run([colibri, "eval", "--model", trained, "--perplexity", "--domain", "python", "--max-tokens",
+                             "600", "--json"], capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert 1 < json.loads(scored.stdout)["results"]["python"]["perplexity"] < 1000

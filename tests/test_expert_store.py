@@ -425,6 +425,20 @@ def test_a_read_only_model_dir_keeps_its_history_in_the_cache_dir(model_dir, tmp
         _make_mutable(model_dir)
 
 
+def test_a_model_dir_marked_read_only_keeps_its_history_in_the_cache_dir(model_dir, tmp_path):
+    """colibri-trained's models are package data: a ``colibri-read-only`` file keeps every
+    write (history, lock) out of them, writable or not."""
+    from colibri_core.experts.history import READ_ONLY_MARKER
+
+    (model_dir / READ_ONLY_MARKER).write_text("")
+    before = sorted(p.name for p in model_dir.iterdir())
+    with colibri_core.load(model_dir, history=True) as model:
+        model.generate(token_ids=PROMPT, max_tokens=4, ignore_eos=True)
+    assert sorted(p.name for p in model_dir.iterdir()) == before
+    saved = cache_path(model_dir)
+    assert saved.is_relative_to(tmp_path / "cache") and json.loads(saved.read_text())["tokens"] > 0
+
+
 # -- routing history: concurrent runs, killed saves, read-only model directories ----------
 _SAVER = """
 import sys, time, pathlib

@@ -353,7 +353,7 @@ def test_plan_shows_the_placement_per_tier(model_dir, capsys):
 def test_a_bad_backend_or_vram_is_one_line_before_anything_loads(tmp_path, command, args, message):
     missing = tmp_path / "never-read"
     extra = {"run": ["--model", missing, "--token-ids", "1"], "plan": ["--model", missing], "bench": ["--model", missing],
-             "demo": ["--dir", missing]}[command]
+             "demo": ["--size", "full", "--dir", missing]}[command]
     out = run_colibri(command, *extra, *args)
     assert out.returncode == 2 and out.stderr.startswith(message) and len(out.stderr.splitlines()) == 1, out.stderr
     assert not missing.exists()  # nothing was built or read

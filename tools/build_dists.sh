@@ -5,7 +5,7 @@
 #                                         default: python3; `pip install -e '.[test]'` brings both)
 #
 # Distributions are discovered, not listed: the root pyproject.toml (colibri-core) and
-# every families/*, backends/*, plugins/* directory holding a pyproject.toml. colibri-core's
+# every families/*, backends/*, plugins/*, models/* directory holding a pyproject.toml. colibri-core's
 # wheel is a platform wheel when a C compiler builds its kernels (setup.py makes them
 # optional); its sdist installs without a compiler too, with numpy dequantisation.
 # Nothing is uploaded: see docs/releasing.md.
@@ -16,7 +16,7 @@ OUT="$PWD/dist"
 rm -rf "$OUT"
 mkdir -p "$OUT"
 dists=(.)
-for d in families/*/ backends/*/ plugins/*/; do
+for d in families/*/ backends/*/ plugins/*/ models/*/; do
     [ -f "$d/pyproject.toml" ] && dists+=("${d%/}")
 done
 for d in "${dists[@]}"; do

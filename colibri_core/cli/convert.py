@@ -436,7 +436,9 @@ def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length
                    progress: Callable[[int, int], None] | None = None, **load_options) -> dict:
     """Next-token distributions of the converted model against the source on fixed
     prompts (random token ids from ``seed``): cosine similarity of the logits, KL(source
-    || converted) of the softmax, and greedy agreement, over every position.
+    || converted) of the softmax, and greedy agreement, over every position; and, when the
+    source carries held-out text (``heldout/NAME.txt``, as colibri-trained's models do),
+    perplexity, KL and top-1 agreement on each domain of it (``heldout``).
     ``progress(done, total)`` counts the prompts compared (0 once both models loaded)."""
     import colibri_core
 
@@ -456,8 +458,31 @@ def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length
             agree.extend(x.argmax(axis=1) == y.argmax(axis=1))
             if progress:
                 progress(done, prompts)
+        heldout = heldout_report(a, b, Path(src)) if (Path(src) / HELDOUT_DIR).is_dir() else {}
     return {"positions": len(cos), "cosine_mean": float(np.mean(cos)), "cosine_min": float(np.min(cos)),
-            "kl_mean": float(np.mean(kl)), "kl_max": float(np.max(kl)), "greedy_agreement": float(np.mean(agree))}
+            "kl_mean": float(np.mean(kl)), "kl_max": float(np.max(kl)), "greedy_agreement": float(np.mean(agree)),
+            "heldout": heldout}
+
+
+HELDOUT_DIR = "heldout"  # held-out text a model directory may carry, one file per domain
+HELDOUT_TOKENS = 8192  # scored per domain: enough for a perplexity to two decimals
+HELDOUT_WINDOW = 256
+
+
+def heldout_report(source, converted, src_dir: Path) -> dict:
+    """Per held-out domain the source carries (``heldout/NAME.txt``): the converted
+    model's teacher-forced perplexity beside the source's, KL(source || converted) per
+    token and top-1 agreement (colibri_core/engine/perplexity.py)."""
+    from colibri_core.engine import perplexity as ppl
+    from colibri_core.io import smallfile
+
+    out = {}
+    for path in sorted((src_dir / HELDOUT_DIR).glob("*.txt")):
+        text = smallfile.read_text(path, 64 << 20, "held-out text")
+        wins = ppl.windows(source.encode(text), min(HELDOUT_WINDOW, source.lm.max_context), HELDOUT_TOKENS)
+        if wins:
+            out[path.stem] = ppl.compare(converted, source, wins).as_dict()
+    return out
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

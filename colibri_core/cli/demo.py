@@ -1,4 +1,6 @@
-"""The built-in demo model: a synthetic OLMoE-shaped checkpoint with random weights.
+"""The demo models: by default the trained OLMoE-geometry model of colibri-trained
+(``trained_demo_path``); with ``--size full`` a synthetic OLMoE-shaped checkpoint with
+random weights, described below.
 
 It is built once under the user cache dir (bf16 safetensors shards with an index, a
 small BPE tokenizer trained on a paragraph of text, a chat template) and then run with a
@@ -86,14 +88,7 @@ class DemoSpec:
     def default_budget(self, model_dir, backend=None) -> int:
         """Dense weights plus a quarter of the experts, as the backend will hold them
         (``backend``: an object or a name; default the CPU)."""
-        from colibri_core.model.blueprint import inspect_model
-
-        bp = inspect_model(model_dir, backend)
-        try:
-            # plus the experts of one layer being read at once
-            return bp.dense_bytes + (self.cached_experts_per_layer * len(bp.moe) + bp.top_k) * bp.expert_ram_bytes
-        finally:
-            bp.close()
+        return quarter_budget(model_dir, backend, self.cached_experts_per_layer)
 
     def digest(self) -> str:
         blob = json.dumps({"format": FORMAT_VERSION, **asdict(self)}, sort_keys=True).encode()
@@ -101,6 +96,39 @@ class DemoSpec:
 
 
 DEFAULT_SPEC = DemoSpec()
+
+# the trained demo model continues code best: a function it has seen the like of
+TRAINED_PROMPT = 'import os\n\n\ndef read_config(path):\n    """'
+
+
+def quarter_budget(model_dir, backend=None, cached_per_layer: int = 16) -> int:
+    """Dense weights plus ``cached_per_layer`` experts of each MoE layer (plus one layer's
+    top-k being read at once), as ``backend`` (an object or a name; default the CPU)
+    will hold them."""
+    from colibri_core.model.blueprint import inspect_model
+
+    bp = inspect_model(model_dir, backend)
+    try:
+        return bp.dense_bytes + (cached_per_layer * len(bp.moe) + bp.top_k) * bp.expert_ram_bytes
+    finally:
+        bp.close()
+
+
+def trained_demo_path() -> Path:
+    """The trained OLMoE-geometry model colibri-trained installs; a UsageError saying how
+    to get it when it is not installed."""
+    from colibri_core.errors import UsageError
+
+    try:
+        import colibri_trained
+    except ImportError:
+        raise UsageError("the demo's trained model comes with colibri-trained: pip install colibri-trained (from a "
+                         "clone: pip install ./models/colibri-trained), or run colibri demo --size full for the "
+                         "synthetic full-size model") from None
+    try:
+        return colibri_trained.path("olmoe")
+    except LookupError as exc:
+        raise UsageError(f"colibri-trained: {exc}") from None
 
 
 def default_demo_dir() -> Path:

@@ -339,38 +339,61 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
 
 
 @click.command("demo")
-@click.option("--prompt", default="Once upon a time, a small bird", show_default=True)
-@click.option("--max-tokens", type=int, default=48, show_default=True)
+@click.option("--size", type=click.Choice(["trained", "full"]), default="trained", show_default=True,
+              help="trained: a small OLMoE-geometry model trained on code and prose (colibri-trained), whose text makes "
+                   "sense; full: a synthetic OLMoE-shaped model of 1.3 GB with random weights, built once (its text is noise).")
+@click.option("--prompt", default=None, help="What to continue (default: a Python function for trained, a story for full).")
+@click.option("--max-tokens", type=int, default=None, help="Tokens to generate (default: 64 trained, 48 full).")
 @click.option("--ram", default=None, help="RAM budget for weights (default: dense weights + 1/4 of the experts).")
-@click.option("--dir", "demo_dir", default=None, help="Where to build the demo model (default: the user cache dir).")
-@click.option("--rebuild", is_flag=True, help="Build the demo model again even if it exists.")
+@click.option("--dir", "demo_dir", default=None, help="With --size full: where to build it (default: the user cache dir).")
+@click.option("--rebuild", is_flag=True, help="With --size full: build it again even if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @backend_options
-def demo(prompt, max_tokens, ram, demo_dir, rebuild, as_json, backend, vram):
-    """Build a synthetic OLMoE-shaped model (random weights, >1 GB) once, then generate
-    from it with a RAM budget small enough that experts stream from disk."""
-    from colibri_core.cli.demo import DEFAULT_SPEC, default_demo_dir, ensure_demo_model
+def demo(size, prompt, max_tokens, ram, demo_dir, rebuild, as_json, backend, vram):
+    """Generate from a model with a RAM budget small enough that its experts stream from
+    disk: by default a small trained model (recognisable code and prose), with --size full
+    a synthetic model of real size (random weights, >1 GB, built once)."""
+    from colibri_core.cli.demo import (DEFAULT_SPEC, TRAINED_PROMPT, check_family, default_demo_dir, ensure_demo_model,
+                                       quarter_budget, trained_demo_path)
     from colibri_core.engine.api import open_backend
     from colibri_core.engine.sampling import check_max_tokens
     from colibri_core.model.tokenizer import check_text
 
+    full = size == "full"
+    if not full and (demo_dir is not None or rebuild):
+        raise UsageError(f"{'--dir' if demo_dir is not None else '--rebuild'} builds the full-size demo: add --size full")
+    prompt = prompt if prompt is not None else (TRAINED_PROMPT if not full else "Once upon a time, a small bird")
+    max_tokens = max_tokens if max_tokens is not None else (48 if full else 64)
     check_max_tokens(max_tokens)  # bad options fail before the model is built
     check_text(prompt, "--prompt")
     backend_obj, _ = open_backend(backend, vram)
     console = _stderr_console()
-    path = ensure_demo_model(demo_dir or default_demo_dir(), DEFAULT_SPEC, rebuild=rebuild, console=console, quiet=as_json)
-    budget = ram if ram is not None else DEFAULT_SPEC.default_budget(path, backend_obj)
+    if full:
+        path = ensure_demo_model(demo_dir or default_demo_dir(), DEFAULT_SPEC, rebuild=rebuild, console=console,
+                                 quiet=as_json)
+    else:
+        check_family()
+        path = trained_demo_path()
+    budget = ram if ram is not None else quarter_budget(path, backend_obj, DEFAULT_SPEC.cached_experts_per_layer)
     model = load_with_progress(path, quiet=as_json, ram=budget, backend=backend, vram=vram)
     with model:
-        generation = model.stream(prompt, max_tokens=max_tokens, seed=0)
+        # the trained model is small: a greedy continuation soon repeats itself; a seeded
+        # draw at a moderate temperature reads better and is the same on every run
+        sampling = {"seed": 0} if full else {"seed": 0, "temperature": 0.7, "top_p": 0.95}
+        generation = model.stream(prompt, max_tokens=max_tokens, **sampling)
         if as_json:
             result = generation.run()
-            click.echo(json.dumps({"model_dir": str(path), **result.as_dict()}))
+            click.echo(json.dumps({"model_dir": str(path), "size": size, **result.as_dict()}))
             return
         from colibri_core.units import format_bytes
 
         p = model.placement
-        console.print(f"[bold]demo model[/] {path}  (random weights: the text below is noise)")
+        if full:
+            console.print(f"[bold]demo model[/] {path}  (random weights: the text below is noise)")
+        else:
+            console.print(f"[bold]demo model[/] {path}  (OLMoE's routing geometry, 16 layers x 64 experts, top-8, "
+                          f"trained for 45 minutes on two CPU cores on Python, C, manual pages and JSON/YAML: expect "
+                          f"code-like text, not a chatbot)")
         device = f"{p.device.slots} in device memory, " if p.device is not None else ""
         console.print(f"RAM budget {format_bytes(p.budget)}: dense weights {format_bytes(p.dense_bytes)} resident in "
                       f"{p.dense_in}, {device}{p.slots} of {p.experts_per_layer} experts per layer cached in RAM; "

@@ -219,6 +219,10 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
         console.print(f"quality over {r['positions']} positions: logit cosine mean {r['cosine_mean']:.5f} (min "
                       f"{r['cosine_min']:.5f}), KL mean {r['kl_mean']:.5f} (max {r['kl_max']:.5f}), greedy agreement "
                       f"{r['greedy_agreement']:.1%}")
+        for domain, h in r.get("heldout", {}).items():
+            console.print(f"held-out {domain} ({h['tokens']} tokens): perplexity {h['perplexity']:.3f} (source "
+                          f"{h['reference_perplexity']:.3f}, {h['perplexity_delta']:+.3f}), KL {h['kl']:.5f}, top-1 "
+                          f"agreement {h['top1_agreement']:.1%}")
 
 
 @click.command("bench")

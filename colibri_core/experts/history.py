@@ -1,10 +1,11 @@
 """Routing history: how often each (MoE layer, expert) was chosen.
 
 It is what the pinned hot set and ``colibri plan`` learn from. It is saved as
-``colibri-usage.json`` next to the model, or, when the model directory is read-only or
-is a Hugging Face hub cache snapshot (whose files are huggingface_hub's), in the user
-cache dir; once the cache copy exists it is the one read and written (a stale copy in a
-read-only model directory never shadows what later runs learned). Saving is
+``colibri-usage.json`` next to the model, or, when the model directory is read-only, is a
+Hugging Face hub cache snapshot (whose files are huggingface_hub's) or holds a
+``colibri-read-only`` file (an installed package's model), in the user cache dir; once
+the cache copy exists it is the one read and written (a stale copy in a read-only model
+directory never shadows what later runs learned). Saving is
 atomic (temporary file, fsync, rename) and holds an ``fcntl`` lock on a ``.lock`` file
 beside the history while it reads the saved counts, adds this session's and writes:
 concurrent runs add up instead of the last writer winning. A temporary file left by a
@@ -30,6 +31,8 @@ from colibri_core.io.hub_cache import hub_repo_id
 from colibri_core.warn import warn
 
 FILENAME = "colibri-usage.json"
+# a model directory holding this file is never written to (an installed package's data)
+READ_ONLY_MARKER = "colibri-read-only"
 FORMAT_VERSION = 1
 
 
@@ -113,8 +116,10 @@ class RoutingHistory:
         if not self.session_tokens:
             return self.path
         cache = cache_path(self.model_dir)
-        # never into a hub snapshot, the lock file neither: those files are huggingface_hub's
-        cache_only = cache.exists() or hub_repo_id(self.model_dir) is not None
+        # never into a hub snapshot, the lock file neither: those files are huggingface_hub's;
+        # nor into a directory that says it is an installed package's (colibri-trained's models)
+        cache_only = (cache.exists() or hub_repo_id(self.model_dir) is not None
+                      or smallfile.present(self.model_dir / READ_ONLY_MARKER))
         targets = [cache] if cache_only else [self.model_dir / FILENAME, cache]
         for target in targets:
             try:

@@ -426,10 +426,12 @@ class CausalLM:
             return found.args[0], found.args[1]
         return None
 
-    def forward_batch(self, seqs: list[tuple[np.ndarray, Cache]], ops, *, routing: list | None = None) -> np.ndarray:
+    def forward_batch(self, seqs: list[tuple[np.ndarray, Cache]], ops, *, routing: list | None = None,
+                      all_logits: bool = False) -> np.ndarray:
         """One batched step: ``seqs`` lists (new token ids, cache) of distinct sequences,
         each at its own position. Extends every cache; returns host float32 logits
-        (len(seqs), vocab), the row of each sequence's last new token."""
+        (len(seqs), vocab), the row of each sequence's last new token, or with
+        ``all_logits`` every new token's row, sequence after sequence."""
         ids = [np.asarray(i, dtype=np.int64) for i, _ in seqs]
         segments, rows, begin = [], [], 0
         for seq_ids, cache in seqs:
@@ -449,7 +451,7 @@ class CausalLM:
         for seq_ids, (_, cache) in zip(ids, seqs):
             cache.length += len(seq_ids)
         last = np.asarray([b - 1 for _, b in rows], dtype=np.int64)
-        if begin != len(seqs):  # some sequence brought several tokens: keep each one's last
+        if begin != len(seqs) and not all_logits:  # some sequence brought several tokens: keep each one's last
             x = ops.take_rows(x, last)
         return ops.to_host(self.lm_head(self.norm(x, step), step))
 

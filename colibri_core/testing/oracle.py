@@ -84,20 +84,28 @@ def build_oracle(case: OracleCase, model_class: str, path: Path) -> OracleFixtur
         reference = case.rewrite(path)
         if reference is not None:
             model = cls.from_pretrained(reference, dtype=torch.float32, attn_implementation="eager").eval()
-    prompt = torch.tensor([list(case.prompt)])
-    with torch.no_grad():
-        # an explicit mask: otherwise a prompt token equal to pad_token_id counts as padding
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=case.new_tokens, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-        tokens = out.sequences[0, len(case.prompt):].tolist()
-        if len(tokens) != case.new_tokens:
-            raise AssertionError(f"transformers stopped after {len(tokens)} tokens: give the config an eos id outside the vocabulary")
-        full = model(out.sequences[:, :-1]).logits[0].numpy()
-    step_logits = torch.cat(out.logits, dim=0).numpy()
+    tokens, step_logits, full = transformers_reference(model, case.prompt, case.new_tokens)
     # wrapped models (vision-language) keep the expert count in their text config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     n_experts = next((n for n in (getattr(text, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts")) if n), 0)
     return OracleFixture(path, list(case.prompt), tokens, step_logits, full, int(n_experts))
+
+
+def transformers_reference(model, prompt, new_tokens: int) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """transformers' greedy continuation of ``prompt`` (token ids), the logits each token
+    was chosen from, and one teacher-forced pass over prompt + continuation."""
+    import torch
+
+    prompt_ids = torch.tensor([list(prompt)])
+    with torch.no_grad():
+        # an explicit mask: otherwise a prompt token equal to pad_token_id counts as padding
+        out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=new_tokens,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        tokens = out.sequences[0, len(prompt):].tolist()
+        if len(tokens) != new_tokens:
+            raise AssertionError(f"transformers stopped after {len(tokens)} tokens: give the config an eos id outside the vocabulary")
+        full = model(out.sequences[:, :-1]).logits[0].numpy()
+    return tokens, torch.cat(out.logits, dim=0).numpy(), full
 
 
 def random_correction_bias(scale: float = 0.3, seed: int = 1234):
