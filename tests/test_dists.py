@@ -97,6 +97,10 @@ def test_the_built_distributions_install_as_a_user_installs_them(tmp_path, wheel
     download = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(wheel_cache),
                                "--find-links", str(dist), *wanted], capture_output=True, text=True, timeout=1800, env=ENV)
     assert download.returncode == 0, download.stderr[-3000:]
+    # pip download copies colibri's own wheels into the cache too: a later run, or another
+    # checkout, would find two different files of one name and version there and in dist/
+    for own in wheel_cache.glob("colibri_*"):
+        own.unlink()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     install = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(dist),
