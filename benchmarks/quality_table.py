@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 import colibri_core
-from colibri_core.cli.convert import HELDOUT_DIR, HELDOUT_TOKENS, HELDOUT_WINDOW, convert
+from colibri_core.cli.convert import HELDOUT_TOKENS, HELDOUT_WINDOW, convert
 from colibri_core.engine import perplexity as ppl
+from colibri_core.engine.perplexity import HELDOUT_DIR
 from colibri_core.io import smallfile
 
 # (label, routed experts, dense linears); "fp8" is a rewrite, not a convert choice

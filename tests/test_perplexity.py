@@ -161,3 +161,9 @@ def test_convert_report_scores_the_held_out_text_the_source_carries(demo, tmp_pa
     assert birds["reference_perplexity"] == pytest.approx(direct.perplexity, rel=1e-12)
     assert birds["kl"] >= 0 and 0.5 < birds["top1_agreement"] <= 1
     assert abs(birds["perplexity_delta"]) < 0.05 * birds["reference_perplexity"]
+
+
+def test_the_held_out_directory_name_is_one_name():
+    from colibri_core.cli import evaluate
+
+    assert evaluate.HELDOUT_DIR == ppl.HELDOUT_DIR

@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from colibri_core.model.blueprint import inspect_model
+from colibri_core.engine import perplexity as ppl
 from colibri_core.io.checkpoint import INDEX_NAME
 from colibri_core.io import integrity
 from colibri_core.io.checkpoint import Checkpoint
@@ -458,13 +459,12 @@ def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length
             agree.extend(x.argmax(axis=1) == y.argmax(axis=1))
             if progress:
                 progress(done, prompts)
-        heldout = heldout_report(a, b, Path(src)) if (Path(src) / HELDOUT_DIR).is_dir() else {}
+        heldout = heldout_report(a, b, Path(src)) if (Path(src) / ppl.HELDOUT_DIR).is_dir() else {}
     return {"positions": len(cos), "cosine_mean": float(np.mean(cos)), "cosine_min": float(np.min(cos)),
             "kl_mean": float(np.mean(kl)), "kl_max": float(np.max(kl)), "greedy_agreement": float(np.mean(agree)),
             "heldout": heldout}
 
 
-HELDOUT_DIR = "heldout"  # held-out text a model directory may carry, one file per domain
 HELDOUT_TOKENS = 8192  # scored per domain: enough for a perplexity to two decimals
 HELDOUT_WINDOW = 256
 
@@ -473,11 +473,10 @@ def heldout_report(source, converted, src_dir: Path) -> dict:
     """Per held-out domain the source carries (``heldout/NAME.txt``): the converted
     model's teacher-forced perplexity beside the source's, KL(source || converted) per
     token and top-1 agreement (colibri_core/engine/perplexity.py)."""
-    from colibri_core.engine import perplexity as ppl
     from colibri_core.io import smallfile
 
     out = {}
-    for path in sorted((src_dir / HELDOUT_DIR).glob("*.txt")):
+    for path in sorted((src_dir / ppl.HELDOUT_DIR).glob("*.txt")):
         text = smallfile.read_text(path, 64 << 20, "held-out text")
         wins = ppl.windows(source.encode(text), min(HELDOUT_WINDOW, source.lm.max_context), HELDOUT_TOKENS)
         if wins:

@@ -13,8 +13,9 @@ from colibri_core.cli.modelarg import model_option
 from colibri_core.cli.run import _stderr_console, load_with_progress, placement_kwargs, placement_options
 from colibri_core.errors import UsageError
 
-from colibri_core.cli.convert import HELDOUT_DIR
-
+# held-out text a model directory may carry, one file per domain (as in engine/perplexity.py,
+# which this module imports only when it runs: listing commands stay free of numpy)
+HELDOUT_DIR = "heldout"
 DATA_BYTES = 64 << 20  # a text file to score; more is a corpus, not an evaluation set
 
 

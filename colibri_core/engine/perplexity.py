@@ -21,6 +21,7 @@ from colibri_core.errors import UsageError, option
 
 DEFAULT_WINDOW = 256
 DEFAULT_BATCH = 8
+HELDOUT_DIR = "heldout"  # held-out text a model directory may carry, one file per domain
 
 
 @dataclass
