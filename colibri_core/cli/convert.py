@@ -454,7 +454,7 @@ def quality_report(src: str | Path, out: str | Path, *, prompts: int = 4, length
             ids = rng.integers(0, vocab, length).tolist()
             x, y = a.logits(ids).astype(np.float64), b.logits(ids).astype(np.float64)
             cos.extend(np.sum(x * y, axis=1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)))
-            p, q = _log_softmax(x), _log_softmax(y)
+            p, q = ppl.log_softmax(x), ppl.log_softmax(y)
             kl.extend(np.sum(np.exp(p) * (p - q), axis=1))
             agree.extend(x.argmax(axis=1) == y.argmax(axis=1))
             if progress:
@@ -482,8 +482,3 @@ def heldout_report(source, converted, src_dir: Path) -> dict:
         if wins:
             out[path.stem] = ppl.compare(converted, source, wins).as_dict()
     return out
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    m = x.max(axis=1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))

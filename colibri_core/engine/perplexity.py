@@ -100,7 +100,8 @@ def window_logits(model, wins: list[np.ndarray], batch: int = DEFAULT_BATCH,
             progress(sum(len(w) for w in group))
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64."""
     x = logits.astype(np.float64)
     x -= x.max(axis=-1, keepdims=True)
     x -= np.log(np.exp(x).sum(axis=-1, keepdims=True))
@@ -118,7 +119,7 @@ def score(model, wins: list[np.ndarray], batch: int = DEFAULT_BATCH, progress=No
     """The model's teacher-forced score on the windows."""
     result = Score()
     for w, logits in window_logits(model, wins, batch, progress):
-        _add(result, _log_softmax(logits[:-1]), w)
+        _add(result, log_softmax(logits[:-1]), w)
     return result
 
 
@@ -131,7 +132,7 @@ def compare(model, reference, wins: list[np.ndarray], batch: int = DEFAULT_BATCH
     ours = window_logits(model, wins, batch, progress)
     theirs = window_logits(reference, wins, batch)
     for (w, a), (_, b) in zip(ours, theirs):
-        logp, logq = _log_softmax(a[:-1]), _log_softmax(b[:-1])
+        logp, logq = log_softmax(a[:-1]), log_softmax(b[:-1])
         _add(result.model, logp, w)
         _add(result.reference, logq, w)
         result.kl_sum += float((np.exp(logq) * (logq - logp)).sum())

@@ -289,6 +289,14 @@ class BackendConformanceSuite:
         return backend.prepare_weight(w, use), w
 
     # -- memory ----------------------------------------------------------------------------
+    def test_start_threads_can_run_before_anything_and_twice(self, backend):
+        """``start_threads`` runs before any weight is loaded (once per process, but a
+        second load may call it again): it must neither fail nor break what follows."""
+        assert backend.start_threads() is None
+        assert backend.start_threads() is None
+        host = np.arange(12, dtype=np.float32).reshape(3, 4)
+        assert np.array_equal(backend.to_host(backend.asarray(host)), host)
+
     @pytest.mark.parametrize("dtype", ["float32", "int64", "int32"])
     def test_asarray_to_host_round_trip(self, backend, dtype):
         rng = seeded("asarray", dtype)
