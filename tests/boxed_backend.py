@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from colibri_core import hookimpl
-from colibri_core.engine.backend import Backend
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.backend import Backend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.registry import BackendSpec
 

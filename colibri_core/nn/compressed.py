@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import ITEMSIZE
+from colibri_core.compute.backend import ITEMSIZE
 from colibri_core.nn.layers import Linear, RMSNorm, Step, rope_tables
 from colibri_core.nn.mla import _Rows
 from colibri_core.nn.rope import RoPE

@@ -21,10 +21,10 @@ PUBLIC_API: dict[str, tuple[str, ...] | None] = {
     "colibri_core.model.family": ("Family",),
     "colibri_core.nn": None,
     "colibri_core.nn.assembly": ("DecoderArgs", "LayerBlock", "Names", "build_decoder"),
-    "colibri_core.nn.builders": ("SigmoidMoEArgs", "MLAArgs", "DSAArgs", "DeepseekV3Args", "softmax_moe", "sigmoid_moe",
+    "colibri_core.model.builders": ("SigmoidMoEArgs", "MLAArgs", "DSAArgs", "DeepseekV3Args", "softmax_moe", "sigmoid_moe",
                                  "sigmoid_moe_mlp", "mla_mixer", "mla_attention", "lightning_indexer"),
     # a backend
-    "colibri_core.engine.backend": ("Backend", "GatedActivation", "FLOAT_DTYPES", "ITEMSIZE"),
+    "colibri_core.compute.backend": ("Backend", "GatedActivation", "FLOAT_DTYPES", "ITEMSIZE"),
     # tests
     "colibri_core.testing": ("registered_plugin", "edit_config", "copy_model", "DELETE"),
     "colibri_core.testing.oracle": ("FamilyOracleSuite", "FusedLayoutCheck", "OracleCase", "random_correction_bias"),

@@ -1,6 +1,6 @@
 """The backend conformance kit: every method of the backend contract
-(``colibri_core.engine.backend``), checked op by op against the numpy reference
-(``colibri_core.engine.reference.ReferenceBackend``) on seeded random inputs.
+(``colibri_core.compute.backend``), checked op by op against the numpy reference
+(``colibri_core.compute.reference.ReferenceBackend``) on seeded random inputs.
 
 A backend author subclasses ``BackendConformanceSuite`` in a test module, says how to
 make the backend and, where its arithmetic differs from float32 numpy, how close it
@@ -81,9 +81,9 @@ import pytest
 
 import colibri_core
 from colibri_core.engine import generation
-from colibri_core.engine.backend import Backend, GatedActivation
+from colibri_core.compute.backend import Array, Backend, GatedActivation
 from colibri_core.engine.batching import RowInvariantOps
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.engine.sampling import SamplingParams
 from colibri_core.engine.scheduler import Request, Scheduler
 from colibri_core.experts.tiers import ExpertWeights
@@ -322,6 +322,15 @@ class BackendConformanceSuite:
                               f"zeros({dtype})")
 
     # -- the array protocol --------------------------------------------------------------------
+    def test_arrays_satisfy_the_protocol(self, backend):
+        for dtype in ("float32", *backend.float_dtypes, "int32"):
+            host = np.ones((2, 3), np.int32 if dtype == "int32" else np.float32)
+            for made in (backend.zeros((2, 3), dtype), backend.asarray(host, dtype)):
+                assert isinstance(made, Array), f"{type(made).__name__} ({dtype}) lacks the array protocol"
+        x = self.act(backend, normal(seeded("protocol"), 2, 3))
+        for derived in (x.reshape(3, 2), x.transpose(1, 0), x[:, 1:], x + x, x * 2.0, -x):
+            assert isinstance(derived, Array), f"{type(derived).__name__} lacks the array protocol"
+
     def test_shape_reshape_transpose(self, backend):
         host = normal(seeded("shape"), 4, 6, 5)
         x = self.act(backend, host)

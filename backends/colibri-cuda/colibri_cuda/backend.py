@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import Backend, check_visible, expert_groups, grouped_shapes
+from colibri_core.compute.backend import Backend, check_visible, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 from colibri_cuda import geometry, layouts

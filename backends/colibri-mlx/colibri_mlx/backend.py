@@ -26,7 +26,7 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from colibri_core.engine.backend import Backend, check_visible, expert_groups, grouped_shapes
+from colibri_core.compute.backend import Backend, check_visible, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_mlx import packed
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import Backend
+from colibri_core.compute.backend import Backend
 from colibri_core.formats.base import QuantTensor, bf16_to_f32
 from colibri_core.formats.fp8 import E4M3_TO_F32
 from colibri_core.formats.integer import E2M1_VALUES

@@ -4,7 +4,7 @@ The shared blocks in ``colibri_core.nn`` do their array work through a backend
 (``step.ops``), so a family written once runs on every backend. A backend is a subclass
 of ``Backend``: the abstract methods below are required; the others have reference
 implementations written against the contract itself, which a backend may replace with
-faster ones. ``colibri_core.engine.reference.ReferenceBackend`` (numpy) is the reference
+faster ones. ``colibri_core.compute.reference.ReferenceBackend`` (numpy) is the reference
 every backend is checked against, op by op, by the conformance kit
 (``colibri_core.testing.backend_kit``); docs/backends.md walks through writing one.
 
@@ -47,11 +47,45 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-Array = Any  # the backend's own array type
+
+@runtime_checkable
+class Array(Protocol):
+    """The array protocol above, as a type: what the core may use of a backend's array.
+    numpy, CuPy, MLX and the Vulkan backend's arrays satisfy it; the conformance kit
+    checks each backend's. Arrays carry no device of their own (MLX's have none): a
+    backend's arrays live where the backend computes."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def ndim(self) -> int: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+    def reshape(self, *shape: int) -> "Array": ...
+
+    def transpose(self, *axes: int) -> "Array": ...
+
+    def __getitem__(self, key: Any) -> "Array": ...
+
+    def __setitem__(self, key: Any, value: Any) -> None: ...
+
+    def __add__(self, other: Any) -> "Array": ...
+
+    def __sub__(self, other: Any) -> "Array": ...
+
+    def __mul__(self, other: Any) -> "Array": ...
+
+    def __truediv__(self, other: Any) -> "Array": ...
+
+    def __neg__(self) -> "Array": ...
+
 Weight = Any  # what prepare_weight returns: the backend's form of a weight
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import (Backend, delta_channel_chunked, delta_channel_step, relative_bias_attention,
+from colibri_core.compute.backend import (Backend, delta_channel_chunked, delta_channel_step, relative_bias_attention,
                                          sinkhorn, softmax_top_k, top_k_indices)
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
