@@ -21,7 +21,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parent.parent / "colibri_core" / "backends" / "cpu" / "_kernels.c"
+KERNELS = Path(__file__).resolve().parent.parent / "colibri_core" / "compute" / "cpu" / "_kernels.c"
 HINTS = {"nta": 0, "t2": 1, "t1": 2, "t0": 3}  # __builtin_prefetch's locality argument
 
 HARNESS = r"""
