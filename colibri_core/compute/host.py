@@ -262,3 +262,47 @@ def relative_bias_attention(q, k, v, start, scale, rel, table, window=None):
     probs = softmax(scores)
     out = np.matmul(probs, v[:, None])  # (Hkv, G, T, Dv)
     return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1]), dtype=np.float32)
+
+
+def delta_chunked(xp, overflow_ok, q, k, v, g, beta, state, chunk_size):
+    """``Backend.gated_delta_chunked`` in the WY/UT form of transformers'
+    torch_chunk_gated_delta_rule, for a numpy-like array module ``xp`` (numpy, CuPy);
+    ``overflow_ok`` a context in which exp may overflow (masked entries do, before the
+    mask takes them)."""
+    t = q.shape[0]
+    rep = v.shape[1] // k.shape[1]
+    if rep > 1:
+        q, k = xp.repeat(q, rep, axis=1), xp.repeat(k, rep, axis=1)
+    q, k, v, g, beta = q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), g.T, beta.T
+    h, dv = v.shape[0], v.shape[2]
+    c = chunk_size
+    pad = (-t) % c
+    if pad:
+        q, k, v = (xp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v))
+        g, beta = (xp.pad(a, ((0, 0), (0, pad))) for a in (g, beta))
+    n = (t + pad) // c
+    v_beta = (v * beta[..., None]).reshape(h, n, c, dv)
+    k_beta = (k * beta[..., None]).reshape(h, n, c, -1)
+    q, k = q.reshape(h, n, c, -1), k.reshape(h, n, c, -1)
+    cum = xp.cumsum(g.reshape(h, n, c), axis=-1, dtype=xp.float32)
+    upper = xp.triu(xp.ones((c, c), dtype=bool), 1)
+    with overflow_ok:
+        pair = xp.exp(xp.where(upper, xp.float32(-np.inf), cum[..., :, None] - cum[..., None, :]))
+    kt = k.swapaxes(-1, -2)
+    ut = (k_beta @ kt) * pair
+    intra = (q @ kt) * pair
+    # (I + strictly-lower(ut)) X = B: a unit lower-triangular solve, as solve_triangular(unitriangular=True)
+    lower = xp.tril(ut, -1) + xp.eye(c, dtype=xp.float32)
+    new_values = xp.linalg.solve(lower, v_beta).astype(xp.float32)
+    k_cumdecay = xp.linalg.solve(lower, k_beta * xp.exp(cum)[..., None]).astype(xp.float32)
+    q = q * xp.exp(cum)[..., None]
+    k = k * xp.exp(cum[..., -1:] - cum)[..., None]
+    chunk_decay = xp.exp(cum[..., -1])[..., None, None]
+    s = xp.array(state, dtype=xp.float32, copy=True)
+    out = xp.empty((h, n, c, dv), dtype=xp.float32)
+    for i in range(n):
+        v_new = new_values[:, i] - k_cumdecay[:, i] @ s
+        out[:, i] = q[:, i] @ s + intra[:, i] @ v_new
+        s = s * chunk_decay[:, i] + k[:, i].swapaxes(-1, -2) @ v_new
+    out = out.reshape(h, n * c, dv)[:, :t]
+    return xp.ascontiguousarray(out.transpose(1, 0, 2)), s

@@ -248,49 +248,8 @@ class ReferenceBackend(Backend):
             out += full[j : j + t] * weight[:, j]
         return out, np.ascontiguousarray(full[t:])
 
-    @staticmethod
-    def _delta_heads(q, k, v, g, beta):
-        """(H, T, ...) float32 views with the key heads repeated to the value heads."""
-        rep = v.shape[1] // k.shape[1]
-        if rep > 1:
-            q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
-        return (q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), g.T, beta.T)
-
     def gated_delta_chunked(self, q, k, v, g, beta, state, chunk_size):
-        t = q.shape[0]
-        q, k, v, g, beta = self._delta_heads(q, k, v, g, beta)
-        h, dv = v.shape[0], v.shape[2]
-        c = chunk_size
-        pad = (-t) % c
-        if pad:
-            q, k, v = (np.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v))
-            g, beta = (np.pad(a, ((0, 0), (0, pad))) for a in (g, beta))
-        n = (t + pad) // c
-        v_beta = (v * beta[..., None]).reshape(h, n, c, dv)
-        k_beta = (k * beta[..., None]).reshape(h, n, c, -1)
-        q, k = q.reshape(h, n, c, -1), k.reshape(h, n, c, -1)
-        cum = np.cumsum(g.reshape(h, n, c), axis=-1, dtype=np.float32)
-        upper = np.triu(np.ones((c, c), dtype=bool), 1)
-        with np.errstate(over="ignore"):  # masked (upper) entries may overflow before masking
-            pair = np.exp(np.where(upper, np.float32(-np.inf), cum[..., :, None] - cum[..., None, :]))
-        kt = k.swapaxes(-1, -2)
-        ut = (k_beta @ kt) * pair
-        intra = (q @ kt) * pair
-        # (I + strictly-lower(ut)) X = B: a unit lower-triangular solve, as solve_triangular(unitriangular=True)
-        lower = np.tril(ut, -1) + np.eye(c, dtype=np.float32)
-        new_values = np.linalg.solve(lower, v_beta).astype(np.float32)
-        k_cumdecay = np.linalg.solve(lower, k_beta * np.exp(cum)[..., None]).astype(np.float32)
-        q = q * np.exp(cum)[..., None]
-        k = k * np.exp(cum[..., -1:] - cum)[..., None]
-        chunk_decay = np.exp(cum[..., -1])[..., None, None]
-        s = np.array(state, dtype=np.float32, copy=True)
-        out = np.empty((h, n, c, dv), dtype=np.float32)
-        for i in range(n):
-            v_new = new_values[:, i] - k_cumdecay[:, i] @ s
-            out[:, i] = q[:, i] @ s + intra[:, i] @ v_new
-            s = s * chunk_decay[:, i] + k[:, i].swapaxes(-1, -2) @ v_new
-        out = out.reshape(h, n * c, dv)[:, :t]
-        return np.ascontiguousarray(out.transpose(1, 0, 2)), s
+        return host.delta_chunked(np, np.errstate(over="ignore"), q, k, v, g, beta, state, chunk_size)
 
     def gated_delta_step(self, q, k, v, g, beta, state):
         # one decay per head is the per-channel rule with the decay repeated over the key

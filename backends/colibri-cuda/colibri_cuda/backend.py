@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from colibri_core.compute.backend import Backend
-from colibri_core.compute.host import check_visible, expert_groups, grouped_shapes
+from colibri_core.compute.host import check_visible, delta_chunked, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 from colibri_cuda import geometry, layouts
@@ -373,50 +373,8 @@ class CudaBackend(Backend):
         return scores
 
     # -- recurrent layers: the chunked prefill and the step's kernel (the convolution is the composite)
-    def _delta_heads(self, q, k, v, g, beta):
-        """(H, T, ...) views with the key heads repeated to the value heads."""
-        xp = self.xp
-        rep = v.shape[1] // k.shape[1]
-        if rep > 1:
-            q, k = xp.repeat(q, rep, axis=1), xp.repeat(k, rep, axis=1)
-        return q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), g.T, beta.T
-
     def gated_delta_chunked(self, q, k, v, g, beta, state, chunk_size):
-        xp = self.xp
-        t = q.shape[0]
-        q, k, v, g, beta = self._delta_heads(q, k, v, g, beta)
-        h, dv = v.shape[0], v.shape[2]
-        c = chunk_size
-        pad = (-t) % c
-        if pad:
-            q, k, v = (xp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v))
-            g, beta = (xp.pad(a, ((0, 0), (0, pad))) for a in (g, beta))
-        n = (t + pad) // c
-        v_beta = (v * beta[..., None]).reshape(h, n, c, dv)
-        k_beta = (k * beta[..., None]).reshape(h, n, c, -1)
-        q, k = q.reshape(h, n, c, -1), k.reshape(h, n, c, -1)
-        cum = xp.cumsum(g.reshape(h, n, c), axis=-1, dtype=xp.float32)
-        upper = xp.triu(xp.ones((c, c), dtype=bool), 1)
-        with self.device.errstate():  # masked (upper) entries may overflow before masking
-            pair = xp.exp(xp.where(upper, -np.inf, cum[..., :, None] - cum[..., None, :]))
-        kt = k.swapaxes(-1, -2)
-        ut = (k_beta @ kt) * pair
-        intra = (q @ kt) * pair
-        # (I + strictly-lower(ut)) X = B: a unit lower-triangular solve
-        lower = xp.tril(ut, -1) + xp.eye(c, dtype=xp.float32)
-        new_values = xp.linalg.solve(lower, v_beta).astype(xp.float32)
-        k_cumdecay = xp.linalg.solve(lower, k_beta * xp.exp(cum)[..., None]).astype(xp.float32)
-        q = q * xp.exp(cum)[..., None]
-        k = k * xp.exp(cum[..., -1:] - cum)[..., None]
-        chunk_decay = xp.exp(cum[..., -1])[..., None, None]
-        s = xp.array(state, dtype=xp.float32, copy=True)
-        out = xp.empty((h, n, c, dv), dtype=xp.float32)
-        for i in range(n):
-            v_new = new_values[:, i] - k_cumdecay[:, i] @ s
-            out[:, i] = q[:, i] @ s + intra[:, i] @ v_new
-            s = s * chunk_decay[:, i] + k[:, i].swapaxes(-1, -2) @ v_new
-        out = out.reshape(h, n * c, dv)[:, :t]
-        return xp.ascontiguousarray(out.transpose(1, 0, 2)), s
+        return delta_chunked(self.xp, self.device.errstate(), q, k, v, g, beta, state, chunk_size)
 
     def gated_delta_step(self, q, k, v, g, beta, state):
         xp = self.xp
