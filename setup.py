@@ -1,4 +1,4 @@
-"""Builds colibri-core's optional C extension (colibri_core.backends.cpu._kernels).
+"""Builds colibri-core's optional C extension (colibri_core.compute.cpu._kernels).
 
 Everything else is in pyproject.toml. The extension needs a C compiler at install time;
 when it cannot be built, colibri still works, with slower numpy dequantisation.
@@ -40,6 +40,6 @@ class BuildKernels(build_ext):
 
 
 setup(
-    ext_modules=[Extension("colibri_core.backends.cpu._kernels", ["colibri_core/backends/cpu/_kernels.c"], optional=True)],
+    ext_modules=[Extension("colibri_core.compute.cpu._kernels", ["colibri_core/compute/cpu/_kernels.c"], optional=True)],
     cmdclass={"build_ext": BuildKernels},
 )

@@ -18,7 +18,7 @@ from colibri_core.cli.bench import prompt_ids
 
 
 class TimedKernels:
-    """Stands in for ``colibri_core.backends.cpu._kernels`` and times every call."""
+    """Stands in for ``colibri_core.compute.cpu._kernels`` and times every call."""
 
     def __init__(self, kernels):
         self._kernels = kernels

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from colibri_core.backends.cpu.backend import CpuBackend  # noqa: E402
+from colibri_core.compute.cpu.backend import CpuBackend  # noqa: E402
 from colibri_core.formats.base import QuantTensor  # noqa: E402
 from colibri_core.formats.integer import Int4GS64, Int8Row  # noqa: E402
 from colibri_core.io.buffers import expert_buffer, huge_buffer  # noqa: E402

@@ -6,7 +6,7 @@ functions directly, without the threads, the Python call or the ``moe`` kernel
 around them: what the kernel computes when the weight is in cache, and what one core
 streams from memory. ``--hint`` compiles the kernels with another software-prefetch
 locality (``PREFETCH_HINT``: nta is what colibri builds with); ``--kernels`` takes
-another build's source (e.g. ``git show REV:colibri_core/backends/cpu/_kernels.c``).
+another build's source (e.g. ``git show REV:colibri_core/compute/cpu/_kernels.c``).
 
     python benchmarks/kernel_rows.py [--hint nta|t0|t1|t2] [--gb 4] [--kernels FILE]
 """
@@ -21,7 +21,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parent.parent / "colibri_core" / "backends" / "cpu" / "_kernels.c"
+KERNELS = Path(__file__).resolve().parent.parent / "colibri_core" / "compute" / "cpu" / "_kernels.c"
 HINTS = {"nta": 0, "t2": 1, "t1": 2, "t0": 3}  # __builtin_prefetch's locality argument
 
 HARNESS = r"""

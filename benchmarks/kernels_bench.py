@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.formats.base import QuantTensor, f32_to_bf16
 from colibri_core.formats.integer import MXFP4, Int4GS64, Int8Row
 from colibri_core.testing.compressed_tensors import quantize_int4

@@ -5,8 +5,8 @@ API import numpy when first used.
 """
 
 from colibri_core.plugins.hookspecs import hookimpl
+from colibri_core.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["hookimpl", "load", "__version__"]
 
 

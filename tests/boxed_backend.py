@@ -13,7 +13,8 @@ opaque (``Sealed``): a block that reads one as an array fails.
 Every operation unwraps its arguments, checks that backend arrays are boxes and host
 arrays are numpy (the contract says which is which), and delegates to
 ``ReferenceBackend``. The routines the contract itself implements (``linears``,
-``swiglu_expert``, ``routed_experts``, the routers) are inherited from ``Backend``
+``swiglu_expert``, ``routed_experts``, the routers) and every composite op (MLA, DSA,
+the delta rule, ... : ``colibri_core.compute.composites``) are inherited from ``Backend``
 unchanged, so they are proved contract-only too.
 
 Registered in-process as backend "boxed" by the tests (``colibri_register_backends``
@@ -25,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from colibri_core import hookimpl
-from colibri_core.engine.backend import Backend
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.backend import Backend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.registry import BackendSpec
 
@@ -216,15 +217,8 @@ class BoxedBackend(Backend):
     def rope(self, x, cos, sin, rotary_dim):
         return Box(self.ref.rope(_array(x), _array(cos), _array(sin), rotary_dim))
 
-    def rope_interleaved(self, x, cos, sin, rotary_dim):
-        return Box(self.ref.rope_interleaved(_array(x), _array(cos), _array(sin), rotary_dim))
-
     def attention(self, q, k, v, start, scale):
         return Box(self.ref.attention(_array(q), _array(k), _array(v), _int(start, "start"), scale))
-
-    def sparse_attention(self, q, k, v, start, scale, selected):
-        return Box(self.ref.sparse_attention(_array(q), _array(k), _array(v), _int(start, "start"), scale,
-                                             _array(selected, "a backend array of selected positions")))
 
     def clip(self, x, limit):
         return Box(self.ref.clip(_array(x), limit))
@@ -259,37 +253,26 @@ class BoxedBackend(Backend):
     def top_k(self, scores, k):
         return Box(self.ref.top_k(_array(scores), k))
 
-    # -- MLA and DSA -------------------------------------------------------------------
-    def mla_expand(self, q_nope, q_rot, latent, k_rot, kv_b, nope_dim, v_dim):
-        q, keys, values = self.ref.mla_expand(_array(q_nope), _array(q_rot), _array(latent), _array(k_rot), _array(kv_b),
-                                              nope_dim, v_dim)
-        return Box(q), Box(keys), Box(values)
+    # -- primitives ----------------------------------------------------------------------
+    def exp(self, x):
+        return Box(self.ref.exp(_array(x)))
 
-    def mla_absorb_query(self, q_nope, kv_b, nope_dim, v_dim):
-        return Box(self.ref.mla_absorb_query(_array(q_nope), _array(kv_b), nope_dim, v_dim))
+    def maximum(self, x, floor):
+        if type(floor) is not float:
+            raise ProtocolError(f"maximum's floor must be a Python float, got {type(floor).__name__}")
+        return Box(self.ref.maximum(_array(x), floor))
 
-    def mla_attention(self, q_lat, q_rot, latent, k_rot, start, scale, selected=None):
-        return Box(self.ref.mla_attention(_array(q_lat), _array(q_rot), _array(latent), _array(k_rot),
-                                          _int(start, "start"), scale, _optional(selected)))
+    def matmul(self, a, b):
+        a, b = _array(a), _array(b)
+        if b.ndim != 2 and a.shape[:-2] != b.shape[:-2]:
+            raise ProtocolError(f"matmul's leading axes differ: {a.shape} @ {b.shape} (the contract does not broadcast them)")
+        return Box(self.ref.matmul(a, b))
 
-    def mla_absorb_output(self, o_lat, kv_b, nope_dim, v_dim):
-        return Box(self.ref.mla_absorb_output(_array(o_lat), _array(kv_b), nope_dim, v_dim))
+    def reduce_sum(self, x):
+        return Box(self.ref.reduce_sum(_array(x)))
 
-    def dsa_index_scores(self, q, k, weights, scale, start):
-        return Box(self.ref.dsa_index_scores(_array(q), _array(k), _array(weights), scale, _int(start, "start")))
-
-    # -- recurrent layers --------------------------------------------------------------
-    def causal_conv1d(self, x, weight, state):
-        out, new_state = self.ref.causal_conv1d(_array(x), _array(weight), _array(state))
-        return Box(out), Box(new_state)
-
-    def gated_delta_chunked(self, q, k, v, g, beta, state, chunk_size):
-        out, new_state = self.ref.gated_delta_chunked(*(_array(a) for a in (q, k, v, g, beta, state)), chunk_size)
-        return Box(out), Box(new_state)
-
-    def gated_delta_step(self, q, k, v, g, beta, state):
-        out, new_state = self.ref.gated_delta_step(*(_array(a) for a in (q, k, v, g, beta, state)))
-        return Box(out), Box(new_state)
+    def reduce_max(self, x):
+        return Box(self.ref.reduce_max(_array(x)))
 
 
 @hookimpl

@@ -8,8 +8,8 @@ import pytest
 
 import boxed_backend
 from boxed_backend import Box, BoxedBackend, ProtocolError
-from colibri_core.backends.cpu.backend import CpuBackend
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.cpu.backend import CpuBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.testing import registered_plugin
 from colibri_core.testing.backend_kit import BackendConformanceSuite

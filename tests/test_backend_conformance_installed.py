@@ -7,11 +7,11 @@ import pytest
 
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.testing.backend_kit import BackendConformanceSuite
-from colibri_core.testing.backends import ENV_BACKENDS, backend_params
+from colibri_core.testing.backends import ENV_BACKENDS, backend_params, matrix_beyond_cpu
 
 
 class TestInstalledBackend(BackendConformanceSuite):
-    @pytest.fixture(params=backend_params())
+    @pytest.fixture(params=matrix_beyond_cpu(backend_params()))
     def backend(self, request):
         return create_backend(get_registry(), request.param)
 

@@ -1,4 +1,4 @@
-"""colibri_core.nn.builders: the typed fields shared by the DeepSeek-style families
+"""colibri_core.model.builders: the typed fields shared by the DeepSeek-style families
 (the assembly itself, nn.assembly.build_decoder, is proved by every family's oracle tests)."""
 
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 
 from colibri_core.model.config import bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.nn.builders import DeepseekV3Args, DSAArgs, MLAArgs, SigmoidMoEArgs
+from colibri_core.model.builders import DeepseekV3Args, DSAArgs, MLAArgs, SigmoidMoEArgs
 
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=4,
             num_attention_heads=4, n_routed_experts=8, num_experts_per_tok=2)

@@ -49,7 +49,7 @@ def test_no_cache_grows_mid_decode(tiny_model, tmp_path_factory, grown):
 
 
 def test_the_reservation_is_bounded_by_the_context_and_the_reserve_ahead():
-    from colibri_core.engine.reference import ReferenceBackend
+    from colibri_core.compute.reference import ReferenceBackend
 
     kv = cache_module.KVCache(ReferenceBackend(), 2, 4, 4, max_len=100)
     kv.reserve(10_000)

@@ -316,7 +316,7 @@ BLAS_AFTER_LOAD = VM_SIZE + '''
 import resource, sys
 import numpy.random  # the sampler imports it late: here, so that what runs out is BLAS's buffer
 import colibri_core
-from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.errors import out_of_memory
 
 # no compiled kernels: every projection is a BLAS product

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.experts.tiers import DiskTier
 from colibri_core.formats.base import FormatResolver, QuantTensor, permute_rows
 from colibri_core.formats.integer import Int4GS64, Int8Row

@@ -6,7 +6,7 @@ then decoded first)."""
 import numpy as np
 import pytest
 
-from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.formats.base import QuantTensor, block_sources, permute_rows, rows_stay_packed
 from colibri_core.formats.fp8 import dequantize, e4m3_to_f32
 

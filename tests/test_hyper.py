@@ -6,8 +6,8 @@ with random weights; and a decoder layer on streams with a batched step."""
 import numpy as np
 import pytest
 
-from colibri_core.backends.cpu.backend import CpuBackend
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.cpu.backend import CpuBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.io.safetensors import TensorInfo
 from colibri_core.nn import Step
 from colibri_core.nn.hyper import HyperConnection, HyperHead, StreamEmbedding

@@ -3,12 +3,15 @@ checkout, find the family through its entry point, uninstall it, see it gone."""
 
 from pathlib import Path
 
+import pytest
+
 from colibri_core.testing.venv import fresh_venv
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 
+@pytest.mark.slow  # a fresh venv: pip installs the distributions
 def test_fresh_venv_install_discovers_and_uninstall_removes_the_family(tmp_path):
     venv = fresh_venv(REPO, tmp_path, "colibri-olmoe")
     listed = {row["family"]: row for row in venv.families()}

@@ -4,7 +4,7 @@ absorbed (decode) form of MLA against the expanded (prefill) form."""
 import numpy as np
 import pytest
 
-from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.nn import (
     Cache, LayerNorm, LightningIndexer, Linear, MLACache, MLAttention, RMSNorm, SharedIndexer, SigmoidGroupedTopKRouter,
     Step, build_rope,

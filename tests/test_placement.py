@@ -1,7 +1,7 @@
 import pytest
 
 from colibri_core.errors import BudgetError, UsageError
-from colibri_core.engine.placement import plan
+from colibri_core.model.placement import plan
 from colibri_core.units import format_bytes, parse_size
 
 

@@ -160,7 +160,7 @@ def test_doctor_table_output(model_dir):
 
 # -- a RAM budget beyond the memory available ----------------------------------------------
 def test_a_ram_budget_beyond_the_memory_available_is_flagged_by_run_plan_and_doctor(model_dir):
-    from colibri_core.engine.placement import available_memory
+    from colibri_core.model.placement import available_memory
 
     huge = "100T"
     assert (100 << 40) > available_memory()  # no machine running these tests has 100 TiB free
@@ -181,7 +181,7 @@ def test_a_ram_budget_beyond_the_memory_available_is_flagged_by_run_plan_and_doc
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_memory_available_is_bounded_by_the_memory_cgroup(tmp_path, monkeypatch, version):
-    from colibri_core.engine import placement
+    from colibri_core.model import placement
 
     gib = 1 << 30
     if version == 2:

@@ -72,7 +72,7 @@ def test_same_family_name_twice_is_a_conflict():
         def colibri_register_backends(self, register):
             from colibri_core.plugins.registry import BackendSpec
 
-            register(BackendSpec("cpu", "colibri_core.backends.cpu.backend:CpuBackend"))
+            register(BackendSpec("cpu", "colibri_core.compute.cpu.backend:CpuBackend"))
 
     with registered_plugin(A(), "impostor"):
         with pytest.raises(PluginError, match="colibri-core.*impostor"):

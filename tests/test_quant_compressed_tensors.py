@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from colibri_core.backends.cpu.backend import CpuBackend
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.cpu.backend import CpuBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.errors import ColibriError
 from colibri_core.formats.base import FormatResolver, QuantTensor
 from colibri_core.io.checkpoint import Checkpoint

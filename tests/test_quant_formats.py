@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colibri_core.backends.cpu import _kernels
-from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.compute.cpu import _kernels
+from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.io.container import SCALES_SUFFIX
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.fp8 import dequantize as fp8_dequantize, e4m3_to_f32
@@ -483,7 +483,7 @@ def _int_path_outputs(path: str) -> dict:
     child = r"""
 import pickle, sys
 import numpy as np
-from colibri_core.backends.cpu import _kernels
+from colibri_core.compute.cpu import _kernels
 from colibri_core.formats.integer import Int4GS64, Int8Row
 rng = np.random.default_rng(5)
 found = {"path": _kernels.INT4_PATH}
@@ -531,7 +531,7 @@ def test_the_lower_kernel_paths_pass_the_kernel_tests_too(level):
     import sys
 
     env = {**os.environ, "COLIBRI_KERNEL_PATH": level}
-    probe = subprocess.run([sys.executable, "-c", "from colibri_core.backends.cpu import _kernels; print(_kernels.INT4_PATH)"],
+    probe = subprocess.run([sys.executable, "-c", "from colibri_core.compute.cpu import _kernels; print(_kernels.INT4_PATH)"],
                            env=env, capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == ("float" if level == "portable" else "avx2")
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", KERNEL_TESTS],
@@ -551,7 +551,7 @@ def test_the_kernels_build_and_pass_the_kernel_tests_without_the_x86_paths(tmp_p
     import sysconfig
     from pathlib import Path
 
-    import colibri_core.backends.cpu as cpu_package
+    import colibri_core.compute.cpu as cpu_package
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -566,7 +566,7 @@ def test_the_kernels_build_and_pass_the_kernel_tests_without_the_x86_paths(tmp_p
     assert "warning" not in compiled.stderr, compiled.stderr[-3000:]
     # the child imports the portable build under the package's own name before any test
     child = ("import importlib.util, sys\n"
-             f"spec = importlib.util.spec_from_file_location('colibri_core.backends.cpu._kernels', {str(built)!r})\n"
+             f"spec = importlib.util.spec_from_file_location('colibri_core.compute.cpu._kernels', {str(built)!r})\n"
              "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
              "sys.modules[spec.name] = module\n"
              "assert (module.INT4_PATH, module.MXFP4PAIR_PATH, module.OPENMP) == ('float', 'float', 0), module.INT4_PATH\n"

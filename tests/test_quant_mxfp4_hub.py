@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from colibri_core.backends.cpu.backend import CpuBackend
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.cpu.backend import CpuBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.errors import ColibriError
 from colibri_core.formats.base import FormatResolver, QuantTensor
 from colibri_core.io.checkpoint import Checkpoint
@@ -112,7 +112,7 @@ def test_the_cpu_kernel_computes_partial_groups_long_rows_and_extreme_exponents(
     """Rows longer than one of the AVX-512 path's K chunks, a partial last group, and
     extreme exponents (0, 1, 2, 200, 252: the AVX-512 path's per-exponent tables at their
     subnormal and largest finite entries); each row is compared at its own magnitude."""
-    from colibri_core.backends.cpu import _kernels
+    from colibri_core.compute.cpu import _kernels
 
     n, g = 19, -(-k // 32)
     rng = np.random.default_rng(k)
@@ -170,7 +170,7 @@ def test_the_lower_kernel_paths_pass_the_kernel_tests_too(level):
     import sys
 
     env = {**os.environ, "COLIBRI_KERNEL_PATH": level}
-    probe = subprocess.run([sys.executable, "-c", "from colibri_core.backends.cpu import _kernels; print(_kernels.MXFP4PAIR_PATH)"],
+    probe = subprocess.run([sys.executable, "-c", "from colibri_core.compute.cpu import _kernels; print(_kernels.MXFP4PAIR_PATH)"],
                            env=env, capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == ("float" if level == "portable" else "avx2")
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",

@@ -24,7 +24,7 @@ def test_cpu_kernels_compute_rows_independently_up_to_the_rows_they_claim(kind, 
     """What ``batch_invariant_rows`` promises, measured: every row of an M-row product
     equals that row alone, for every M up to the claim. K = 1040: kernels that split K
     into chunks by the number of rows split it more than once, and a partial last group."""
-    from colibri_core.backends.cpu.backend import CpuBackend
+    from colibri_core.compute.cpu.backend import CpuBackend
     from colibri_core.testing.backend_kit import pack
 
     be = CpuBackend()

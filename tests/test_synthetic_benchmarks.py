@@ -325,7 +325,7 @@ def test_expert_requests_split_an_expert_straddling_two_shards(tmp_path):
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
 @pytest.mark.parametrize("fmt", ["q8", "q4", "q4g32", "fp8", "mxfp4pair"])
 def test_kernel_bandwidth_reports_the_kernel_against_the_load_loop(fmt):
-    from colibri_core.backends.cpu.backend import CpuBackend
+    from colibri_core.compute.cpu.backend import CpuBackend
 
     if CpuBackend().kernels is None:
         pytest.skip("the compiled CPU kernels are not built")
@@ -339,7 +339,7 @@ def test_kernel_bandwidth_reports_the_kernel_against_the_load_loop(fmt):
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
 def test_kernel_bandwidth_can_keep_one_expert_in_cache():
-    from colibri_core.backends.cpu.backend import CpuBackend
+    from colibri_core.compute.cpu.backend import CpuBackend
 
     if CpuBackend().kernels is None:
         pytest.skip("the compiled CPU kernels are not built")

@@ -13,7 +13,7 @@ import pytest
 
 import colibri_core
 from colibri_core import hookimpl
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.errors import BudgetError, PluginError, UsageError
 from colibri_core.experts.tiers import DeviceTier
 from colibri_core.formats.base import QuantTensor

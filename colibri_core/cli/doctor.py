@@ -174,7 +174,7 @@ def _budget_check(bp, ram: int | None) -> Check:
         return Check("RAM budget", "fail", str(exc), "give a larger --ram, or run on a machine with more memory")
     detail = (f"{format_bytes(p.budget)} ({p.budget_source}): dense {format_bytes(p.dense_bytes)}, "
               f"{p.slots} of {p.experts_per_layer} experts per layer cached")
-    from colibri_core.engine.placement import budget_beyond_memory
+    from colibri_core.model.placement import budget_beyond_memory
 
     beyond = budget_beyond_memory(p.budget) if ram is not None else None
     if beyond:

@@ -39,7 +39,7 @@ import numpy as np
 from colibri_core.model.blueprint import Blueprint
 from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.store import PinPolicy
-from colibri_core.engine.placement import Placement
+from colibri_core.model.placement import Placement
 
 DEFAULT_UPLOAD_BW = 25e9  # bytes/s host -> device, about PCIe 4.0 x16 (an assumption: not measured)
 

@@ -145,23 +145,16 @@ Imports only colibri_core's light modules: the architecture (model.py) loads whe
 model runs, through the ``impl`` string.
 """
 
-from colibri_core import hookimpl
-from colibri_core.plugins.registry import FamilySpec
+from colibri_core.plugins.registry import FamilySpec, family_hook
 
 __version__ = "0.1.0"
 
-
-@hookimpl
-def colibri_register_families(register):
-    register(
-        FamilySpec(
-            name="__NAME__",
-            model_types=("__MODEL_TYPE__",),
-            architectures=("__CLASS__ForCausalLM",),
-            impl="__PACKAGE__.model:__CLASS__",
-            description="__CLASS__: a decoder-only MoE on colibri's shared blocks",
-        )
-    )
+colibri_register_families = family_hook(
+    FamilySpec(name="__NAME__", model_types=("__MODEL_TYPE__",),
+               architectures=("__CLASS__ForCausalLM",),
+               impl="__PACKAGE__.model:__CLASS__",
+               description="__CLASS__: a decoder-only MoE on colibri's shared blocks"),
+)
 '''
 
 MODEL = '''"""__CLASS__ on colibri's shared blocks: a decoder-only MoE.
@@ -182,7 +175,7 @@ from colibri_core.model.config import ModelArgs
 from colibri_core.model.family import Family
 from colibri_core.nn import Attention, build_rope
 from colibri_core.nn.assembly import build_decoder
-from colibri_core.nn.builders import softmax_moe
+from colibri_core.model.builders import softmax_moe
 
 
 @dataclass

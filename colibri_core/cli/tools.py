@@ -63,7 +63,7 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, prefetch_slots, prefetch
     finally:
         bp.close()
     d = report.data
-    from colibri_core.engine.placement import budget_beyond_memory
+    from colibri_core.model.placement import budget_beyond_memory
 
     d["ram_budget_warning"] = budget_beyond_memory(d["ram_budget"]) if ram_budget is not None else None
     if as_json:

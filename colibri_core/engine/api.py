@@ -29,11 +29,11 @@ from colibri_core.io.integrity import MANIFEST_NAME, Manifest
 from colibri_core.experts.history import RoutingHistory
 from colibri_core.experts.prefetch import Prefetcher
 from colibri_core.experts.store import ExpertStore, PinPolicy
-from colibri_core.engine.backend import Backend
+from colibri_core.compute.backend import Backend
 from colibri_core.engine.generation import Generation, GenerationResult, TokenEvent
 from colibri_core.nn.layers import CausalLM
 from colibri_core.engine.math_libraries import reserve as reserve_math_libraries
-from colibri_core.engine.placement import Placement, budget_beyond_memory
+from colibri_core.model.placement import Placement, budget_beyond_memory
 from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.plugins.registry import Entry, import_object

@@ -27,7 +27,7 @@ A stamp's shape is (rows, cols), or (experts, rows, cols) for experts stored fus
 slice of the scales.
 
 ``decode`` is the numpy reference; the CPU backend computes with the packed form through
-``colibri_core.backends.cpu._kernels``.
+``colibri_core.compute.cpu._kernels``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from colibri_core.model.config import check_family_keys, read_json
 from colibri_core.errors import ModelFormatError, UsageError, option
 from colibri_core.nn.layers import CausalLM
 from colibri_core.nn.weights import Weights
-from colibri_core.engine.placement import Placement, plan
+from colibri_core.model.placement import Placement, plan
 from colibri_core.plugins.discovery import DEFAULT_BACKEND, create_backend, get_registry
 from colibri_core.formats.base import FormatResolver
 from colibri_core.plugins.registry import Entry

@@ -1,6 +1,6 @@
 """Shared neural-network building blocks for families."""
 
-from colibri_core.engine.backend import GatedActivation
+from colibri_core.compute.backend import GatedActivation
 from colibri_core.nn.cache import Cache, KVCache, RecurrentState, SlidingKVCache
 from colibri_core.nn.deltanet import GatedDeltaNet, LowRank
 from colibri_core.nn.compressed import CompressedAttention, CompressedIndexer, WindowCompressor

@@ -8,7 +8,7 @@ as a sliding window's ``SlidingKVCache``)."""
 
 from __future__ import annotations
 
-from colibri_core.engine.backend import ITEMSIZE
+from colibri_core.compute.backend import ITEMSIZE
 
 
 class KVCache:

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import ITEMSIZE
+from colibri_core.compute.backend import ITEMSIZE
+from colibri_core.compute.host import top_k_indices
 from colibri_core.nn.layers import Linear, RMSNorm, Step, rope_tables
 from colibri_core.nn.mla import _Rows
 from colibri_core.nn.rope import RoPE
@@ -250,7 +251,7 @@ class CompressedIndexer:
         # every entry "visible" to the op; which a query may see is the window rule above
         scores = ops.to_host(ops.dsa_index_scores(q, keys, weights, self.head_dim**-0.5, state.count))
         scores = np.where(valid, scores, np.float32(-np.inf)).astype(np.float32)
-        chosen = ops.to_host(ops.top_k(ops.asarray(scores), self.topk)).astype(np.int64)
+        chosen = top_k_indices(scores, self.topk)  # the scores are on the host already: no round trip
         picked = np.zeros_like(valid)
         np.put_along_axis(picked, chosen, True, axis=-1)
         return picked & valid

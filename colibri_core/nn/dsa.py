@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import top_k_indices
+from colibri_core.compute.host import top_k_indices
 from colibri_core.nn.layers import Linear, Step, rope_tables
 from colibri_core.nn.rope import RoPE
 from colibri_core.nn.weights import Param

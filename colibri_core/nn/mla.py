@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from colibri_core.engine.backend import ITEMSIZE
+from colibri_core.compute.backend import ITEMSIZE
 from colibri_core.nn.layers import Linear, RMSNorm, Step, rope_tables
 from colibri_core.nn.rope import RoPE, rope_parameters
 

@@ -53,7 +53,7 @@ class ScoredTopKRouter:
 
     def __init__(self, gate: Linear, top_k: int, *, scoring: str, bias: Param | None = None,
                  routed_scaling_factor: float = 1.0):
-        from colibri_core.engine.backend import ROUTER_SCORINGS
+        from colibri_core.compute.host import ROUTER_SCORINGS
 
         if scoring not in ROUTER_SCORINGS:
             raise ValueError(f"router scoring {scoring!r} is not one of {ROUTER_SCORINGS}")

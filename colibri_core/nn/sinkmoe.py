@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import top_k_indices
+from colibri_core.compute.host import top_k_indices
 from colibri_core.nn.layers import Linear, RoutedExperts, SparseMoE, Step
 from colibri_core.nn.weights import Param
 

@@ -18,7 +18,7 @@ from colibri_core.io.buffers import huge_buffer
 from colibri_core.errors import ModelFormatError
 from colibri_core.formats.base import permute_rows, rows_stay_packed
 from colibri_core.io.safetensors import TensorInfo
-from colibri_core.engine.backend import GatedActivation
+from colibri_core.compute.backend import GatedActivation
 from colibri_core.nn.layers import Linear, RMSNorm, RoutedExperts, SwiGLU
 
 

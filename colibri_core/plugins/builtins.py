@@ -50,8 +50,8 @@ def colibri_register_backends(register):
     register(
         BackendSpec(
             "cpu",
-            "colibri_core.backends.cpu.backend:CpuBackend",
-            probe="colibri_core.backends.cpu.probe:cpu_unavailable_reason",
+            "colibri_core.compute.cpu.backend:CpuBackend",
+            probe="colibri_core.compute.cpu.probe:cpu_unavailable_reason",
             description="numpy float32 with BLAS, plus compiled kernels for packed weights",
             device="cpu",
         )

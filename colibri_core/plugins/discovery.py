@@ -257,7 +257,7 @@ def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
-        from colibri_core import __version__
+        from colibri_core.version import __version__
 
         return __version__
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from colibri_core.errors import PluginError, UnsupportedModelError
+from colibri_core.plugins.hookspecs import hookimpl
 from colibri_core.plugins.known import install_hint
 
 
@@ -41,6 +42,21 @@ class FamilySpec:
 
     def load(self) -> Any:
         return import_object(self.impl)
+
+
+def family_hook(*specs: FamilySpec) -> Callable:
+    """A family plugin's whole registration, as its module's hook::
+
+        colibri_register_families = family_hook(
+            FamilySpec(name="olmoe", model_types=("olmoe",), impl="colibri_olmoe.model:Olmoe", ...))
+    """
+
+    @hookimpl
+    def colibri_register_families(register):
+        for spec in specs:
+            register(spec)
+
+    return colibri_register_families
 
 
 @dataclass(frozen=True)

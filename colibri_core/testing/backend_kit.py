@@ -1,6 +1,6 @@
 """The backend conformance kit: every method of the backend contract
-(``colibri_core.engine.backend``), checked op by op against the numpy reference
-(``colibri_core.engine.reference.ReferenceBackend``) on seeded random inputs.
+(``colibri_core.compute.backend``), checked op by op against the numpy reference
+(``colibri_core.compute.reference.ReferenceBackend``) on seeded random inputs.
 
 A backend author subclasses ``BackendConformanceSuite`` in a test module, says how to
 make the backend and, where its arithmetic differs from float32 numpy, how close it
@@ -73,6 +73,7 @@ be identical.
 
 from __future__ import annotations
 
+import copy
 import weakref
 import zlib
 
@@ -81,9 +82,9 @@ import pytest
 
 import colibri_core
 from colibri_core.engine import generation
-from colibri_core.engine.backend import Backend, GatedActivation
+from colibri_core.compute.backend import COMPOSITE_OPS, Array, Backend, GatedActivation
 from colibri_core.engine.batching import RowInvariantOps
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.engine.sampling import SamplingParams
 from colibri_core.engine.scheduler import Request, Scheduler
 from colibri_core.experts.tiers import ExpertWeights
@@ -220,6 +221,44 @@ class _Fetcher:
         return w
 
 
+
+# the kit's tests of composite ops (they take the ``ops`` fixture), and the ops each exercises
+COMPOSITE_TESTS = {
+    "test_rope": ('rope_interleaved',),
+    "test_sparse_attention": ('sparse_attention',),
+    "test_attention_relative_bias": ('attention_relative_bias',),
+    "test_attention_relative_bias_without_bias_or_window_is_attention": ('attention_relative_bias',),
+    "test_windowed_attention": ('windowed_attention',),
+    "test_windowed_attention_reduces_to_attention": ('windowed_attention',),
+    "test_gated_activation": ('gated_activation',),
+    "test_routed_glu_experts": ('gated_activation',),
+    "test_mla_expand": ('mla_expand',),
+    "test_mla_absorb_query_and_output": ('mla_absorb_query', 'mla_absorb_output'),
+    "test_mla_attention": ('mla_attention',),
+    "test_mla_absorbed_attention_equals_expanded": ('mla_expand', 'mla_absorb_query', 'mla_attention', 'mla_absorb_output'),
+    "test_dsa_index_scores": ('dsa_index_scores',),
+    "test_sinkhorn": ('sinkhorn',),
+    "test_masked_attention": ('masked_attention',),
+    "test_grouped_linear": ('grouped_linear',),
+    "test_causal_conv1d_carries_its_state": ('causal_conv1d',),
+    "test_gated_delta_chunked": ('gated_delta_chunked',),
+    "test_gated_delta_step_equals_chunked": ('gated_delta_step', 'gated_delta_chunked'),
+    "test_gated_delta_channel_chunked": ('gated_delta_channel_chunked',),
+    "test_gated_delta_channel_step_equals_chunked": ('gated_delta_channel_step', 'gated_delta_channel_chunked'),
+    "test_gated_delta_channel_with_equal_channels_is_gated_delta": ('gated_delta_channel_chunked', 'gated_delta_chunked', 'gated_delta_channel_step', 'gated_delta_step'),
+}
+
+
+def composed(backend: Backend) -> Backend:
+    """A twin of ``backend`` (same device, same primitives) that computes every composite
+    op with the composite (``colibri_core.compute.composites``), none of its own kernels."""
+    cls = type(backend)
+    plain = type(f"Composed{cls.__name__}", (cls,), {op: getattr(Backend, op) for op in COMPOSITE_OPS})
+    twin = copy.copy(backend)
+    twin.__class__ = plain
+    return twin
+
+
 class BackendConformanceSuite:
     """Subclass it, define ``make_backend`` and, if needed, the tolerances (see the
     module docstring); pytest collects every check."""
@@ -288,6 +327,55 @@ class BackendConformanceSuite:
             return backend.prepare_weight(host_form(backend, packed, use), use), w
         return backend.prepare_weight(w, use), w
 
+    # The composite ops' tests run twice: on the backend as it is (its fused kernels, where
+    # it has them: ``supports``) and on its primitives alone through the composites, so a
+    # fused kernel is checked against the composite as both are against the reference.
+    @pytest.fixture(params=["own", "composite"])
+    def ops(self, request, backend):
+        if request.param == "own":
+            return backend
+        names = COMPOSITE_TESTS[request.function.__name__]
+        if not any(backend.supports(op) for op in names):
+            pytest.skip(f"{backend.name} computes {', '.join(names)} with the composites: the 'own' run is that run")
+        return composed(backend)
+
+    # -- primitives --------------------------------------------------------------------------
+    def test_exp_and_maximum(self, backend):
+        x = normal(seeded("exp"), 5, 7, scale=3.0)
+        x[0, :4] = [-100.0, 0.0, 80.0, -0.5]
+        self.check(backend, backend.exp(self.act(backend, x)), np.exp(x), "exp")
+        self.check(backend, backend.maximum(self.act(backend, x), 0.25), np.maximum(x, np.float32(0.25)), "maximum")
+
+    @pytest.mark.parametrize("shape", [((4, 5), (5, 3)), ((2, 4, 5), (2, 5, 3)), ((2, 3, 4, 5), (2, 3, 5, 6)),
+                                       ((2, 4, 5), (5, 3))], ids=["2d", "batched", "two-batch-axes", "shared-b"])
+    def test_matmul(self, backend, shape):
+        rng = seeded("matmul", str(shape))
+        a, b = normal(rng, *shape[0]), normal(rng, *shape[1])
+        self.check(backend, backend.matmul(self.act(backend, a), self.act(backend, b)), a @ b, "matmul")
+
+    def test_matmul_of_views(self, backend):
+        rng = seeded("matmul views")
+        a, b = normal(rng, 4, 3, 6), normal(rng, 3, 5, 6)
+        got = backend.matmul(self.act(backend, a).transpose(1, 0, 2), self.act(backend, b).transpose(0, 2, 1)[:, :, 1:])
+        self.check(backend, got, a.transpose(1, 0, 2) @ b.transpose(0, 2, 1)[:, :, 1:], "matmul of a transpose and a slice")
+
+    @pytest.mark.parametrize("op", ["reduce_sum", "reduce_max"])
+    def test_reductions(self, backend, op):
+        x = normal(seeded(op), 3, 4, 70, scale=2.0)
+        want = (np.sum if op == "reduce_sum" else np.max)(x, axis=-1, keepdims=True)
+        got = getattr(backend, op)(self.act(backend, x))
+        assert tuple(got.shape) == (3, 4, 1), f"{op} gave shape {got.shape}"
+        self.check(backend, got, want, op)
+        self.check(backend, getattr(backend, op)(self.act(backend, x).transpose(0, 2, 1)),
+                   (np.sum if op == "reduce_sum" else np.max)(x.transpose(0, 2, 1), axis=-1, keepdims=True),
+                   f"{op} of a transpose")
+
+    def test_supports_names_the_composites_the_backend_replaces(self, backend):
+        for op in COMPOSITE_OPS:
+            assert backend.supports(op) == (getattr(type(backend), op) is not getattr(Backend, op)), op
+        with pytest.raises(ValueError):
+            backend.supports("linear")
+
     # -- memory ----------------------------------------------------------------------------
     def test_start_threads_can_run_before_anything_and_twice(self, backend):
         """``start_threads`` runs before any weight is loaded (once per process, but a
@@ -322,6 +410,15 @@ class BackendConformanceSuite:
                               f"zeros({dtype})")
 
     # -- the array protocol --------------------------------------------------------------------
+    def test_arrays_satisfy_the_protocol(self, backend):
+        for dtype in ("float32", *backend.float_dtypes, "int32"):
+            host = np.ones((2, 3), np.int32 if dtype == "int32" else np.float32)
+            for made in (backend.zeros((2, 3), dtype), backend.asarray(host, dtype)):
+                assert isinstance(made, Array), f"{type(made).__name__} ({dtype}) lacks the array protocol"
+        x = self.act(backend, normal(seeded("protocol"), 2, 3))
+        for derived in (x.reshape(3, 2), x.transpose(1, 0), x[:, 1:], x + x, x * 2.0, -x):
+            assert isinstance(derived, Array), f"{type(derived).__name__} lacks the array protocol"
+
     def test_shape_reshape_transpose(self, backend):
         host = normal(seeded("shape"), 4, 6, 5)
         x = self.act(backend, host)
@@ -420,14 +517,14 @@ class BackendConformanceSuite:
     @pytest.mark.parametrize("step", ["prefill", "decode"])
     @pytest.mark.parametrize("rotary_dim", [16, 8], ids=["full", "partial"])
     @pytest.mark.parametrize("layout", ["rope", "rope_interleaved"])
-    def test_rope(self, backend, layout, rotary_dim, step):
+    def test_rope(self, ops, layout, rotary_dim, step):
         t, start = STEPS[step]
         rng = seeded("rope", layout, rotary_dim, step)
         rope = build_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}, rotary_dim)
         cos, sin = rope.cos_sin(np.arange(start, start + t))
         x = normal(rng, t, 3, 16)
-        got = getattr(backend, layout)(self.act(backend, x), backend.asarray(cos), backend.asarray(sin), rotary_dim)
-        self.check(backend, got, getattr(self.ref, layout)(x, cos, sin, rotary_dim), f"{layout}, rotary_dim {rotary_dim}")
+        got = getattr(ops, layout)(self.act(ops, x), ops.asarray(cos), ops.asarray(sin), rotary_dim)
+        self.check(ops, got, getattr(self.ref, layout)(x, cos, sin, rotary_dim), f"{layout}, rotary_dim {rotary_dim}")
 
     # -- attention ----------------------------------------------------------------------------
     def _attention_inputs(self, name, group, step, d=16, dv=12, hkv=2):
@@ -445,73 +542,73 @@ class BackendConformanceSuite:
 
     @pytest.mark.parametrize("step", list(STEPS))
     @pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
-    def test_sparse_attention(self, backend, group, step):
+    def test_sparse_attention(self, ops, group, step):
         rng, t, start, s, q, k, v = self._attention_inputs("sparse", group, step)
         chosen = selection(rng, t, start, s, min(4, s))
-        got = backend.sparse_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3,
-                                       backend.asarray(chosen, "int64"))
-        self.check(backend, got, self.ref.sparse_attention(q, k, v, start, 0.3, chosen), "sparse_attention")
+        got = ops.sparse_attention(self.act(ops, q), self.cached(ops, k), self.cached(ops, v), start, 0.3,
+                                       ops.asarray(chosen, "int64"))
+        self.check(ops, got, self.ref.sparse_attention(q, k, v, start, 0.3, chosen), "sparse_attention")
         # -1 pads a row of fewer positions: the same attention
         padded = padded_selection(rng, chosen)
-        got = backend.sparse_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3,
-                                       backend.asarray(padded, "int64"))
-        self.check(backend, got, self.ref.sparse_attention(q, k, v, start, 0.3, chosen), "sparse_attention, -1 padding")
+        got = ops.sparse_attention(self.act(ops, q), self.cached(ops, k), self.cached(ops, v), start, 0.3,
+                                       ops.asarray(padded, "int64"))
+        self.check(ops, got, self.ref.sparse_attention(q, k, v, start, 0.3, chosen), "sparse_attention, -1 padding")
 
     @pytest.mark.parametrize("window", [None, 3], ids=["unwindowed", "window3"])
     @pytest.mark.parametrize("step", list(STEPS))
     @pytest.mark.parametrize("group", [1, 4], ids=["mha", "gqa4"])
-    def test_attention_relative_bias(self, backend, group, step, window):
+    def test_attention_relative_bias(self, ops, group, step, window):
         """A bias per query, head and distance (3 profiles mixed) over fewer distances (5)
         than most of the keys, so that farther keys get none; with and without a window."""
         rng, t, start, _, q, k, v = self._attention_inputs("relative bias", group, step)
         rel, table = normal(rng, t, q.shape[1], 3), normal(rng, 3, 5, scale=2.0)
-        got = backend.attention_relative_bias(self.act(backend, q), self.cached(backend, k), self.cached(backend, v),
-                                              start, 0.3, self.act(backend, rel), backend.prepare_weight(table, "array"),
+        got = ops.attention_relative_bias(self.act(ops, q), self.cached(ops, k), self.cached(ops, v),
+                                              start, 0.3, self.act(ops, rel), ops.prepare_weight(table, "array"),
                                               window)
         want = self.ref.attention_relative_bias(q, k, v, start, 0.3, rel, table, window)
-        self.check(backend, got, want, f"attention_relative_bias, window {window}")
+        self.check(ops, got, want, f"attention_relative_bias, window {window}")
 
-    def test_attention_relative_bias_without_bias_or_window_is_attention(self, backend):
+    def test_attention_relative_bias_without_bias_or_window_is_attention(self, ops):
         _, t, start, _, q, k, v = self._attention_inputs("relative bias zero", 2, "chunk")
         rel, zero = normal(seeded("relative bias zero"), t, q.shape[1], 2), np.zeros((2, 3), np.float32)
-        got = backend.attention_relative_bias(self.act(backend, q), self.cached(backend, k), self.cached(backend, v),
-                                              start, 0.3, self.act(backend, rel), backend.prepare_weight(zero, "array"))
-        self.check(backend, got, self.ref.attention(q, k, v, start, 0.3), "attention_relative_bias with a zero bias")
+        got = ops.attention_relative_bias(self.act(ops, q), self.cached(ops, k), self.cached(ops, v),
+                                              start, 0.3, self.act(ops, rel), ops.prepare_weight(zero, "array"))
+        self.check(ops, got, self.ref.attention(q, k, v, start, 0.3), "attention_relative_bias with a zero bias")
 
     @pytest.mark.parametrize("sinks", [False, True], ids=["nosinks", "sinks"])
     @pytest.mark.parametrize("window", [None, 3], ids=["unwindowed", "window3"])
     @pytest.mark.parametrize("step", list(STEPS))
     @pytest.mark.parametrize("group", [1, 4], ids=["mha", "gqa4"])
-    def test_windowed_attention(self, backend, group, step, window, sinks):
+    def test_windowed_attention(self, ops, group, step, window, sinks):
         """A sliding window (3, shorter than most keys) and sink logits per query head
         (large enough to take much of the softmax)."""
         rng, _, start, _, q, k, v = self._attention_inputs("windowed", group, step)
         sink = normal(rng, q.shape[1], scale=2.0) if sinks else None
-        got = backend.windowed_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3,
-                                         window, None if sink is None else self.act(backend, sink))
+        got = ops.windowed_attention(self.act(ops, q), self.cached(ops, k), self.cached(ops, v), start, 0.3,
+                                         window, None if sink is None else self.act(ops, sink))
         want = self.ref.windowed_attention(q, k, v, start, 0.3, window, sink)
-        self.check(backend, got, want, f"windowed_attention, window {window}, sinks {sinks}")
+        self.check(ops, got, want, f"windowed_attention, window {window}, sinks {sinks}")
 
-    def test_windowed_attention_reduces_to_attention(self, backend):
+    def test_windowed_attention_reduces_to_attention(self, ops):
         """No sinks and a window covering every key is attention; sinks of -1e30 weigh nothing."""
         _, t, start, s, q, k, v = self._attention_inputs("windowed wide", 2, "chunk")
         want = self.ref.attention(q, k, v, start, 0.3)
-        dev = self.act(backend, q), self.cached(backend, k), self.cached(backend, v)
-        self.check(backend, backend.windowed_attention(*dev, start, 0.3, s), want, "windowed_attention, window >= keys")
-        far = self.act(backend, np.full(q.shape[1], -1e30, np.float32))
-        self.check(backend, backend.windowed_attention(*dev, start, 0.3, None, far), want,
+        dev = self.act(ops, q), self.cached(ops, k), self.cached(ops, v)
+        self.check(ops, ops.windowed_attention(*dev, start, 0.3, s), want, "windowed_attention, window >= keys")
+        far = self.act(ops, np.full(q.shape[1], -1e30, np.float32))
+        self.check(ops, ops.windowed_attention(*dev, start, 0.3, None, far), want,
                    "windowed_attention, sinks of -1e30")
 
     # -- routed experts with biases, a fused gate_up and another activation (gpt-oss) ------------
     CLAMPED = GatedActivation(alpha=1.702, limit=1.5, up_offset=1.0)
 
-    def test_gated_activation(self, backend):
+    def test_gated_activation(self, ops):
         rng = seeded("gated activation")
         gate, up = normal(rng, 9, 40, scale=3.0), normal(rng, 9, 40, scale=3.0)  # many beyond the limit
-        got = backend.gated_activation(self.act(backend, gate), self.act(backend, up), self.CLAMPED)
-        self.check(backend, got, self.ref.gated_activation(gate, up, self.CLAMPED), "gated_activation (clamped)")
-        plain = backend.gated_activation(self.act(backend, gate), self.act(backend, up), GatedActivation())
-        self.check(backend, plain, self.ref.silu_mul(gate, up), "gated_activation() against silu_mul")
+        got = ops.gated_activation(self.act(ops, gate), self.act(ops, up), self.CLAMPED)
+        self.check(ops, got, self.ref.gated_activation(gate, up, self.CLAMPED), "gated_activation (clamped)")
+        plain = ops.gated_activation(self.act(ops, gate), self.act(ops, up), GatedActivation())
+        self.check(ops, plain, self.ref.silu_mul(gate, up), "gated_activation() against silu_mul")
 
     def _glu_expert(self, backend, kind, rng, layout, hidden=96, inter=24):
         """(prepared, truth) expert weights of a layout: "split" (gate, up and their biases)
@@ -531,10 +628,10 @@ class BackendConformanceSuite:
     @pytest.mark.parametrize("layout", ["split", "fused"])
     @pytest.mark.parametrize("tokens", (1, 5))
     @pytest.mark.parametrize("kind", ("f32", "mxfp4"))
-    def test_routed_glu_experts(self, backend, kind, tokens, layout):
+    def test_routed_glu_experts(self, ops, kind, tokens, layout):
         rng = seeded("routed glu", kind, tokens, layout)
         n_experts, k = 6, 2
-        experts, truths = zip(*(self._glu_expert(backend, kind, rng, layout) for _ in range(n_experts)))
+        experts, truths = zip(*(self._glu_expert(ops, kind, rng, layout) for _ in range(n_experts)))
         x = normal(rng, tokens, 96)
         indices = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :k].astype(np.int64)
         weights = rng.random((tokens, k)).astype(np.float32)
@@ -542,11 +639,11 @@ class BackendConformanceSuite:
         used = sorted(set(indices.ravel().tolist()))
         for window in (1, 8):
             fetch = _Fetcher(list(experts))
-            out = backend.routed_glu_experts(self.act(backend, x), indices, weights, fetch, self.CLAMPED, window)
+            out = ops.routed_glu_experts(self.act(ops, x), indices, weights, fetch, self.CLAMPED, window)
             label = f"routed_glu_experts {kind}, {layout}, {tokens} tokens, window {window}"
             assert fetch.order == used, f"{label}: fetched {fetch.order}; each expert once, ascending: {used}"
             assert fetch.most_held <= window, f"{label}: held {fetch.most_held} fetched experts at once"
-            self.check(backend, out, want, label, kind)
+            self.check(ops, out, want, label, kind)
 
     # -- MLA and DSA ---------------------------------------------------------------------------
     MLA = dict(h=4, nope=8, rope=4, v=6, rank=16)
@@ -564,63 +661,63 @@ class BackendConformanceSuite:
         return rng, t, start, s, host, dev
 
     @pytest.mark.parametrize("step", list(STEPS))
-    def test_mla_expand(self, backend, step):
-        _, _, _, _, host, dev = self._mla_inputs(backend, "mla expand", step)
-        got = backend.mla_expand(dev["q_nope"], dev["q_rot"], dev["latent"], dev["k_rot"], dev["kv_b"], self.MLA["nope"],
+    def test_mla_expand(self, ops, step):
+        _, _, _, _, host, dev = self._mla_inputs(ops, "mla expand", step)
+        got = ops.mla_expand(dev["q_nope"], dev["q_rot"], dev["latent"], dev["k_rot"], dev["kv_b"], self.MLA["nope"],
                                  self.MLA["v"])
         want = self.ref.mla_expand(host["q_nope"], host["q_rot"], host["latent"], host["k_rot"], host["kv_b"],
                                    self.MLA["nope"], self.MLA["v"])
         for name, a, b in zip(("queries", "keys", "values"), got, want):
-            self.check(backend, a, b, f"mla_expand {name}")
+            self.check(ops, a, b, f"mla_expand {name}")
 
     @pytest.mark.parametrize("step", list(STEPS))
-    def test_mla_absorb_query_and_output(self, backend, step):
-        rng, t, _, _, host, dev = self._mla_inputs(backend, "mla absorb", step)
+    def test_mla_absorb_query_and_output(self, ops, step):
+        rng, t, _, _, host, dev = self._mla_inputs(ops, "mla absorb", step)
         nope, v = self.MLA["nope"], self.MLA["v"]
-        self.check(backend, backend.mla_absorb_query(dev["q_nope"], dev["kv_b"], nope, v),
+        self.check(ops, ops.mla_absorb_query(dev["q_nope"], dev["kv_b"], nope, v),
                    self.ref.mla_absorb_query(host["q_nope"], host["kv_b"], nope, v), "mla_absorb_query")
         o_lat = normal(rng, t, self.MLA["h"], self.MLA["rank"])
-        self.check(backend, backend.mla_absorb_output(self.act(backend, o_lat), dev["kv_b"], nope, v),
+        self.check(ops, ops.mla_absorb_output(self.act(ops, o_lat), dev["kv_b"], nope, v),
                    self.ref.mla_absorb_output(o_lat, host["kv_b"], nope, v), "mla_absorb_output")
 
     @pytest.mark.parametrize("selected", [False, True], ids=["dense", "dsa"])
     @pytest.mark.parametrize("step", list(STEPS))
-    def test_mla_attention(self, backend, step, selected):
-        rng, t, start, s, host, dev = self._mla_inputs(backend, "mla attention", step)
+    def test_mla_attention(self, ops, step, selected):
+        rng, t, start, s, host, dev = self._mla_inputs(ops, "mla attention", step)
         chosen = selection(rng, t, start, s, min(3, s)) if selected else None
         q_lat = normal(rng, t, self.MLA["h"], self.MLA["rank"])
-        got = backend.mla_attention(self.act(backend, q_lat), dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2,
-                                    None if chosen is None else backend.asarray(chosen, "int64"))
+        got = ops.mla_attention(self.act(ops, q_lat), dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2,
+                                    None if chosen is None else ops.asarray(chosen, "int64"))
         want = self.ref.mla_attention(q_lat, host["q_rot"], host["latent"], host["k_rot"], start, 0.2, chosen)
-        self.check(backend, got, want, "mla_attention")
+        self.check(ops, got, want, "mla_attention")
         if chosen is not None:
-            got = backend.mla_attention(self.act(backend, q_lat), dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2,
-                                        backend.asarray(padded_selection(rng, chosen), "int64"))
-            self.check(backend, got, want, "mla_attention, -1 padding")
+            got = ops.mla_attention(self.act(ops, q_lat), dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2,
+                                        ops.asarray(padded_selection(rng, chosen), "int64"))
+            self.check(ops, got, want, "mla_attention, -1 padding")
 
     @pytest.mark.parametrize("selected", [False, True], ids=["dense", "dsa"])
     @pytest.mark.parametrize("step", list(STEPS))
-    def test_mla_absorbed_attention_equals_expanded(self, backend, step, selected):
+    def test_mla_absorbed_attention_equals_expanded(self, ops, step, selected):
         """The two forms of MLA the core switches between compute the same attention."""
-        rng, t, start, s, host, dev = self._mla_inputs(backend, "mla forms", step)
+        rng, t, start, s, host, dev = self._mla_inputs(ops, "mla forms", step)
         nope, v = self.MLA["nope"], self.MLA["v"]
         chosen = selection(rng, t, start, s, min(3, s)) if selected else None
-        sel = None if chosen is None else backend.asarray(chosen, "int64")
-        q, keys, values = backend.mla_expand(dev["q_nope"], dev["q_rot"], dev["latent"], dev["k_rot"], dev["kv_b"], nope, v)
-        expanded = (backend.attention(q, keys, values, start, 0.2) if sel is None
-                    else backend.sparse_attention(q, keys, values, start, 0.2, sel))
-        q_lat = backend.mla_absorb_query(dev["q_nope"], dev["kv_b"], nope, v)
-        o_lat = backend.mla_attention(q_lat, dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2, sel)
-        absorbed = backend.mla_absorb_output(o_lat, dev["kv_b"], nope, v)
-        self.check(backend, absorbed, backend.to_host(expanded), "absorbed MLA against expanded MLA")
+        sel = None if chosen is None else ops.asarray(chosen, "int64")
+        q, keys, values = ops.mla_expand(dev["q_nope"], dev["q_rot"], dev["latent"], dev["k_rot"], dev["kv_b"], nope, v)
+        expanded = (ops.attention(q, keys, values, start, 0.2) if sel is None
+                    else ops.sparse_attention(q, keys, values, start, 0.2, sel))
+        q_lat = ops.mla_absorb_query(dev["q_nope"], dev["kv_b"], nope, v)
+        o_lat = ops.mla_attention(q_lat, dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2, sel)
+        absorbed = ops.mla_absorb_output(o_lat, dev["kv_b"], nope, v)
+        self.check(ops, absorbed, ops.to_host(expanded), "absorbed MLA against expanded MLA")
 
     @pytest.mark.parametrize("step", list(STEPS))
-    def test_dsa_index_scores(self, backend, step):
+    def test_dsa_index_scores(self, ops, step):
         t, start = STEPS[step]
         rng = seeded("dsa", step)
         q, k, w = normal(rng, t, 4, 8), normal(rng, start + t, 8), normal(rng, t, 4)
-        got = backend.dsa_index_scores(self.act(backend, q), self.cached(backend, k), self.act(backend, w), 0.35, start)
-        self.check(backend, got, self.ref.dsa_index_scores(q, k, w, 0.35, start), "dsa_index_scores")
+        got = ops.dsa_index_scores(self.act(ops, q), self.cached(ops, k), self.act(ops, w), 0.35, start)
+        self.check(ops, got, self.ref.dsa_index_scores(q, k, w, 0.35, start), "dsa_index_scores")
 
     # -- routing ---------------------------------------------------------------------------------
     @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
@@ -733,46 +830,46 @@ class BackendConformanceSuite:
         self.check(backend, got, want, "add_rows")
 
     @pytest.mark.parametrize("iters", [1, 3, 20])
-    def test_sinkhorn(self, backend, iters):
+    def test_sinkhorn(self, ops, iters):
         """mHC's comb matrices: softmax rows (positive, some near zero) over 2 and 4 streams."""
         rng = seeded("sinkhorn", iters)
         for n in (2, 4):
             x = self.ref.softmax(normal(rng, 7, n, n, scale=3.0)) + np.float32(1e-6)
-            got = backend.sinkhorn(self.act(backend, x), iters, 1e-6)
+            got = ops.sinkhorn(self.act(ops, x), iters, 1e-6)
             want = self.ref.sinkhorn(x, iters, 1e-6)
-            self.check(backend, got, want, f"sinkhorn {n}x{n}, {iters} iterations")
+            self.check(ops, got, want, f"sinkhorn {n}x{n}, {iters} iterations")
             # columns are normalised last: they sum to 1 (up to eps)
-            self.assert_close(backend.to_host(got).sum(-2), np.ones((7, n), np.float32), 1e-4, "sinkhorn column sums")
+            self.assert_close(ops.to_host(got).sum(-2), np.ones((7, n), np.float32), 1e-4, "sinkhorn column sums")
 
     # -- DeepSeek-V4: attention over chosen keys, grouped output, scored routers ----------------
     @pytest.mark.parametrize("sinks", [False, True], ids=["nosinks", "sinks"])
     @pytest.mark.parametrize("step", list(STEPS))
     @pytest.mark.parametrize("group", [1, 4], ids=["mha", "gqa4"])
-    def test_masked_attention(self, backend, group, step, sinks):
+    def test_masked_attention(self, ops, group, step, sinks):
         """A window's mask is ``windowed_attention``; a random mask (each query seeing at
         least one key) the reference's; k and v may be one array (V4's K = V)."""
         rng, t, start, s, q, k, v = self._attention_inputs("masked", group, step)
         sink = normal(rng, q.shape[1], scale=2.0) if sinks else None
-        dev_sink = None if sink is None else self.act(backend, sink)
+        dev_sink = None if sink is None else self.act(ops, sink)
         pos, keys = start + np.arange(t)[:, None], np.arange(s)[None, :]
         window = (keys <= pos) & (keys > pos - 3)
-        got = backend.masked_attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), 0.3,
+        got = ops.masked_attention(self.act(ops, q), self.cached(ops, k), self.cached(ops, v), 0.3,
                                        window, dev_sink)
-        self.check(backend, got, self.ref.windowed_attention(q, k, v, start, 0.3, 3, sink), "masked_attention, a window")
+        self.check(ops, got, self.ref.windowed_attention(q, k, v, start, 0.3, 3, sink), "masked_attention, a window")
         mask = rng.random((t, s)) < 0.4
         mask[np.arange(t), rng.integers(0, s, t)] = True
-        shared = self.cached(backend, k)
-        got = backend.masked_attention(self.act(backend, q), shared, shared, 0.3, mask, dev_sink)
-        self.check(backend, got, self.ref.masked_attention(q, k, k, 0.3, mask, sink), "masked_attention, K = V, random mask")
+        shared = self.cached(ops, k)
+        got = ops.masked_attention(self.act(ops, q), shared, shared, 0.3, mask, dev_sink)
+        self.check(ops, got, self.ref.masked_attention(q, k, k, 0.3, mask, sink), "masked_attention, K = V, random mask")
 
     @pytest.mark.parametrize("rows", (1, 9))
-    def test_grouped_linear(self, backend, rows):
+    def test_grouped_linear(self, ops, rows):
         """Each of 4 groups of 6 features times its own 5 rows: block-diagonal."""
         rng = seeded("grouped_linear", rows)
         x, w = normal(rng, rows, 24), normal(rng, 20, 6)
-        got = backend.grouped_linear(self.act(backend, x), backend.prepare_weight(w, "array"), 4)
+        got = ops.grouped_linear(self.act(ops, x), ops.prepare_weight(w, "array"), 4)
         want = np.concatenate([self.ref.linear(x[:, 6 * g : 6 * g + 6], w[5 * g : 5 * g + 5]) for g in range(4)], axis=1)
-        self.check(backend, got, want, "grouped_linear")
+        self.check(ops, got, want, "grouped_linear")
 
     @pytest.mark.parametrize("chosen", [False, True], ids=["topk", "chosen"])
     @pytest.mark.parametrize("scoring", ["sqrtsoftplus", "sigmoid"])
@@ -793,16 +890,16 @@ class BackendConformanceSuite:
             self.assert_close(got[0], fixed, 0, "scored_top_k keeps the chosen experts")
 
     # -- recurrent layers -------------------------------------------------------------------------
-    def test_causal_conv1d_carries_its_state(self, backend):
+    def test_causal_conv1d_carries_its_state(self, ops):
         rng = seeded("conv")
-        x, weight = normal(rng, 9, 12), backend.prepare_weight(normal(rng, 12, 4), "array")
-        whole, whole_state = self.ref.causal_conv1d(x, backend.to_host(weight), np.zeros((3, 12), np.float32))
-        state, outs = backend.zeros((3, 12), "float32"), []
+        x, weight = normal(rng, 9, 12), ops.prepare_weight(normal(rng, 12, 4), "array")
+        whole, whole_state = self.ref.causal_conv1d(x, ops.to_host(weight), np.zeros((3, 12), np.float32))
+        state, outs = ops.zeros((3, 12), "float32"), []
         for a, b in ((0, 5), (5, 6), (6, 9)):  # a prompt, one token, a chunk
-            out, state = backend.causal_conv1d(self.act(backend, x[a:b]), weight, state)
-            outs.append(backend.to_host(out))
-        self.assert_close(np.concatenate(outs), whole, self.tol(backend), "causal_conv1d fed in pieces")
-        self.check(backend, state, whole_state, "causal_conv1d state")
+            out, state = ops.causal_conv1d(self.act(ops, x[a:b]), weight, state)
+            outs.append(ops.to_host(out))
+        self.assert_close(np.concatenate(outs), whole, self.tol(ops), "causal_conv1d fed in pieces")
+        self.check(ops, state, whole_state, "causal_conv1d state")
 
     def _delta_inputs(self, backend, rep, name):
         rng = seeded(name, rep)
@@ -818,23 +915,23 @@ class BackendConformanceSuite:
 
     @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
     @pytest.mark.parametrize("chunk", [4, 5, 64])
-    def test_gated_delta_chunked(self, backend, chunk, rep):
-        host, dev = self._delta_inputs(backend, rep, "delta chunked")
-        out, state = backend.gated_delta_chunked(*dev.values(), chunk)
+    def test_gated_delta_chunked(self, ops, chunk, rep):
+        host, dev = self._delta_inputs(ops, rep, "delta chunked")
+        out, state = ops.gated_delta_chunked(*dev.values(), chunk)
         want_out, want_state = self.ref.gated_delta_chunked(*host.values(), chunk)
-        self.check(backend, out, want_out, f"gated_delta_chunked (chunks of {chunk}) output")
-        self.check(backend, state, want_state, f"gated_delta_chunked (chunks of {chunk}) state")
+        self.check(ops, out, want_out, f"gated_delta_chunked (chunks of {chunk}) output")
+        self.check(ops, state, want_state, f"gated_delta_chunked (chunks of {chunk}) state")
 
     @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
-    def test_gated_delta_step_equals_chunked(self, backend, rep):
-        host, dev = self._delta_inputs(backend, rep, "delta step")
-        out, state = backend.gated_delta_step(*dev.values())
+    def test_gated_delta_step_equals_chunked(self, ops, rep):
+        host, dev = self._delta_inputs(ops, rep, "delta step")
+        out, state = ops.gated_delta_step(*dev.values())
         want_out, want_state = self.ref.gated_delta_step(*host.values())
-        self.check(backend, out, want_out, "gated_delta_step output")
-        self.check(backend, state, want_state, "gated_delta_step state")
-        chunked_out, chunked_state = backend.gated_delta_chunked(*dev.values(), 5)
-        self.check(backend, chunked_out, backend.to_host(out), "gated_delta_chunked against gated_delta_step")
-        self.check(backend, chunked_state, backend.to_host(state), "gated_delta_chunked state against gated_delta_step")
+        self.check(ops, out, want_out, "gated_delta_step output")
+        self.check(ops, state, want_state, "gated_delta_step state")
+        chunked_out, chunked_state = ops.gated_delta_chunked(*dev.values(), 5)
+        self.check(ops, chunked_out, ops.to_host(out), "gated_delta_chunked against gated_delta_step")
+        self.check(ops, chunked_state, ops.to_host(state), "gated_delta_chunked state against gated_delta_step")
 
     def _channel_delta_inputs(self, backend, rep, name):
         """``_delta_inputs`` with a decay per key channel: g (T, Hv, Dk), strong enough that
@@ -848,36 +945,36 @@ class BackendConformanceSuite:
 
     @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
     @pytest.mark.parametrize("chunk", [4, 5, 64])
-    def test_gated_delta_channel_chunked(self, backend, chunk, rep):
-        host, dev = self._channel_delta_inputs(backend, rep, "channel delta chunked")
-        out, state = backend.gated_delta_channel_chunked(*dev.values(), chunk)
+    def test_gated_delta_channel_chunked(self, ops, chunk, rep):
+        host, dev = self._channel_delta_inputs(ops, rep, "channel delta chunked")
+        out, state = ops.gated_delta_channel_chunked(*dev.values(), chunk)
         want_out, want_state = self.ref.gated_delta_channel_chunked(*host.values(), chunk)
-        self.check(backend, out, want_out, f"gated_delta_channel_chunked (chunks of {chunk}) output")
-        self.check(backend, state, want_state, f"gated_delta_channel_chunked (chunks of {chunk}) state")
+        self.check(ops, out, want_out, f"gated_delta_channel_chunked (chunks of {chunk}) output")
+        self.check(ops, state, want_state, f"gated_delta_channel_chunked (chunks of {chunk}) state")
 
     @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
-    def test_gated_delta_channel_step_equals_chunked(self, backend, rep):
-        host, dev = self._channel_delta_inputs(backend, rep, "channel delta step")
-        out, state = backend.gated_delta_channel_step(*dev.values())
+    def test_gated_delta_channel_step_equals_chunked(self, ops, rep):
+        host, dev = self._channel_delta_inputs(ops, rep, "channel delta step")
+        out, state = ops.gated_delta_channel_step(*dev.values())
         want_out, want_state = self.ref.gated_delta_channel_step(*host.values())
-        self.check(backend, out, want_out, "gated_delta_channel_step output")
-        self.check(backend, state, want_state, "gated_delta_channel_step state")
-        chunked_out, chunked_state = backend.gated_delta_channel_chunked(*dev.values(), 5)
-        self.check(backend, chunked_out, backend.to_host(out), "gated_delta_channel_chunked against gated_delta_channel_step")
-        self.check(backend, chunked_state, backend.to_host(state),
+        self.check(ops, out, want_out, "gated_delta_channel_step output")
+        self.check(ops, state, want_state, "gated_delta_channel_step state")
+        chunked_out, chunked_state = ops.gated_delta_channel_chunked(*dev.values(), 5)
+        self.check(ops, chunked_out, ops.to_host(out), "gated_delta_channel_chunked against gated_delta_channel_step")
+        self.check(ops, chunked_state, ops.to_host(state),
                    "gated_delta_channel_chunked state against gated_delta_channel_step")
 
-    def test_gated_delta_channel_with_equal_channels_is_gated_delta(self, backend):
+    def test_gated_delta_channel_with_equal_channels_is_gated_delta(self, ops):
         """A decay equal across the key channels is the scalar gated delta rule."""
-        host, dev = self._delta_inputs(backend, 2, "channel delta scalar")
+        host, dev = self._delta_inputs(ops, 2, "channel delta scalar")
         dk = host["k"].shape[-1]
         wide = np.ascontiguousarray(np.repeat(host["g"][..., None], dk, axis=-1))
-        args = dict(dev, g=self.act(backend, wide))
-        for name, got in (("chunked", backend.gated_delta_channel_chunked(*args.values(), 5)),
-                          ("step", backend.gated_delta_channel_step(*args.values()))):
+        args = dict(dev, g=self.act(ops, wide))
+        for name, got in (("chunked", ops.gated_delta_channel_chunked(*args.values(), 5)),
+                          ("step", ops.gated_delta_channel_step(*args.values()))):
             want_out, want_state = self.ref.gated_delta_step(*host.values())
-            self.check(backend, got[0], want_out, f"gated_delta_channel_{name} with equal channels output")
-            self.check(backend, got[1], want_state, f"gated_delta_channel_{name} with equal channels state")
+            self.check(ops, got[0], want_out, f"gated_delta_channel_{name} with equal channels output")
+            self.check(ops, got[1], want_state, f"gated_delta_channel_{name} with equal channels state")
 
     # -- the batched engine on whole models --------------------------------------------------
     # colibri's scheduler (colibri_core.engine.scheduler) computing with this backend, on

@@ -24,6 +24,16 @@ def wanted_backends() -> set[str] | None:
     return {part.strip() for part in value.split(",") if part.strip()}
 
 
+def matrix_beyond_cpu(params: list) -> list:
+    """The parameters with every backend but ``cpu`` marked ``matrix``: the everyday lane
+    (``-m "not slow and not matrix"``) runs the families and the kit on the CPU, CI on
+    every backend."""
+    import pytest
+
+    return [p if p.id == "cpu" else pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.matrix])
+            for p in params]
+
+
 def backend_params(names: tuple[str, ...] | None = None) -> list:
     """pytest parameters, one per backend, id'd by name: ``names`` (backends the caller
     registers itself, e.g. in-process test backends), or every installed backend. Those

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pytest
 
 import colibri_core
 
@@ -178,9 +179,9 @@ class FamilyOracleSuite:
 
     def pytest_generate_tests(self, metafunc):
         if "backend" in metafunc.fixturenames:
-            from colibri_core.testing.backends import backend_params
+            from colibri_core.testing.backends import backend_params, matrix_beyond_cpu
 
-            metafunc.parametrize("backend", backend_params(self.backends))
+            metafunc.parametrize("backend", matrix_beyond_cpu(backend_params(self.backends)))
         if "case_name" in metafunc.fixturenames:
             metafunc.parametrize("case_name", sorted(self.cases))
         if "placement" in metafunc.fixturenames:
@@ -216,6 +217,30 @@ class FamilyOracleSuite:
         worst = float(np.abs(ours - fx.step_logits).max())
         assert worst < bound, f"logits differ by {worst:.2e}"
 
+    def test_decode_stays_on_the_device_but_for_ids_and_logits(self, backend, case_name, tmp_path_factory):
+        """Host synchronisations per decode step: one for the logits, one per MoE router
+        (the store reads experts by id), two per sparse-attention indexer (its scores, and
+        its selection where the attention is a composite); none elsewhere
+        (``colibri_core.testing.syncs``)."""
+        from colibri_core.testing.syncs import SyncAudit, disallowed
+
+        fx = self._fixture(case_name, tmp_path_factory)
+        steps = 3
+        runs = []
+        for tokens in (1, 1 + steps):  # the difference is the decode steps alone
+            with colibri_core.load(fx.path, backend=backend, history=False) as model:
+                audit = SyncAudit(model.backend)
+                model.generate(token_ids=fx.prompt, max_tokens=tokens, ignore_eos=True)
+                runs.append(audit.snapshot())
+                routers = len(model.lm.routed_experts())
+        sites = runs[1][0] - runs[0][0]
+        indexer_calls = (runs[1][1] - runs[0][1])["dsa_index_scores"] / steps
+        assert not disallowed(sites), f"host syncs outside the allowed blocks during decode: {disallowed(sites)}"
+        budget = 1 + routers + 2 * indexer_calls
+        per_step = sum(sites.values()) / steps
+        assert per_step <= budget, (f"{per_step:g} host syncs per decode step, more than {budget:g} (1 + {routers} "
+                                    f"routers + 2 x {indexer_calls:g} indexers): {dict(sites)}")
+
     def test_teacher_forced_logits_match_transformers(self, backend, case_name, tmp_path_factory):
         fx = self._fixture(case_name, tmp_path_factory)
         with colibri_core.load(fx.path, cap=1, history=False, backend=backend) as model:
@@ -224,6 +249,7 @@ class FamilyOracleSuite:
         worst = float(np.abs(ours - fx.full_logits).max())
         assert worst < bound, f"logits differ by {worst:.2e}"
 
+    @pytest.mark.matrix  # budgets x pinning x prefetch x O_DIRECT x mirror, per case
     def test_every_store_option_gives_identical_tokens(self, backend, case_name, tmp_path_factory, tmp_path):
         """Budget (cap 1 .. all resident) x pinning x prefetch x O_DIRECT x mirror, and on a
         backend with device memory x --vram (all, a quarter, none): the tokens and logits

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import Backend, check_visible, expert_groups, grouped_shapes
+from colibri_core.compute.backend import Backend
+from colibri_core.compute.host import check_visible, delta_chunked, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 from colibri_cuda import geometry, layouts
@@ -292,6 +293,23 @@ class CudaBackend(Backend):
     def concat(self, arrays, axis):
         return self.xp.concatenate(arrays, axis=axis)
 
+    # -- primitives ----------------------------------------------------------------------------
+    def exp(self, x):
+        with self.device.errstate():
+            return self.xp.exp(x)
+
+    def maximum(self, x, floor):
+        return self.xp.maximum(x, np.float32(floor))
+
+    def matmul(self, a, b):
+        return self.xp.matmul(a, b)
+
+    def reduce_sum(self, x):
+        return x.sum(axis=-1, keepdims=True)
+
+    def reduce_max(self, x):
+        return x.max(axis=-1, keepdims=True)
+
     def take_rows(self, x, rows):
         return x[self.device.upload(np.asarray(rows, dtype=np.int64))]
 
@@ -335,23 +353,7 @@ class CudaBackend(Backend):
         itself is not kept (the window bounds what the backend holds)."""
         return {role: self._ready(weights[role]) for role in ("gate", "up", "down")}
 
-    # -- multi-head latent attention and DSA ------------------------------------------------------
-    def mla_expand(self, q_nope, q_rot, latent, k_rot, kv_b, nope_dim, v_dim):
-        xp = self.xp
-        t, h, _ = q_nope.shape
-        s, rope = k_rot.shape
-        kv = (latent @ kv_b.T).reshape(s, h, nope_dim + v_dim).transpose(1, 0, 2)  # (H, S, nope+v)
-        keys = xp.empty((h, s, nope_dim + rope), dtype=xp.float32)
-        keys[..., :nope_dim] = kv[..., :nope_dim]
-        keys[..., nope_dim:] = k_rot[None]
-        q = xp.concatenate((q_nope, q_rot), axis=-1)
-        return q, keys, xp.ascontiguousarray(kv[..., nope_dim:])
-
-    def mla_absorb_query(self, q_nope, kv_b, nope_dim, v_dim):
-        w = kv_b.reshape(q_nope.shape[1], nope_dim + v_dim, kv_b.shape[-1])  # (H, nope+v, rank)
-        out = self.xp.matmul(q_nope.transpose(1, 0, 2), w[:, :nope_dim, :])  # (H, T, rank)
-        return self.xp.ascontiguousarray(out.transpose(1, 0, 2))
-
+    # -- latent attention and DSA: masks built on the device (the expand/absorb products are composites)
     def mla_attention(self, q_lat, q_rot, latent, k_rot, start, scale, selected=None):
         xp = self.xp
         t = q_lat.shape[0]
@@ -360,11 +362,6 @@ class CudaBackend(Backend):
         if visible is not None:
             scores = xp.where(visible[:, None, :], scores, -np.inf)
         return xp.matmul(self.softmax(scores), latent)  # (T, H, rank)
-
-    def mla_absorb_output(self, o_lat, kv_b, nope_dim, v_dim):
-        w = kv_b.reshape(o_lat.shape[1], nope_dim + v_dim, kv_b.shape[-1])
-        out = self.xp.matmul(o_lat.transpose(1, 0, 2), w[:, nope_dim:, :].transpose(0, 2, 1))  # (H, T, v)
-        return self.xp.ascontiguousarray(out.transpose(1, 0, 2))
 
     def dsa_index_scores(self, q, k, weights, scale, start):
         xp = self.xp
@@ -375,60 +372,9 @@ class CudaBackend(Backend):
             scores = xp.where(visible, scores, -np.inf)
         return scores
 
-    # -- recurrent (linear-attention) layers ----------------------------------------------------
-    def causal_conv1d(self, x, weight, state):
-        xp = self.xp
-        t, width = x.shape[0], weight.shape[1]
-        full = xp.concatenate((state, x), axis=0)  # (K-1+T, C)
-        out = full[0:t] * weight[:, 0]
-        for j in range(1, width):
-            out = out + full[j : j + t] * weight[:, j]
-        return out, xp.ascontiguousarray(full[t:])
-
-    def _delta_heads(self, q, k, v, g, beta):
-        """(H, T, ...) views with the key heads repeated to the value heads."""
-        xp = self.xp
-        rep = v.shape[1] // k.shape[1]
-        if rep > 1:
-            q, k = xp.repeat(q, rep, axis=1), xp.repeat(k, rep, axis=1)
-        return q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), g.T, beta.T
-
+    # -- recurrent layers: the chunked prefill and the step's kernel (the convolution is the composite)
     def gated_delta_chunked(self, q, k, v, g, beta, state, chunk_size):
-        xp = self.xp
-        t = q.shape[0]
-        q, k, v, g, beta = self._delta_heads(q, k, v, g, beta)
-        h, dv = v.shape[0], v.shape[2]
-        c = chunk_size
-        pad = (-t) % c
-        if pad:
-            q, k, v = (xp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v))
-            g, beta = (xp.pad(a, ((0, 0), (0, pad))) for a in (g, beta))
-        n = (t + pad) // c
-        v_beta = (v * beta[..., None]).reshape(h, n, c, dv)
-        k_beta = (k * beta[..., None]).reshape(h, n, c, -1)
-        q, k = q.reshape(h, n, c, -1), k.reshape(h, n, c, -1)
-        cum = xp.cumsum(g.reshape(h, n, c), axis=-1, dtype=xp.float32)
-        upper = xp.triu(xp.ones((c, c), dtype=bool), 1)
-        with self.device.errstate():  # masked (upper) entries may overflow before masking
-            pair = xp.exp(xp.where(upper, -np.inf, cum[..., :, None] - cum[..., None, :]))
-        kt = k.swapaxes(-1, -2)
-        ut = (k_beta @ kt) * pair
-        intra = (q @ kt) * pair
-        # (I + strictly-lower(ut)) X = B: a unit lower-triangular solve
-        lower = xp.tril(ut, -1) + xp.eye(c, dtype=xp.float32)
-        new_values = xp.linalg.solve(lower, v_beta).astype(xp.float32)
-        k_cumdecay = xp.linalg.solve(lower, k_beta * xp.exp(cum)[..., None]).astype(xp.float32)
-        q = q * xp.exp(cum)[..., None]
-        k = k * xp.exp(cum[..., -1:] - cum)[..., None]
-        chunk_decay = xp.exp(cum[..., -1])[..., None, None]
-        s = xp.array(state, dtype=xp.float32, copy=True)
-        out = xp.empty((h, n, c, dv), dtype=xp.float32)
-        for i in range(n):
-            v_new = new_values[:, i] - k_cumdecay[:, i] @ s
-            out[:, i] = q[:, i] @ s + intra[:, i] @ v_new
-            s = s * chunk_decay[:, i] + k[:, i].swapaxes(-1, -2) @ v_new
-        out = out.reshape(h, n * c, dv)[:, :t]
-        return xp.ascontiguousarray(out.transpose(1, 0, 2)), s
+        return delta_chunked(self.xp, self.device.errstate(), q, k, v, g, beta, state, chunk_size)
 
     def gated_delta_step(self, q, k, v, g, beta, state):
         xp = self.xp

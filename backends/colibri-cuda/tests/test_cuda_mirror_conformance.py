@@ -8,7 +8,7 @@ left to the same kit run on ``cuda`` (tests/test_backend_conformance.py, gpu_che
 import numpy as np
 import pytest
 
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.formats.reference import dequantize
 from colibri_core.testing.backend_kit import BackendConformanceSuite, pack
 from colibri_cuda import geometry

@@ -5,7 +5,7 @@ and pinned set are the generic tier's."""
 
 import numpy as np
 
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.experts.tiers import ExpertWeights
 from colibri_core.formats.reference import dequantize
 from colibri_core.testing.backend_kit import pack

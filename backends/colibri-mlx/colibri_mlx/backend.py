@@ -26,7 +26,8 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from colibri_core.engine.backend import Backend, check_visible, expert_groups, grouped_shapes
+from colibri_core.compute.backend import Backend
+from colibri_core.compute.host import check_visible, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_mlx import packed
 
@@ -275,6 +276,27 @@ class MlxBackend(Backend):
     def concat(self, arrays, axis):
         return mx.concatenate(list(arrays), axis=axis)
 
+    # -- primitives ----------------------------------------------------------------------
+    @on_device
+    def exp(self, x):
+        return mx.exp(x)
+
+    @on_device
+    def maximum(self, x, floor):
+        return mx.maximum(x, floor)
+
+    @on_device
+    def matmul(self, a, b):
+        return a @ b
+
+    @on_device
+    def reduce_sum(self, x):
+        return x.sum(axis=-1, keepdims=True)
+
+    @on_device
+    def reduce_max(self, x):
+        return x.max(axis=-1, keepdims=True)
+
     @on_device
     def take_rows(self, x, rows):
         return x[mx.array(np.asarray(rows, dtype=np.int64))]
@@ -387,23 +409,6 @@ class MlxBackend(Backend):
 
     # -- multi-head latent attention and DSA -------------------------------------------
     @on_device
-    def mla_expand(self, q_nope, q_rot, latent, k_rot, kv_b, nope_dim, v_dim):
-        h = q_nope.shape[1]
-        s, rope = k_rot.shape
-        kv = (latent @ kv_b.T).reshape(s, h, nope_dim + v_dim).transpose(1, 0, 2)  # (H, S, nope+v)
-        keys = mx.concatenate((kv[..., :nope_dim], mx.broadcast_to(k_rot[None], (h, s, rope))), axis=-1)
-        return mx.concatenate((q_nope, q_rot), axis=-1), keys, kv[..., nope_dim:]
-
-    @staticmethod
-    def _kv_b_heads(kv_b, n_heads, nope_dim, v_dim):
-        return kv_b.reshape(n_heads, nope_dim + v_dim, kv_b.shape[-1])  # (H, nope+v, rank)
-
-    @on_device
-    def mla_absorb_query(self, q_nope, kv_b, nope_dim, v_dim):
-        w = self._kv_b_heads(kv_b, q_nope.shape[1], nope_dim, v_dim)
-        return (q_nope.transpose(1, 0, 2) @ w[:, :nope_dim, :]).transpose(1, 0, 2)  # (T, H, rank)
-
-    @on_device
     def mla_attention(self, q_lat, q_rot, latent, k_rot, start, scale, selected=None):
         t = q_lat.shape[0]
         s = latent.shape[0]
@@ -414,11 +419,6 @@ class MlxBackend(Backend):
         return self._softmax(scores) @ latent  # (T, H, rank)
 
     @on_device
-    def mla_absorb_output(self, o_lat, kv_b, nope_dim, v_dim):
-        w = self._kv_b_heads(kv_b, o_lat.shape[1], nope_dim, v_dim)
-        return (o_lat.transpose(1, 0, 2) @ w[:, nope_dim:, :].transpose(0, 2, 1)).transpose(1, 0, 2)  # (T, H, v)
-
-    @on_device
     def dsa_index_scores(self, q, k, weights, scale, start):
         t, s = q.shape[0], k.shape[0]
         per_head = mx.maximum((q @ k.T) * scale, 0.0)  # (T, Hi, S)
@@ -426,16 +426,7 @@ class MlxBackend(Backend):
         visible = self._visible(t, s, start)
         return scores if visible is None else mx.where(visible, scores, -mx.inf)
 
-    # -- recurrent (linear-attention) layers -------------------------------------------
-    @on_device
-    def causal_conv1d(self, x, weight, state):
-        t, width = x.shape[0], weight.shape[1]
-        full = mx.concatenate((state, x), axis=0)  # (K-1+T, C)
-        out = full[0:t] * weight[:, 0]
-        for j in range(1, width):  # the filter's taps (a handful), not positions
-            out = out + full[j : j + t] * weight[:, j]
-        return out, full[t:]
-
+    # -- recurrent (linear-attention) layers: the chunked prefill (the step is the composite)
     @staticmethod
     def _delta_heads(q, k, v, g, beta):
         """(H, T, ...) views with the key heads repeated to the value heads."""
@@ -480,18 +471,3 @@ class MlxBackend(Backend):
             s = s * chunk_decay[:, i] + k[:, i].swapaxes(-1, -2) @ v_new
         out = mx.concatenate(outs, axis=1)[:, :t]  # (H, T, Dv)
         return out.transpose(1, 0, 2), s
-
-    @on_device
-    def gated_delta_step(self, q, k, v, g, beta, state):
-        t = q.shape[0]
-        q, k, v, g, beta = self._delta_heads(q, k, v, g, beta)
-        s = state
-        decay = mx.exp(g)
-        outs = []
-        for i in range(t):  # the recurrence itself: one position after another
-            s = s * decay[:, i, None, None]
-            kv_mem = (s * k[:, i, :, None]).sum(axis=-2)
-            delta = (v[:, i] - kv_mem) * beta[:, i, None]
-            s = s + k[:, i, :, None] * delta[:, None, :]
-            outs.append((s * q[:, i, :, None]).sum(axis=-2))
-        return mx.stack(outs, axis=1).transpose(1, 0, 2), s

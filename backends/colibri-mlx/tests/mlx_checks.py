@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_mlx.backend import MlxBackend
 
 

@@ -5,6 +5,8 @@ works; uninstalled, it is gone."""
 import json
 from pathlib import Path
 
+import pytest
+
 from colibri_core.testing.venv import fresh_venv
 
 REPO = Path(__file__).resolve().parents[3]
@@ -21,6 +23,7 @@ def tiny_olmoe(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a fresh venv: pip installs the distributions
 def test_fresh_venv_lists_mlx_runs_it_and_survives_its_absence(tmp_path):
     model = tiny_olmoe(tmp_path / "olmoe")
     venv = fresh_venv(REPO, tmp_path, "colibri-olmoe", paths=("backends/colibri-mlx[cpu]",))

@@ -1,18 +1,21 @@
 """The Vulkan compute backend (``--backend vulkan``): every abstract operation of the
-contract, and the products, norms, RoPE, attention and recurrent ops, in GLSL compute
-shaders (``shaders/``, committed as SPIR-V in ``spirv/``) on one Vulkan device.
+contract (the primitives exp, maximum, matmul, reduce_sum/max included), and the products,
+norms, RoPE, attention and recurrent ops, in GLSL compute shaders (``shaders/``, committed
+as SPIR-V in ``spirv/``) on one Vulkan device.
 
-What does not run in a shader (docs/backends.md, Vulkan): the contract's own reference
-implementations of ``top_k`` (a host round trip), of the two routers' selection (the router
-product runs on the device; the ids must reach the host anyway) and of ``routed_experts``
-/ ``swiglu_expert`` / ``linears`` (compositions of device operations).
+What does not run in a shader of its own (docs/backends.md, Vulkan): the contract's
+composites it does not override (``masked_attention``, ``grouped_linear``, ``sinkhorn``, the
+per-channel delta rule: ``colibri_core.compute.composites`` on the primitives above, on the
+device), the reference implementations of ``top_k`` (a host round trip), of the routers'
+selection (the router product runs on the device; the ids must reach the host anyway) and
+of ``routed_experts`` / ``swiglu_expert`` / ``linears`` (compositions of device operations).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import Backend
+from colibri_core.compute.backend import Backend
 from colibri_core.formats.base import QuantTensor, bf16_to_f32
 from colibri_core.formats.fp8 import E4M3_TO_F32
 from colibri_core.formats.integer import E2M1_VALUES
@@ -22,10 +25,11 @@ from colibri_vulkan.device import pack, shared_context
 MAX_DIMS = 6
 GROUP_LIMIT = 65535
 ELTWISE = {"copy": 0, "+": 1, "-": 2, "*": 3, "/": 4, "neg": 11, "silu": 12, "sigmoid": 13, "softplus": 14, "clip": 15,
-           "silu_mul": 16, "gated": 17}
+           "silu_mul": 16, "gated": 17, "exp": 18, "maximum": 19}
 SCALAR = {"+": 5, "*": 6, "-": 7, "/": 9}
 SCALAR_REFLECTED = {"+": 5, "*": 6, "-": 8, "/": 10}
 ROWS = {"rms": 0, "layer": 1, "l2": 2, "softmax": 3}
+REDUCE = {"sum": 4, "max": 5}  # rows.comp modes with one value out per row
 KINDS = ("q8", "q4", "mxfp4", "fp8", "bf16")
 
 
@@ -35,6 +39,29 @@ def groups_for(n: int, per_group: int = 1) -> tuple[int, int, int]:
     if total <= GROUP_LIMIT:
         return (total, 1, 1)
     return (GROUP_LIMIT, -(-total // GROUP_LIMIT), 1)
+
+
+def batch_strides(x: VulkanArray, lead: tuple[int, ...]) -> list[int]:
+    """x's strides over the batch axes ``lead`` it broadcasts to (0 where it broadcasts)."""
+    own = x.shape[:-2]
+    pad = len(lead) - len(own)
+    return [0] * pad + [0 if n == 1 else s for n, s in zip(own, x.strides[:-2])]
+
+
+def fold_batch_axes(lead: tuple[int, ...], strides: list[list[int]]) -> list[tuple[int, tuple[int, ...]]]:
+    """The batch axes as few (size, per-operand strides) axes as the strides allow: size-1
+    axes drop out, and an axis folds into the one before it where, in every operand, the
+    outer stride is the inner stride times the inner size. Never empty (a lone axis of 1)."""
+    axes: list[tuple[int, tuple[int, ...]]] = []
+    for i, size in enumerate(lead):
+        st = tuple(s[i] for s in strides)
+        if size == 1:
+            continue
+        if axes and all(outer == inner * size for outer, inner in zip(axes[-1][1], st)):
+            axes[-1] = (axes[-1][0] * size, st)
+        else:
+            axes.append((size, st))
+    return axes or [(1, (0,) * len(strides))]
 
 
 class DeviceWeight:
@@ -260,18 +287,78 @@ class VulkanBackend(Backend):
         self.ctx.dispatch("bmm", [out.alloc, a.alloc, b.alloc], push, groups_for(nb * m * n, 256))
         return out
 
+    def matmul(self, a, b):
+        """The ``bmm`` shader over the operands' own strides: transposes and slices are read
+        in place, a 2-D (or size-1) batch of b has batch stride 0, and the leading axes
+        fold into the shader's one batch axis where every operand's strides allow; the
+        axes that do not fold are dispatched one index at a time."""
+        a, b = self._float_view(a), self._float_view(b)
+        if a.ndim < 2 or b.ndim < 2:
+            raise ValueError(f"matmul takes (..., M, K) @ (..., K, N), not {a.shape} @ {b.shape}")
+        (m, k), (kb, n) = a.shape[-2:], b.shape[-2:]
+        if k != kb:
+            raise ValueError(f"matmul: {a.shape} @ {b.shape} (inner sizes {k} and {kb} differ)")
+        lead = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        out = self._new(lead + (m, n))
+        if out.size == 0:
+            return out
+        if k == 0:
+            self.ctx.fill_zero(out.alloc)
+            return out
+        operands = (a, b, out)
+        axes = fold_batch_axes(lead, [batch_strides(x, lead) for x in operands])
+        (nb, inner), outer = axes[-1], axes[:-1]
+        for index in np.ndindex(*(size for size, _ in outer)):
+            ao, bo, co = (x.offset + sum(i * st[j] for i, (_, st) in zip(index, outer)) for j, x in enumerate(operands))
+            self._bmm(out, a, b, nb, m, n, k, (inner[0], *a.strides[-2:]), (inner[1], *b.strides[-2:]),
+                      (inner[2], *out.strides[-2:]), ao, bo, co)
+        return out
+
     # -- rows --------------------------------------------------------------------------
+    def _float_view(self, x) -> VulkanArray:
+        if not isinstance(x, VulkanArray):
+            return self.asarray(np.asarray(x, dtype=np.float32))
+        if x.dtype_name != "float32":
+            raise TypeError(f"the Vulkan backend computes in float32, not {x.dtype_name}")
+        return x
+
+    def _contiguous(self, x) -> VulkanArray:
+        """x itself when its rows lie one after another (at any offset), else a dense copy."""
+        x = self._float_view(x)
+        return x if x.is_contiguous() else self.copy(x)
+
     def _rows(self, mode: str, x, weight=None, bias=None, eps: float = 0.0):
-        x = self.dense(x)
+        x = self._contiguous(x)
         cols = x.shape[-1]
         rows = x.size // cols if cols else 0
         out = self._new(x.shape)
         if rows:
             w = self.dense(weight).alloc if weight is not None else self._dummy
             b = self.dense(bias).alloc if bias is not None else self._dummy
-            push = pack("5ifi", rows, cols, ROWS[mode], int(weight is not None), int(bias is not None), eps, 0)
+            push = pack("5ifi", rows, cols, ROWS[mode], int(weight is not None), int(bias is not None), eps, x.offset)
             self.ctx.dispatch("rows", [out.alloc, x.alloc, w, b], push, groups_for(rows))
         return out
+
+    def _reduce(self, mode: str, x):
+        x = self._contiguous(x)
+        if x.ndim == 0:
+            raise ValueError("a reduction over the last axis needs an axis")
+        cols = x.shape[-1]
+        out = self._new(x.shape[:-1] + (1,))
+        if out.size and not cols:
+            if mode == "max":
+                raise ValueError("reduce_max over an empty axis has no value")
+            self.ctx.fill_zero(out.alloc)
+        elif out.size:
+            push = pack("5ifi", out.size, cols, REDUCE[mode], 0, 0, 0.0, x.offset)
+            self.ctx.dispatch("rows", [out.alloc, x.alloc, self._dummy, self._dummy], push, groups_for(out.size))
+        return out
+
+    def reduce_sum(self, x):
+        return self._reduce("sum", x)
+
+    def reduce_max(self, x):
+        return self._reduce("max", x)
 
     def rms_norm(self, x, weight, eps):
         return self._rows("rms", x, weight, None, eps)
@@ -297,6 +384,12 @@ class VulkanBackend(Backend):
 
     def softplus(self, x):
         return self.unary("softplus", x)
+
+    def exp(self, x):
+        return self.unary("exp", self._float_view(x))
+
+    def maximum(self, x, floor):
+        return self.unary("maximum", self._float_view(x), float(floor))
 
     def silu_mul(self, gate, up):
         return self._eltwise(ELTWISE["silu_mul"], self._new(np.broadcast_shapes(gate.shape, up.shape)), gate, up)

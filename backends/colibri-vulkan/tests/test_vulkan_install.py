@@ -28,6 +28,7 @@ def tiny_olmoe(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a fresh venv: pip installs the distributions
 @pytest.mark.skipif(REASON is not None, reason=f"no Vulkan here: {REASON}")
 def test_fresh_venv_lists_vulkan_runs_it_and_survives_its_absence(tmp_path, monkeypatch):
     model = tiny_olmoe(tmp_path / "olmoe")

@@ -4,39 +4,22 @@
 Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
 
-from colibri_core import hookimpl
-from colibri_core.plugins.registry import FamilySpec
+from colibri_core.plugins.registry import FamilySpec, family_hook
 
 __version__ = "0.1.0"
 
-
-@hookimpl
-def colibri_register_families(register):
-    register(
-        FamilySpec(
-            name="deepseek-v3",
-            model_types=("deepseek_v3",),
-            architectures=("DeepseekV3ForCausalLM",),
-            impl="colibri_deepseek.model:DeepseekV3",
-            description="DeepSeek-V3: MLA with a latent KV cache, sigmoid group-limited router, shared experts",
-        )
-    )
-    register(
-        FamilySpec(
-            name="deepseek-v32",
-            model_types=("deepseek_v32",),
-            architectures=("DeepseekV32ForCausalLM",),
-            impl="colibri_deepseek.model:DeepseekV32",
-            description="DeepSeek-V3.2: DeepSeek-V3 plus DSA sparse attention (lightning indexer)",
-        )
-    )
-    register(
-        FamilySpec(
-            name="deepseek-v4",
-            model_types=("deepseek_v4",),
-            architectures=("DeepseekV4ForCausalLM",),
-            impl="colibri_deepseek.v4:DeepseekV4",
-            description="DeepSeek-V4: hyper-connections, sliding-window + compressed (CSA/HCA) attention with sinks, "
-                        "hash and sqrt-softplus routed MoE",
-        )
-    )
+colibri_register_families = family_hook(
+    FamilySpec(name="deepseek-v3", model_types=("deepseek_v3",),
+               architectures=("DeepseekV3ForCausalLM",),
+               impl="colibri_deepseek.model:DeepseekV3",
+               description="DeepSeek-V3: MLA with a latent KV cache, sigmoid group-limited router, shared experts"),
+    FamilySpec(name="deepseek-v32", model_types=("deepseek_v32",),
+               architectures=("DeepseekV32ForCausalLM",),
+               impl="colibri_deepseek.model:DeepseekV32",
+               description="DeepSeek-V3.2: DeepSeek-V3 plus DSA sparse attention (lightning indexer)"),
+    FamilySpec(name="deepseek-v4", model_types=("deepseek_v4",),
+               architectures=("DeepseekV4ForCausalLM",),
+               impl="colibri_deepseek.v4:DeepseekV4",
+               description="DeepSeek-V4: hyper-connections, sliding-window + compressed (CSA/HCA) attention with sinks, "
+                           "hash and sqrt-softplus routed MoE"),
+)

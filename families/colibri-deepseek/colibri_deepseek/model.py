@@ -1,6 +1,6 @@
 """DeepSeek-V3 and V3.2 on colibri's shared blocks (transformers: models/deepseek_v3,
 models/deepseek_v32). MLA, the DSA indexer, the sigmoid grouped router, the fp8 format,
-DeepSeek-V3's config defaults (``colibri_core.nn.builders``) and the decoder assembly
+DeepSeek-V3's config defaults (``colibri_core.model.builders``) and the decoder assembly
 (``colibri_core.nn.assembly``) are colibri_core's; this file only adds V3.2's index
 fields and its rope layout."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from colibri_core.model.family import Family
 from colibri_core.nn.assembly import build_decoder
-from colibri_core.nn.builders import DeepseekV3Args, DSAArgs, mla_mixer, sigmoid_moe_mlp
+from colibri_core.model.builders import DeepseekV3Args, DSAArgs, mla_mixer, sigmoid_moe_mlp
 
 
 @dataclass(kw_only=True)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from colibri_core.engine.backend import ROUTER_SCORINGS, GatedActivation
+from colibri_core.compute.backend import GatedActivation
+from colibri_core.compute.host import ROUTER_SCORINGS
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.model.family import Family

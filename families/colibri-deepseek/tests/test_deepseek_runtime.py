@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.backends.cpu.backend import CpuBackend
+from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.io.safetensors import write_safetensors
 from colibri_core.testing import DELETE, copy_model

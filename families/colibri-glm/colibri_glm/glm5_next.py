@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri_core.engine.backend import GatedActivation
+from colibri_core.compute.backend import GatedActivation
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.config import bounded
 from colibri_core.model.family import Family
 from colibri_core.nn import Linear, MLAttention
 from colibri_core.nn.assembly import Names, build_decoder
-from colibri_core.nn.builders import SigmoidMoEArgs, kda, sigmoid_moe_mlp
+from colibri_core.model.builders import SigmoidMoEArgs, kda, sigmoid_moe_mlp
 from colibri_core.nn.dsa import LayerNorm, PooledIndexer, SharedIndexer
 from colibri_core.nn.hyper import HyperHead, hyper_connection
 

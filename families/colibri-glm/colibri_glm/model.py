@@ -2,7 +2,7 @@
 models/glm4_moe_lite, models/glm_moe_dsa).
 
 All three are ``colibri_core.nn.assembly``'s decoder with the MLPs of
-``colibri_core.nn.builders``: dense SwiGLU layers first, then the sigmoid group-limited
+``colibri_core.model.builders``: dense SwiGLU layers first, then the sigmoid group-limited
 router with shared experts. What is GLM's own:
 
 - glm4_moe: grouped-query attention (the core ``Attention``) with optional q/k/v bias,
@@ -27,7 +27,7 @@ from colibri_core.errors import ModelFormatError
 from colibri_core.model.family import Family
 from colibri_core.nn import Attention, build_rope
 from colibri_core.nn.assembly import build_decoder
-from colibri_core.nn.builders import DSAArgs, MLAArgs, SigmoidMoEArgs, mla_mixer, sigmoid_moe_mlp
+from colibri_core.model.builders import DSAArgs, MLAArgs, SigmoidMoEArgs, mla_mixer, sigmoid_moe_mlp
 from colibri_core.nn.rope import rope_parameters
 
 

@@ -5,6 +5,8 @@ tokens, because the shared blocks live in the core."""
 
 from pathlib import Path
 
+import pytest
+
 from colibri_core.testing.venv import fresh_venv
 
 import test_glm_moe_dsa_oracle as dsa_suite
@@ -12,6 +14,7 @@ import test_glm_moe_dsa_oracle as dsa_suite
 REPO = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow  # a fresh venv: pip installs the distributions
 def test_root_plus_colibri_glm_alone_installs_and_runs_glm5(tmp_path, tmp_path_factory):
     fx = dsa_suite.TestGlmMoeDsaOracle.oracle("shared_top4", tmp_path_factory)
 

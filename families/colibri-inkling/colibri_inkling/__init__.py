@@ -4,21 +4,14 @@ multimodal ``inkling_mm_model`` checkpoint (image, audio and video input refused
 Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
 
-from colibri_core import hookimpl
-from colibri_core.plugins.registry import FamilySpec
+from colibri_core.plugins.registry import FamilySpec, family_hook
 
 __version__ = "0.1.0"
 
-
-@hookimpl
-def colibri_register_families(register):
-    register(
-        FamilySpec(
-            name="inkling",
-            model_types=("inkling_text", "inkling_mm_model"),
-            architectures=("InklingForCausalLM", "InklingForConditionalGeneration"),
-            impl="colibri_inkling.model:Inkling",
-            description="Inkling: relative-bias attention (sliding + full), short convolutions, sigmoid MoE with "
-                        "router-weighted shared experts; the multimodal checkpoint's text model (media refused)",
-        )
-    )
+colibri_register_families = family_hook(
+    FamilySpec(name="inkling", model_types=("inkling_text", "inkling_mm_model"),
+               architectures=("InklingForCausalLM", "InklingForConditionalGeneration"),
+               impl="colibri_inkling.model:Inkling",
+               description="Inkling: relative-bias attention (sliding + full), short convolutions, sigmoid MoE with "
+                           "router-weighted shared experts; the multimodal checkpoint's text model (media refused)"),
+)

@@ -4,6 +4,8 @@ transformers' tokens, because its blocks live in the core."""
 
 from pathlib import Path
 
+import pytest
+
 from colibri_core.testing.venv import fresh_venv
 
 import test_inkling_oracle as suites
@@ -11,6 +13,7 @@ import test_inkling_oracle as suites
 REPO = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow  # a fresh venv: pip installs the distributions
 def test_root_plus_colibri_inkling_alone_installs_and_runs(tmp_path, tmp_path_factory):
     fx = suites.TestInklingOracle.oracle("hybrid", tmp_path_factory)
 

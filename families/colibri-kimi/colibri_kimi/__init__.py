@@ -5,29 +5,17 @@ Kimi Delta Attention beside NoPE MLA.
 Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
 
-from colibri_core import hookimpl
-from colibri_core.plugins.registry import FamilySpec
+from colibri_core.plugins.registry import FamilySpec, family_hook
 
 __version__ = "0.1.0"
 
-
-@hookimpl
-def colibri_register_families(register):
-    register(
-        FamilySpec(
-            name="kimi",
-            model_types=("kimi_k2", "kimi_k25"),
-            architectures=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"),
-            impl="colibri_kimi.model:Kimi",
-            description="Kimi K2 / K2.5 text model (DeepSeek-V3 architecture); K2.5 image and video input refused",
-        )
-    )
-    register(
-        FamilySpec(
-            name="kimi_linear",
-            model_types=("kimi_linear",),
-            architectures=("KimiLinearForCausalLM",),
-            impl="colibri_kimi.linear:KimiLinear",
-            description="Kimi Linear: Kimi Delta Attention (per-channel gated delta rule) + NoPE MLA, sigmoid MoE",
-        )
-    )
+colibri_register_families = family_hook(
+    FamilySpec(name="kimi", model_types=("kimi_k2", "kimi_k25"),
+               architectures=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"),
+               impl="colibri_kimi.model:Kimi",
+               description="Kimi K2 / K2.5 text model (DeepSeek-V3 architecture); K2.5 image and video input refused"),
+    FamilySpec(name="kimi_linear", model_types=("kimi_linear",),
+               architectures=("KimiLinearForCausalLM",),
+               impl="colibri_kimi.linear:KimiLinear",
+               description="Kimi Linear: Kimi Delta Attention (per-channel gated delta rule) + NoPE MLA, sigmoid MoE"),
+)

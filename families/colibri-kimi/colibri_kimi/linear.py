@@ -28,7 +28,7 @@ from colibri_core.errors import ModelFormatError
 from colibri_core.model.config import bounded
 from colibri_core.model.family import Family
 from colibri_core.nn.assembly import build_decoder
-from colibri_core.nn.builders import MLAArgs, kda, mla_attention, sigmoid_moe
+from colibri_core.model.builders import MLAArgs, kda, mla_attention, sigmoid_moe
 
 # transformers' attribute_map: config.json spells these fields its own way
 ALIASES = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.family import Family
 from colibri_core.nn.assembly import Names, build_decoder
-from colibri_core.nn.builders import DeepseekV3Args, mla_mixer, sigmoid_moe_mlp
+from colibri_core.model.builders import DeepseekV3Args, mla_mixer, sigmoid_moe_mlp
 
 TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
 LM_HEADS = ("language_model.lm_head", "lm_head")

@@ -5,6 +5,8 @@ blocks live in the core."""
 
 from pathlib import Path
 
+import pytest
+
 from colibri_core.testing.venv import fresh_venv
 
 import test_kimi_oracle as suites
@@ -12,6 +14,7 @@ import test_kimi_oracle as suites
 REPO = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow  # a fresh venv: pip installs the distributions
 def test_root_plus_colibri_kimi_alone_installs_and_runs_k25(tmp_path, tmp_path_factory):
     fx = suites.TestKimiK25Oracle.oracle("tied", tmp_path_factory)
 

@@ -9,7 +9,7 @@ from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.family import Family
 from colibri_core.nn import Attention, build_rope
 from colibri_core.nn.assembly import build_decoder
-from colibri_core.nn.builders import softmax_moe
+from colibri_core.model.builders import softmax_moe
 
 
 @dataclass

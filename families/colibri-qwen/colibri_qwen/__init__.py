@@ -4,12 +4,11 @@
 Imports only colibri_core's light modules: the architectures load when a model runs.
 """
 
-from colibri_core import hookimpl
-from colibri_core.plugins.registry import FamilySpec
+from colibri_core.plugins.registry import FamilySpec, family_hook
 
 __version__ = "0.1.0"
 
-FAMILIES = (
+colibri_register_families = family_hook(
     FamilySpec(name="qwen2_moe", model_types=("qwen2_moe",), architectures=("Qwen2MoeForCausalLM",),
                impl="colibri_qwen.model:Qwen2Moe",
                description="Qwen1.5/Qwen2 MoE: GQA with q/k/v bias, shared expert with a sigmoid gate, dense mlp_only_layers"),
@@ -24,8 +23,3 @@ FAMILIES = (
                description="Qwen3.5/3.6 MoE: the text model of the vision-language checkpoint (images refused)"),
 )
 
-
-@hookimpl
-def colibri_register_families(register):
-    for spec in FAMILIES:
-        register(spec)

@@ -12,7 +12,7 @@ from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.family import Family
 from colibri_core.nn import Attention, GatedDeltaNet, GatedRMSNorm, Linear, build_rope, rope_parameters
 from colibri_core.nn.assembly import Names, build_decoder
-from colibri_core.nn.builders import softmax_moe
+from colibri_core.model.builders import softmax_moe
 from colibri_core.nn.deltanet import conv_weight_2d, neg_exp
 
 

@@ -3,20 +3,13 @@
 Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
 
-from colibri_core import hookimpl
-from colibri_core.plugins.registry import FamilySpec
+from colibri_core.plugins.registry import FamilySpec, family_hook
 
 __version__ = "0.1.0"
 
-
-@hookimpl
-def colibri_register_families(register):
-    register(
-        FamilySpec(
-            name="gpt_oss",
-            model_types=("gpt_oss",),
-            architectures=("GptOssForCausalLM",),
-            impl="colibri_gpt_oss.model:GptOss",
-            description="gpt-oss: sliding and full attention with learned sinks, biased router and experts, clamped SwiGLU",
-        )
-    )
+colibri_register_families = family_hook(
+    FamilySpec(name="gpt_oss", model_types=("gpt_oss",),
+               architectures=("GptOssForCausalLM",),
+               impl="colibri_gpt_oss.model:GptOss",
+               description="gpt-oss: sliding and full attention with learned sinks, biased router and experts, clamped SwiGLU"),
+)

@@ -3,6 +3,8 @@ listed, and a tiny gpt-oss model runs through the command line with transformers
 
 from pathlib import Path
 
+import pytest
+
 from colibri_core.testing.venv import fresh_venv
 
 import test_gpt_oss_oracle as suites
@@ -10,6 +12,7 @@ import test_gpt_oss_oracle as suites
 REPO = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow  # a fresh venv: pip installs the distributions
 def test_root_plus_colibri_gpt_oss_alone_installs_and_runs(tmp_path, tmp_path_factory):
     fx = suites.TestGptOssOracle.oracle("yarn_gqa_clamped", tmp_path_factory)
 

@@ -20,9 +20,9 @@ def test_the_check_fails_on_a_private_import(tmp_path):
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     model = copy / "model.py"
     model.write_text(model.read_text() + "\nfrom colibri_core.nn.layers import rope_tables\n"
-                     "from colibri_core.nn import _v\nimport colibri_core.engine.reference\n")
+                     "from colibri_core.nn import _v\nimport colibri_core.compute.reference\n")
     found = private_imports(copy)
     assert len(found) == 3, found
     assert "from colibri_core.nn.layers import ... (not a public module)" in found[0]
     assert "from colibri_core.nn import _v (not public)" in found[1]
-    assert "import colibri_core.engine.reference (not a public module)" in found[2]
+    assert "import colibri_core.compute.reference (not a public module)" in found[2]

@@ -22,7 +22,7 @@ INDEX_BYTES = 8
 
 def _budgets(options: dict) -> list[tuple[str, int]]:
     """(host, RAM budget) of each worker."""
-    from colibri_core.engine.placement import available_memory
+    from colibri_core.model.placement import available_memory
 
     n = options["workers"]
     if options.get("worker_ram") is not None:

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from colibri_core.engine.backend import expert_groups
+from colibri_core.compute.host import expert_groups
 from colibri_core.errors import UsageError
 from colibri_core.experts.tiers import ComputeTier, routed_output
 from colibri_core.warn import warn

@@ -58,7 +58,7 @@ class ExpertWorker:
         here with the coordinator's shards."""
         from pathlib import Path
 
-        from colibri_core.engine.placement import available_memory
+        from colibri_core.model.placement import available_memory
         from colibri_core.errors import UsageError
         from colibri_core.experts.store import ExpertStore
         from colibri_core.io.drives import Drive

@@ -1,7 +1,7 @@
 // The gated delta rule position by position (decode), float32, the recurrent state
 // updated in place. q, k (T, Hk, Dk); v (T, Hv, Dv); g, beta (T, Hv); state (Hv, Dk, Dv);
 // out (T, Hv, Dv). Value head h reads key head h / (Hv / Hk). Per position, as
-// colibri_core.engine.reference computes it:
+// colibri_core.compute.reference computes it:
 //     S = exp(g) S;  delta = (v - S^T k) beta;  S += k delta^T;  out = S^T q
 // One thread per (value head, value column j): column j of S is all it reads and writes.
 // grid (ceil(Dv / DELTA_THREADS), Hv), DELTA_THREADS threads.

@@ -1,5 +1,5 @@
 // Norms over the last axis, one block of NORM_THREADS threads per row of C features,
-// as colibri_core.engine.reference computes them (weight and bias may be null).
+// as colibri_core.compute.reference computes them (weight and bias may be null).
 #include "common.cuh"
 
 #define NORM_THREADS 256

@@ -1,6 +1,6 @@
 // Rotary position embeddings, one thread per output feature. x and out (T, H, Dh),
 // cos and sin (T, R) for a rotary part of R = 2 * half features; features past R are
-// copied. Both as colibri_core.engine.reference computes them.
+// copied. Both as colibri_core.compute.reference computes them.
 #include "common.cuh"
 
 // rotate-half: out[i] = x[i] cos[i] - x[i + half] sin[i];

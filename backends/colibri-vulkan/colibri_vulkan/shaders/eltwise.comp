@@ -1,6 +1,6 @@
 #version 450
 // Elementwise operations over strided views (up to 6 dimensions): copies (raw 32-bit words,
-// bit-exact for every dtype), arithmetic with broadcasting, scalars, activations. Every
+// bit-exact for every dtype), arithmetic with broadcasting, scalars, activations, exp, maximum. Every
 // operand has its own offset and strides (in 32-bit words; a stride of 0 broadcasts), so
 // views, transposes and slice assignment need no extra copies. `opdim` is the operation
 // and (above 8 bits) the dimension count, which leaves room for three scalars in 128 bytes.
@@ -55,6 +55,8 @@ void main() {
             r = g / (1.0 + exp(-(p.s2 * g))) * (clamp(y, -p.s, p.s) + p.s3);
             break;
         }
+        case 18: r = exp(x); break;
+        case 19: r = max(x, p.s); break;                               // maximum(x, floor)
         default: r = x;
     }
     o[io] = floatBitsToUint(r);

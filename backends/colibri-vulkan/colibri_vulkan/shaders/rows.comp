@@ -1,6 +1,7 @@
 #version 450
-// Row operations over the last axis of a contiguous (rows, cols) array, one workgroup per
-// row: 0 RMS norm, 1 layer norm, 2 L2 norm, 3 softmax.
+// Row operations over the last axis of a contiguous (rows, cols) array starting at element
+// xo, one workgroup per row: 0 RMS norm, 1 layer norm, 2 L2 norm, 3 softmax (a row out per
+// row), 4 sum, 5 max (one value out per row).
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) writeonly buffer Out { float o[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
@@ -40,6 +41,14 @@ void main() {
     if (row >= uint(p.rows)) return;  // uniform over the workgroup
     int base = p.xo + int(row) * p.cols, ob = int(row) * p.cols;
     int l = int(gl_LocalInvocationID.x);
+    if (p.mode == 4 || p.mode == 5) {
+        bool sum = p.mode == 4;
+        float v = sum ? 0.0 : -1.0 / 0.0;
+        for (int c = l; c < p.cols; c += 64) v = sum ? v + x[base + c] : max(v, x[base + c]);
+        v = sum ? reduce_sum(v) : reduce_max(v);
+        if (l == 0) o[row] = v;
+        return;
+    }
     if (p.mode == 3) {
         float m = -1.0 / 0.0;
         for (int c = l; c < p.cols; c += 64) m = max(m, x[base + c]);

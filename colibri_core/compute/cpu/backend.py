@@ -1,5 +1,5 @@
 """The CPU backend: numpy float32 activations, BLAS matmuls for float32 weights, and
-colibri's compiled kernels (``colibri_core.backends.cpu._kernels``) for weights kept in a packed form
+colibri's compiled kernels (``colibri_core.compute.cpu._kernels``) for weights kept in a packed form
 (int8, int4, MXFP4, fp8, bf16, and the
 compressed-tensors int4 and gpt-oss MXFP4 layouts as checkpoints store them). Without the compiled kernels every weight is decoded to
 float32 at load and the backend is pure numpy."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.reference import ReferenceBackend
+from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.formats.base import QuantTensor
 
 try:
-    from colibri_core.backends.cpu import _kernels
+    from colibri_core.compute.cpu import _kernels
 except ImportError:  # built without a C compiler: pure numpy
     _kernels = None
 

@@ -1,4 +1,4 @@
-/* colibri_core.backends.cpu._kernels: fused dequantise + matmul kernels for the CPU backend.
+/* colibri_core.compute.cpu._kernels: fused dequantise + matmul kernels for the CPU backend.
  *
  * Plain C loops written so the compiler vectorises them; GCC/Clang compile each hot
  * function for several x86 levels (x86-64-v4 = AVX-512, v3 = AVX2 + FMA, baseline) and
@@ -1564,7 +1564,7 @@ static int rows_of(Buf *x, int64_t k, Py_ssize_t most, Py_ssize_t *M) {
  * capsule holding its description and its buffers (which keep the arrays alive and
  * unresizable). The hot entry points take these, so a token's kernel calls do no
  * argument parsing per weight. */
-#define WEIGHT_CAPSULE "colibri_core.backends.cpu._kernels.weight"
+#define WEIGHT_CAPSULE "colibri_core.compute.cpu._kernels.weight"
 typedef struct { Weight W; Buf bufs[2]; } Prepared;
 
 static void prepared_free(PyObject *capsule) {

@@ -4,7 +4,7 @@ The shared blocks in ``colibri_core.nn`` do their array work through a backend
 (``step.ops``), so a family written once runs on every backend. A backend is a subclass
 of ``Backend``: the abstract methods below are required; the others have reference
 implementations written against the contract itself, which a backend may replace with
-faster ones. ``colibri_core.engine.reference.ReferenceBackend`` (numpy) is the reference
+faster ones. ``colibri_core.compute.reference.ReferenceBackend`` (numpy) is the reference
 every backend is checked against, op by op, by the conformance kit
 (``colibri_core.testing.backend_kit``); docs/backends.md walks through writing one.
 
@@ -47,11 +47,47 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-Array = Any  # the backend's own array type
+from colibri_core.compute import composites, host
+
+
+@runtime_checkable
+class Array(Protocol):
+    """The array protocol above, as a type: what the core may use of a backend's array.
+    numpy, CuPy, MLX and the Vulkan backend's arrays satisfy it; the conformance kit
+    checks each backend's. Arrays carry no device of their own (MLX's have none): a
+    backend's arrays live where the backend computes."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def ndim(self) -> int: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+    def reshape(self, *shape: int) -> "Array": ...
+
+    def transpose(self, *axes: int) -> "Array": ...
+
+    def __getitem__(self, key: Any) -> "Array": ...
+
+    def __setitem__(self, key: Any, value: Any) -> None: ...
+
+    def __add__(self, other: Any) -> "Array": ...
+
+    def __sub__(self, other: Any) -> "Array": ...
+
+    def __mul__(self, other: Any) -> "Array": ...
+
+    def __truediv__(self, other: Any) -> "Array": ...
+
+    def __neg__(self) -> "Array": ...
+
 Weight = Any  # what prepare_weight returns: the backend's form of a weight
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -185,13 +221,13 @@ class Backend(abc.ABC):
         """Rotate-half RoPE on the first ``rotary_dim`` features of x (T, heads, head_dim);
         cos/sin are (T, rotary_dim)."""
 
-    @abc.abstractmethod
     def rope_interleaved(self, x: Array, cos: Array, sin: Array, rotary_dim: int) -> Array:
         """RoPE on the first ``rotary_dim`` features of x (T, heads, dim) laid out as
         interleaved pairs (x0, x1), (x2, x3), ...; pair i turns by the angle of column i of
         cos/sin (T, rotary_dim, the usual cat(freqs, freqs) tables). The rotated features
         come out de-interleaved (all first members, then all second members), exactly as
         transformers' ``apply_rotary_pos_emb_interleave``."""
+        return composites.rope_interleaved(self, x, cos, sin, rotary_dim)
 
     @abc.abstractmethod
     def attention(self, q: Array, k: Array, v: Array, start: int, scale: float) -> Array:
@@ -199,11 +235,11 @@ class Backend(abc.ABC):
         the T queries sitting at positions start..start+T-1 of those S; query head h uses
         KV head h // (Hq / Hkv). Returns (T, Hq, Dv)."""
 
-    @abc.abstractmethod
     def sparse_attention(self, q: Array, k: Array, v: Array, start: int, scale: float, selected: Array) -> Array:
         """``attention`` restricted to selected keys: query t sees the key positions in
         ``selected[t]`` (an integer array (T, K) of distinct positions, from ``top_k``; -1
         selects nothing and pads a row of fewer positions) that causality allows."""
+        return composites.sparse_attention(self, q, k, v, start, scale, selected)
 
     @abc.abstractmethod
     def clip(self, x: Array, limit: float) -> Array:
@@ -246,13 +282,44 @@ class Backend(abc.ABC):
         """out[rows] += y * scale[:, None] for distinct host ``rows`` and host float32
         ``scale``; returns the updated array (it may be a new one)."""
 
+    # -- primitives the composites are made of -------------------------------------------
+    @abc.abstractmethod
+    def exp(self, x: Array) -> Array:
+        """e ** x, elementwise."""
+
+    @abc.abstractmethod
+    def maximum(self, x: Array, floor: float) -> Array:
+        """max(x, floor) elementwise, ``floor`` a Python float (relu is maximum(x, 0.0))."""
+
+    @abc.abstractmethod
+    def matmul(self, a: Array, b: Array) -> Array:
+        """Batched matrix product: a (..., M, K) @ b (..., K, N) -> (..., M, N), the
+        leading axes of a and b equal, or b 2-D (K, N) for every batch of a. Either may be
+        a view (a transpose, a slice)."""
+
+    @abc.abstractmethod
+    def reduce_sum(self, x: Array) -> Array:
+        """The sum over the last axis, kept: (..., N) -> (..., 1)."""
+
+    @abc.abstractmethod
+    def reduce_max(self, x: Array) -> Array:
+        """The largest value over the last axis, kept: (..., N) -> (..., 1)."""
+
+    def supports(self, op: str) -> bool:
+        """Whether the backend computes the composite ``op`` (one of ``COMPOSITE_OPS``)
+        with a kernel of its own rather than the composite of its primitives. The
+        conformance kit checks every such override against the composite."""
+        if op not in COMPOSITE_OPS:
+            raise ValueError(f"{op!r} is not a composite op ({', '.join(COMPOSITE_OPS)})")
+        return getattr(type(self), op) is not getattr(Backend, op)
+
     # -- routing -----------------------------------------------------------------------
     def top_k(self, scores: Array, k: int) -> Array:
         """Indices (a backend int64 array (T, k)) of the k largest scores of each row,
         largest first; among equal scores the lower index first. They stay on the
         backend: DSA passes them straight to the attention."""
-        host = self.to_host(scores)
-        return self.asarray(top_k_indices(host, k), "int64")
+        scores_host = self.to_host(scores)
+        return self.asarray(host.top_k_indices(scores_host, k), "int64")
 
     def softmax_top_k(self, x: Array, weight: Weight, k: int, renormalise: bool,
                       bias: Array | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -261,7 +328,7 @@ class Backend(abc.ABC):
         index) and their probabilities, renormalised to sum 1 when asked. Returns host
         arrays, indices (T, k) int64 and weights (T, k) float32: the store needs the ids."""
         logits = self.to_host(self.linear(x, weight, bias)).astype(np.float32, copy=False)
-        return softmax_top_k(logits, k, renormalise)
+        return host.softmax_top_k(logits, k, renormalise)
 
     def sigmoid_grouped_top_k(self, x: Array, weight: Weight, bias: np.ndarray | None, k: int, n_group: int,
                               topk_group: int, renormalise: bool, scaling: float) -> tuple[np.ndarray, np.ndarray]:
@@ -272,7 +339,7 @@ class Backend(abc.ABC):
         scores are renormalised (when asked) and multiplied by ``scaling``. Returns host
         (indices, weights) as ``softmax_top_k``."""
         logits = self.to_host(self.linear(x, weight)).astype(np.float32, copy=False)
-        return sigmoid_grouped_top_k(logits, bias, k, n_group, topk_group, renormalise, scaling)
+        return host.sigmoid_grouped_top_k(logits, bias, k, n_group, topk_group, renormalise, scaling)
 
     # -- routed experts ----------------------------------------------------------------
     def swiglu_expert(self, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
@@ -292,7 +359,7 @@ class Backend(abc.ABC):
         fetching e would answer at once (a backend computing experts in batches computes
         what it holds before waiting for a read)."""
         out = self.zeros(tuple(x.shape), self.activation_dtype)
-        for e, rows, scale in expert_groups(indices, weights):
+        for e, rows, scale in host.expert_groups(indices, weights):
             w = fetch(e)
             out = self.add_rows(out, rows, self.swiglu_expert(self.take_rows(x, rows), w["gate"], w["up"], w["down"]), scale)
         return out
@@ -304,23 +371,21 @@ class Backend(abc.ABC):
         S keys, sees only keys s with start + t - window < s <= start + t: the last
         ``window`` positions, itself included) and ``sinks`` (an (Hq,) array: one extra
         logit per query head that takes part in the softmax and adds no value, as
-        gpt-oss's learned attention sinks). With both None it is ``attention``. The
-        reference computes on the host (numpy); a backend may replace it."""
+        gpt-oss's learned attention sinks). With both None it is ``attention``. A composite
+        (``colibri_core.compute.composites``); a backend may replace it."""
         if window is None and sinks is None:
             return self.attention(q, k, v, start, scale)
-        host_sinks = None if sinks is None else self.to_host(sinks)
-        out = windowed_attention(self.to_host(q), self.to_host(k), self.to_host(v), start, scale, window, host_sinks)
-        return self.asarray(out, self.activation_dtype)
+        return composites.windowed_attention(self, q, k, v, start, scale, window, sinks)
 
     # -- routed experts with biases and another gated activation (gpt-oss) -------------
     def gated_activation(self, gate: Array, up: Array, act: "GatedActivation") -> Array:
         """``act`` applied elementwise: g * sigmoid(alpha * g) * (u + up_offset), where
         g = min(gate, limit) and u = clip(up, limit) when ``act.limit`` is set, else
-        g = gate and u = up. The plain ``GatedActivation()`` is ``silu_mul``. The reference
-        computes other activations on the host (numpy); a backend may replace it."""
+        g = gate and u = up. The plain ``GatedActivation()`` is ``silu_mul``. Other
+        activations are a composite; a backend may replace it."""
         if act.plain:
             return self.silu_mul(gate, up)
-        return self.asarray(gated_activation(self.to_host(gate), self.to_host(up), act), self.activation_dtype)
+        return composites.gated_activation(self, gate, up, act)
 
     def glu_expert(self, x: Array, w, act: "GatedActivation") -> Array:
         """One expert of ``routed_glu_experts``: down(act(gate(x) + gate_bias, up(x) +
@@ -345,13 +410,12 @@ class Backend(abc.ABC):
         gate_up, another ``GatedActivation``. Same batch-union fetching, ascending expert
         order of the sum and ``window`` / ``ready`` as ``routed_experts``."""
         out = self.zeros(tuple(x.shape), self.activation_dtype)
-        for e, rows, scale in expert_groups(indices, weights):
+        for e, rows, scale in host.expert_groups(indices, weights):
             w = fetch(e)
             out = self.add_rows(out, rows, self.glu_expert(self.take_rows(x, rows), w, act), scale)
         return out
 
     # -- multi-head latent attention and DSA (DeepSeek V3 / V3.2, Kimi K2, GLM) -------
-    @abc.abstractmethod
     def mla_expand(self, q_nope: Array, q_rot: Array, latent: Array, k_rot: Array, kv_b: Array,
                    nope_dim: int, v_dim: int) -> tuple[Array, Array, Array]:
         """Multi-head latent attention, expanded form (prefill). q_nope (T, H, nope_dim) and
@@ -360,14 +424,14 @@ class Backend(abc.ABC):
         latent into per-head no-rope keys and values. Returns q (T, H, nope+rope), keys
         (H, S, nope+rope) with k_rot shared by all heads, values (H, S, v_dim): the inputs
         of ``attention`` / ``sparse_attention``."""
+        return composites.mla_expand(self, q_nope, q_rot, latent, k_rot, kv_b, nope_dim, v_dim)
 
-    @abc.abstractmethod
     def mla_absorb_query(self, q_nope: Array, kv_b: Array, nope_dim: int, v_dim: int) -> Array:
         """Fold the key up-projection into the query (absorbed MLA): for each head h,
         q_nope[t, h] @ W_uk[h], where W_uk[h] (nope_dim, rank) are head h's key rows of
         ``kv_b``. (T, H, nope_dim) -> (T, H, rank)."""
+        return composites.mla_absorb_query(self, q_nope, kv_b, nope_dim, v_dim)
 
-    @abc.abstractmethod
     def mla_attention(self, q_lat: Array, q_rot: Array, latent: Array, k_rot: Array, start: int, scale: float,
                       selected: Array | None = None) -> Array:
         """Causal attention in the latent space (absorbed MLA decode): score(t, h, s) =
@@ -378,21 +442,21 @@ class Backend(abc.ABC):
         ``sparse_attention``, -1 pads) restricts each query to those key positions (DSA);
         causality still applies.
         Returns (T, H, rank)."""
+        return composites.mla_attention(self, q_lat, q_rot, latent, k_rot, start, scale, selected)
 
-    @abc.abstractmethod
     def mla_absorb_output(self, o_lat: Array, kv_b: Array, nope_dim: int, v_dim: int) -> Array:
         """Apply the value up-projection after latent attention: for each head h,
         W_uv[h] @ o_lat[t, h], where W_uv[h] (v_dim, rank) are head h's value rows of
         ``kv_b``. (T, H, rank) -> (T, H, v_dim)."""
+        return composites.mla_absorb_output(self, o_lat, kv_b, nope_dim, v_dim)
 
-    @abc.abstractmethod
     def dsa_index_scores(self, q: Array, k: Array, weights: Array, scale: float, start: int) -> Array:
         """The DSA lightning indexer's scores: score(t, s) = sum_h weights[t, h] *
         relu(scale * q[t, h] . k[s]), with q (T, Hi, D), cached index keys k (S, D) and
         per-head weights (T, Hi); positions a query cannot see are -inf. Returns (T, S)."""
+        return composites.dsa_index_scores(self, q, k, weights, scale, start)
 
     # -- recurrent (linear-attention) layers -------------------------------------------
-    @abc.abstractmethod
     def causal_conv1d(self, x: Array, weight: Array, state: Array) -> tuple[Array, Array]:
         """Depthwise causal convolution over time, without bias or activation.
 
@@ -400,8 +464,8 @@ class Backend(abc.ABC):
         the inputs of the K-1 positions before x (zeros at the start of a sequence).
         Returns the output (T, C), out[t, c] = sum_j weight[c, j] * [state; x][t + j, c],
         and the new state: the last K-1 rows of [state; x]."""
+        return composites.causal_conv1d(self, x, weight, state)
 
-    @abc.abstractmethod
     def gated_delta_chunked(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array,
                             chunk_size: int) -> tuple[Array, Array]:
         """The gated delta rule over T positions, computed chunk by chunk (prefill).
@@ -413,13 +477,16 @@ class Backend(abc.ABC):
             S = exp(g) * S;  S += k (beta * (v - k^T S))^T;  out = q^T S
         Positions are grouped in chunks of ``chunk_size`` counted from the first of these T
         (the WY/UT form of transformers' torch_chunk_gated_delta_rule); mathematically
-        identical to ``gated_delta_step``. Returns out (T, Hv, Dv) and the new state."""
+        identical to ``gated_delta_step``. Returns out (T, Hv, Dv) and the new state. The
+        composite runs the recurrence position by position (equal within rounding); a
+        backend replaces it with the chunked form for a fast prefill."""
+        return composites.gated_delta_step(self, q, k, v, g, beta, state)
 
-    @abc.abstractmethod
     def gated_delta_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array,
                          state: Array) -> tuple[Array, Array]:
         """The gated delta rule position by position (decode); same arguments, results and
         recurrence as ``gated_delta_chunked`` (transformers' torch_recurrent_gated_delta_rule)."""
+        return composites.gated_delta_step(self, q, k, v, g, beta, state)
 
     def gated_delta_channel_chunked(self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array,
                                     chunk_size: int) -> tuple[Array, Array]:
@@ -429,28 +496,24 @@ class Backend(abc.ABC):
         exp(g[d]):
             S = diag(exp(g)) S;  S += k (beta * (v - k^T S))^T;  out = q^T S
         (transformers' chunk_kimi_delta_attention). With g equal across the Dk channels
-        this is ``gated_delta_chunked``. Returns out (T, Hv, Dv) and the new state. The
-        reference computes on the host (numpy); a backend may replace it."""
-        host = [self.to_host(a) for a in (q, k, v, g, beta, state)]
-        out, new_state = delta_channel_chunked(*host, chunk_size)
-        return self.asarray(out), self.asarray(new_state)
+        this is ``gated_delta_chunked``. Returns out (T, Hv, Dv) and the new state. A composite
+        (``colibri_core.compute.composites``); a backend may replace it."""
+        return composites.delta_channel_step(self, q, k, v, g, beta, state)
 
     def gated_delta_channel_step(self, q: Array, k: Array, v: Array, g: Array, beta: Array,
                                  state: Array) -> tuple[Array, Array]:
         """``gated_delta_channel_chunked`` position by position (decode): same arguments,
         results and recurrence (transformers' recurrent_kimi_delta_attention)."""
-        host = [self.to_host(a) for a in (q, k, v, g, beta, state)]
-        out, new_state = delta_channel_step(*host)
-        return self.asarray(out), self.asarray(new_state)
+        return composites.delta_channel_step(self, q, k, v, g, beta, state)
 
     # -- manifold hyper-connections (DeepSeek-V4, GLM-5 Next) -------------------------
     def sinkhorn(self, x: Array, iters: int, eps: float) -> Array:
         """Sinkhorn-Knopp normalisation of positive (..., N, N) matrices towards doubly
         stochastic ones, as transformers' mHC does it: columns first (x / (sum over
         axis -2 + eps)), then ``iters - 1`` rounds of rows (axis -1) then columns, the
-        ``eps`` added to every sum. The reference computes on the host (numpy); a
+        ``eps`` added to every sum. A composite (``colibri_core.compute.composites``); a
         backend may replace it."""
-        return self.asarray(sinkhorn(self.to_host(x), iters, eps), self.activation_dtype)
+        return composites.sinkhorn(self, x, iters, eps)
 
     # -- DeepSeek-V4: attention over chosen keys, grouped output, scored routers --------
     def masked_attention(self, q: Array, k: Array, v: Array, scale: float, visible: np.ndarray,
@@ -460,17 +523,15 @@ class Backend(abc.ABC):
         entries, visible by the query's position or chosen by its indexer). q (T, Hq, D),
         k, v (Hkv, S, D / Dv) (k and v may be the same array); ``sinks`` as
         ``windowed_attention``'s. Every query must see a key or have a sink. Returns
-        (T, Hq, Dv). The reference computes on the host (numpy); a backend may replace it."""
-        host_sinks = None if sinks is None else self.to_host(sinks)
-        out = masked_attention(self.to_host(q), self.to_host(k), self.to_host(v), scale, visible, host_sinks)
-        return self.asarray(out, self.activation_dtype)
+        (T, Hq, Dv). A composite (``colibri_core.compute.composites``); a backend may replace it."""
+        return composites.masked_attention(self, q, k, v, scale, visible, sinks)
 
     def grouped_linear(self, x: Array, weight: Array, groups: int) -> Array:
         """A block-diagonal projection (DeepSeek-V4's grouped output projection): x (T, G *
         C) split into G groups of C features, group g times rows g * R .. g * R + R - 1 of
-        ``weight`` (G * R, C; an "array" weight): (T, G * R). The reference computes on the
-        host (numpy); a backend may replace it."""
-        return self.asarray(grouped_linear(self.to_host(x), self.to_host(weight), groups), self.activation_dtype)
+        ``weight`` (G * R, C; an "array" weight): (T, G * R). A composite; a backend may
+        replace it."""
+        return composites.grouped_linear(self, x, weight, groups)
 
     def scored_top_k(self, x: Array, weight: Weight, bias: np.ndarray | None, k: int, scoring: str, scaling: float,
                      chosen: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -481,7 +542,7 @@ class Backend(abc.ABC):
         divided by their sum (+ 1e-20) and multiplied by ``scaling``. Returns host
         (indices, weights) as ``softmax_top_k``."""
         logits = self.to_host(self.linear(x, weight)).astype(np.float32, copy=False)
-        return scored_top_k(logits, bias, k, scoring, scaling, chosen)
+        return host.scored_top_k(logits, bias, k, scoring, scaling, chosen)
 
     # -- attention with a relative position bias (Inkling) -----------------------------
     def attention_relative_bias(self, q: Array, k: Array, v: Array, start: int, scale: float, rel: Array,
@@ -492,11 +553,9 @@ class Backend(abc.ABC):
         ``table`` (R, E, a prepared "array" weight), one bias per distance 0..E-1. Query t,
         head h, key s at distance d = start + t - s scores scale * q . k + bias[t, h, d]
         (no bias where d >= E); it sees keys with 0 <= d (and d < ``window`` when given:
-        the last ``window`` positions, itself included). Returns (T, Hq, Dv). The
-        reference computes on the host (numpy); a backend may replace it."""
-        host = [self.to_host(a) for a in (q, k, v, rel, table)]
-        out = relative_bias_attention(host[0], host[1], host[2], start, scale, host[3], host[4], window)
-        return self.asarray(out, self.activation_dtype)
+        the last ``window`` positions, itself included). Returns (T, Hq, Dv). A composite
+        (``colibri_core.compute.composites``); a backend may replace it."""
+        return composites.attention_relative_bias(self, q, k, v, start, scale, rel, table, window)
 
 
 @dataclass(frozen=True)
@@ -516,257 +575,11 @@ class GatedActivation:
 
 
 # -- host-side reference helpers (numpy), shared by the reference implementations -------
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
-def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest scores per row, largest first (ties: lower index first)."""
-    order = np.argsort(-scores, axis=-1, kind="stable")
-    return order[..., :k].astype(np.int64)
-
-
-def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The k most probable experts of each row of router logits and their probabilities."""
-    probs = softmax(logits)
-    indices = top_k_indices(probs, k)
-    weights = np.take_along_axis(probs, indices, axis=-1)
-    if renormalise:
-        weights = weights / weights.sum(axis=-1, keepdims=True)
-    return indices, weights.astype(np.float32)
-
-
-def sigmoid_grouped_top_k(logits: np.ndarray, bias: np.ndarray | None, k: int, n_group: int, topk_group: int,
-                          renormalise: bool, scaling: float) -> tuple[np.ndarray, np.ndarray]:
-    """``Backend.sigmoid_grouped_top_k`` on host float32 logits."""
-    with np.errstate(over="ignore"):
-        scores = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
-    choice = scores if bias is None else scores + bias
-    if n_group > 1:
-        t, n = choice.shape
-        grouped = choice.reshape(t, n_group, n // n_group)
-        best_two = -np.sort(-grouped, axis=-1)[..., :2]
-        group_scores = best_two[..., 0] + best_two[..., 1]
-        groups = top_k_indices(group_scores, topk_group)
-        keep = np.zeros((t, n_group), dtype=bool)
-        np.put_along_axis(keep, groups, True, axis=-1)
-        choice = np.where(np.repeat(keep, n // n_group, axis=-1), choice, np.float32(-np.inf))
-    indices = top_k_indices(choice, k)
-    weights = np.take_along_axis(scores, indices, axis=-1)
-    if renormalise:
-        weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
-    weights = weights * np.float32(scaling)
-    return indices, weights.astype(np.float32)
-
-
-def expert_groups(indices: np.ndarray, weights: np.ndarray):
-    """(expert, token rows, their weights) for each expert the tokens use, in ascending
-    expert order: the fixed reduction order of ``routed_experts``."""
-    k = indices.shape[1]
-    flat = indices.ravel()
-    order = np.argsort(flat, kind="stable")
-    experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
-    rows = (order // k).astype(np.int64)
-    scale = np.ascontiguousarray(weights.ravel()[order], dtype=np.float32)
-    for e, s, c in zip(experts.tolist(), starts.tolist(), counts.tolist()):
-        yield e, rows[s : s + c], scale[s : s + c]
-
-
-def _delta_channel_heads(q, k, v, g, beta):
-    """(H, T, ...) float32 copies with the key heads repeated to the value heads."""
-    rep = v.shape[1] // k.shape[1]
-    f32 = [np.asarray(a, dtype=np.float32) for a in (q, k, v, g, beta)]
-    q, k, v, g, beta = f32
-    if rep > 1:
-        q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
-    return q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), g.transpose(1, 0, 2), beta.T
-
-
-def delta_channel_step(q, k, v, g, beta, state):
-    """``Backend.gated_delta_channel_step`` on host float32 arrays."""
-    t = q.shape[0]
-    q, k, v, g, beta = _delta_channel_heads(q, k, v, g, beta)
-    s = np.array(state, dtype=np.float32, copy=True)
-    out = np.empty((v.shape[0], t, v.shape[2]), dtype=np.float32)
-    decay = np.exp(g)  # (H, T, Dk)
-    for i in range(t):
-        s = s * decay[:, i, :, None]
-        kv_mem = (s * k[:, i, :, None]).sum(axis=-2)
-        delta = (v[:, i] - kv_mem) * beta[:, i, None]
-        s = s + k[:, i, :, None] * delta[:, None, :]
-        out[:, i] = (s * q[:, i, :, None]).sum(axis=-2)
-    return np.ascontiguousarray(out.transpose(1, 0, 2)), s
-
-
-def delta_channel_chunked(q, k, v, g, beta, state, chunk_size):
-    """``Backend.gated_delta_channel_chunked`` on host float32 arrays: the WY/UT form of
-    transformers' chunk_kimi_delta_attention, the decay inside each key-channel product."""
-    t = q.shape[0]
-    q, k, v, g, beta = _delta_channel_heads(q, k, v, g, beta)
-    h, dk, dv = v.shape[0], k.shape[2], v.shape[2]
-    c = int(chunk_size)
-    pad = (-t) % c
-    if pad:
-        q, k, v, g = (np.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v, g))
-        beta = np.pad(beta, ((0, 0), (0, pad)))
-    n = (t + pad) // c
-    v_beta = (v * beta[..., None]).reshape(h, n, c, dv)
-    k_beta = (k * beta[..., None]).reshape(h, n, c, dk)
-    q, k = q.reshape(h, n, c, dk), k.reshape(h, n, c, dk)
-    cum = np.cumsum(g.reshape(h, n, c, dk), axis=2, dtype=np.float32)  # per chunk, per channel
-    upper = np.triu(np.ones((c, c), dtype=bool), 1)
-    eye = np.eye(c, dtype=np.float32)
-    s = np.array(state, dtype=np.float32, copy=True)
-    out = np.empty((h, n, c, dv), dtype=np.float32)
-    for i in range(n):
-        ci = cum[:, i]  # (H, C, Dk)
-        with np.errstate(over="ignore"):  # masked (upper) entries may overflow before masking
-            pair = np.exp(np.where(upper[None, :, :, None], np.float32(-np.inf), ci[:, :, None, :] - ci[:, None, :, :]))
-        # (H, C, C): sum over channels of x[i, d] y[j, d] exp(cum[i, d] - cum[j, d]), j <= i
-        ut = np.einsum("hid,hjd,hijd->hij", k_beta[:, i], k[:, i], pair, optimize=True)
-        intra = np.einsum("hid,hjd,hijd->hij", q[:, i], k[:, i], pair, optimize=True)
-        lower = np.tril(ut, -1) + eye  # (I + strictly-lower(ut)) X = B: a unit lower-triangular solve
-        new_values = np.linalg.solve(lower, v_beta[:, i]).astype(np.float32)
-        k_cumdecay = np.linalg.solve(lower, k_beta[:, i] * np.exp(ci)).astype(np.float32)
-        v_new = new_values - k_cumdecay @ s
-        out[:, i] = (q[:, i] * np.exp(ci)) @ s + intra @ v_new
-        last = ci[:, -1]  # (H, Dk)
-        s = s * np.exp(last)[:, :, None] + (k[:, i] * np.exp(last[:, None, :] - ci)).swapaxes(-1, -2) @ v_new
-    out = out.reshape(h, n * c, dv)[:, :t]
-    return np.ascontiguousarray(out.transpose(1, 0, 2)), s
-
-
-def sinkhorn(x, iters, eps):
-    """``Backend.sinkhorn`` on a host float32 array."""
-    x = np.asarray(x, dtype=np.float32)
-    eps = np.float32(eps)
-    x = x / (x.sum(axis=-2, keepdims=True) + eps)
-    for _ in range(iters - 1):
-        x = x / (x.sum(axis=-1, keepdims=True) + eps)
-        x = x / (x.sum(axis=-2, keepdims=True) + eps)
-    return x
-
-
-def check_visible(visible, queries: int, keys: int) -> np.ndarray:
-    """``masked_attention``'s mask as a host bool (T, S) array, its shape checked (every
-    backend's implementation takes it through here)."""
-    visible = np.asarray(visible, dtype=bool)
-    if visible.shape != (queries, keys):
-        raise ValueError(f"masked_attention: visible is {visible.shape}, queries and keys are {(queries, keys)}")
-    return visible
-
-
-def grouped_shapes(x_shape, weight_shape, groups: int) -> tuple[int, int, int]:
-    """``grouped_linear``'s (T, C, R): tokens, features per group, rows per group; a shape
-    mismatch is refused (every backend's implementation checks through here)."""
-    t, width = x_shape
-    if width % groups or weight_shape[0] % groups or weight_shape[1] * groups != width:
-        raise ValueError(f"grouped_linear: {groups} groups do not fit x {tuple(x_shape)} and weight {tuple(weight_shape)}")
-    return t, width // groups, weight_shape[0] // groups
-
-
-def masked_attention(q, k, v, scale, visible, sinks=None):
-    """``Backend.masked_attention`` on host float32 arrays (transformers' eager DeepSeek-V4
-    attention: the mask added, the sink joined, the max taken over keys and sink)."""
-    q, k, v = (np.asarray(a, dtype=np.float32) for a in (q, k, v))
-    t, hq, d = q.shape
-    hkv, s, _ = k.shape
-    visible = check_visible(visible, t, s)
-    group = hq // hkv
-    qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
-    scores = np.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # (Hkv, G, T, S)
-    scores = np.where(visible, scores, np.float32(-np.inf))
-    if sinks is not None:
-        sink = np.broadcast_to(np.asarray(sinks, dtype=np.float32).reshape(hkv, group, 1, 1), (hkv, group, t, 1))
-        scores = np.concatenate([scores, sink], axis=-1)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    e = np.exp(scores)
-    probs = e / e.sum(axis=-1, keepdims=True)
-    if sinks is not None:
-        probs = probs[..., :-1]
-    out = np.matmul(probs, v[:, None])  # (Hkv, G, T, Dv)
-    return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1]), dtype=np.float32)
-
-
-def grouped_linear(x, weight, groups):
-    """``Backend.grouped_linear`` on host float32 arrays."""
-    x, weight = np.asarray(x, dtype=np.float32), np.asarray(weight, dtype=np.float32)
-    t, c, r = grouped_shapes(x.shape, weight.shape, groups)
-    xs = x.reshape(t, groups, c).transpose(1, 0, 2)  # (G, T, C)
-    ws = weight.reshape(groups, r, c)  # (G, R, C)
-    out = np.matmul(xs, ws.transpose(0, 2, 1))  # (G, T, R)
-    return np.ascontiguousarray(out.transpose(1, 0, 2).reshape(t, -1), dtype=np.float32)
-
-
-ROUTER_SCORINGS = ("sqrtsoftplus", "sigmoid")
-
-
-def router_scores(logits, scoring):
-    """f(logits) of ``Backend.scored_top_k`` in float32 (softplus as torch: x itself above 20)."""
-    logits = np.asarray(logits, dtype=np.float32)
-    with np.errstate(over="ignore"):
-        if scoring == "sqrtsoftplus":
-            return np.sqrt(np.where(logits > 20, logits, np.log1p(np.exp(logits)))).astype(np.float32)
-        if scoring == "sigmoid":
-            return (np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))).astype(np.float32)
-    raise ValueError(f"router scoring {scoring!r} is not one of {ROUTER_SCORINGS}")
-
-
-def scored_top_k(logits, bias, k, scoring, scaling, chosen=None):
-    """``Backend.scored_top_k`` on host float32 logits."""
-    scores = router_scores(logits, scoring)
-    if chosen is None:
-        indices = top_k_indices(scores if bias is None else scores + bias, k)
-    else:
-        indices = np.asarray(chosen, dtype=np.int64)
-    weights = np.take_along_axis(scores, indices, axis=-1)
-    weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
-    return indices, (weights * np.float32(scaling)).astype(np.float32)
-
-
-def windowed_attention(q, k, v, start, scale, window=None, sinks=None):
-    """``Backend.windowed_attention`` on host float32 arrays (transformers' eager gpt-oss
-    attention: the sink joins the softmax after the max is taken over keys and sink):
-    ``masked_attention`` with the causal window as its mask."""
-    t, s = np.shape(q)[0], np.shape(k)[1]
-    pos = start + np.arange(t)[:, None]
-    visible = np.arange(s)[None, :] <= pos
-    if window is not None:
-        visible &= np.arange(s)[None, :] > pos - int(window)
-    return masked_attention(q, k, v, scale, visible, sinks)
-
-
-def gated_activation(gate, up, act: GatedActivation):
-    """``Backend.gated_activation`` on host float32 arrays."""
-    gate, up = np.asarray(gate, dtype=np.float32), np.asarray(up, dtype=np.float32)
-    if act.limit is not None:
-        limit = np.float32(act.limit)
-        gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
-    with np.errstate(over="ignore"):
-        glu = gate / (np.float32(1.0) + np.exp(-gate * np.float32(act.alpha)))
-    return (glu * (up + np.float32(act.up_offset))).astype(np.float32, copy=False)
-
-
-def relative_bias_attention(q, k, v, start, scale, rel, table, window=None):
-    """``Backend.attention_relative_bias`` on host float32 arrays (transformers' eager
-    Inkling attention: scores * scale, then the bias, then the mask)."""
-    q, k, v, rel, table = (np.asarray(a, dtype=np.float32) for a in (q, k, v, rel, table))
-    bias = np.matmul(rel, table)  # (T, Hq, E)
-    t, hq, d = q.shape
-    hkv, s, _ = k.shape
-    group, extent = hq // hkv, bias.shape[-1]
-    qh = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)  # (Hkv, G, T, D)
-    scores = np.matmul(qh, k[:, None].transpose(0, 1, 3, 2)) * np.float32(scale)  # (Hkv, G, T, S)
-    distance = (start + np.arange(t))[:, None] - np.arange(s)[None, :]  # (T, S)
-    by_head = bias.reshape(t, hkv, group, extent).transpose(1, 2, 0, 3)  # (Hkv, G, T, E)
-    index = np.broadcast_to(np.clip(distance, 0, extent - 1), (hkv, group, t, s))
-    gathered = np.take_along_axis(by_head, index, axis=-1)
-    scores = scores + np.where((distance >= 0) & (distance < extent), gathered, np.float32(0.0))
-    visible = distance >= 0
-    if window is not None:
-        visible &= distance < int(window)
-    scores = np.where(visible, scores, np.float32(-np.inf))
-    probs = softmax(scores)
-    out = np.matmul(probs, v[:, None])  # (Hkv, G, T, Dv)
-    return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(t, hq, v.shape[-1]), dtype=np.float32)
+# The ops with a default made of the primitives (colibri_core.compute.composites): a
+# backend may override them with a fused kernel (``supports``) and need not.
+COMPOSITE_OPS = ("rope_interleaved", "sparse_attention", "windowed_attention", "masked_attention",
+                 "attention_relative_bias", "mla_expand", "mla_absorb_query", "mla_attention", "mla_absorb_output",
+                 "dsa_index_scores", "grouped_linear", "sinkhorn", "causal_conv1d", "gated_delta_step",
+                 "gated_delta_chunked", "gated_delta_channel_step", "gated_delta_channel_chunked", "gated_activation")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.engine.backend import (Backend, delta_channel_chunked, delta_channel_step, relative_bias_attention,
-                                         sinkhorn, softmax_top_k, top_k_indices)
+from colibri_core.compute import host
+from colibri_core.compute.backend import Backend
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 
@@ -107,6 +107,23 @@ class ReferenceBackend(Backend):
     def concat(self, arrays, axis):
         return np.concatenate(arrays, axis=axis)
 
+    # -- primitives ----------------------------------------------------------------------
+    def exp(self, x):
+        with np.errstate(over="ignore"):
+            return np.exp(x)
+
+    def maximum(self, x, floor):
+        return np.maximum(x, np.float32(floor))
+
+    def matmul(self, a, b):
+        return np.matmul(a, b)
+
+    def reduce_sum(self, x):
+        return np.sum(x, axis=-1, keepdims=True)
+
+    def reduce_max(self, x):
+        return np.max(x, axis=-1, keepdims=True)
+
     def take_rows(self, x, rows):
         return x[rows]
 
@@ -115,7 +132,7 @@ class ReferenceBackend(Backend):
         return out
 
     def softmax_top_k(self, x, weight, k, renormalise, bias=None):
-        return softmax_top_k(self.linear(x, weight, bias).astype(np.float32, copy=False), k, renormalise)
+        return host.softmax_top_k(self.linear(x, weight, bias).astype(np.float32, copy=False), k, renormalise)
 
     # -- MLA, DSA and interleaved RoPE ------------------------------------------------
     def layer_norm(self, x, weight, bias, eps):
@@ -209,7 +226,7 @@ class ReferenceBackend(Backend):
         return scores
 
     def top_k(self, scores, k):
-        return top_k_indices(scores, k)
+        return host.top_k_indices(scores, k)
 
     # -- recurrent (linear-attention) layers -------------------------------------------
     def silu(self, x):
@@ -231,64 +248,40 @@ class ReferenceBackend(Backend):
             out += full[j : j + t] * weight[:, j]
         return out, np.ascontiguousarray(full[t:])
 
-    @staticmethod
-    def _delta_heads(q, k, v, g, beta):
-        """(H, T, ...) float32 views with the key heads repeated to the value heads."""
-        rep = v.shape[1] // k.shape[1]
-        if rep > 1:
-            q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
-        return (q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), g.T, beta.T)
-
     def gated_delta_chunked(self, q, k, v, g, beta, state, chunk_size):
-        t = q.shape[0]
-        q, k, v, g, beta = self._delta_heads(q, k, v, g, beta)
-        h, dv = v.shape[0], v.shape[2]
-        c = chunk_size
-        pad = (-t) % c
-        if pad:
-            q, k, v = (np.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (q, k, v))
-            g, beta = (np.pad(a, ((0, 0), (0, pad))) for a in (g, beta))
-        n = (t + pad) // c
-        v_beta = (v * beta[..., None]).reshape(h, n, c, dv)
-        k_beta = (k * beta[..., None]).reshape(h, n, c, -1)
-        q, k = q.reshape(h, n, c, -1), k.reshape(h, n, c, -1)
-        cum = np.cumsum(g.reshape(h, n, c), axis=-1, dtype=np.float32)
-        upper = np.triu(np.ones((c, c), dtype=bool), 1)
-        with np.errstate(over="ignore"):  # masked (upper) entries may overflow before masking
-            pair = np.exp(np.where(upper, np.float32(-np.inf), cum[..., :, None] - cum[..., None, :]))
-        kt = k.swapaxes(-1, -2)
-        ut = (k_beta @ kt) * pair
-        intra = (q @ kt) * pair
-        # (I + strictly-lower(ut)) X = B: a unit lower-triangular solve, as solve_triangular(unitriangular=True)
-        lower = np.tril(ut, -1) + np.eye(c, dtype=np.float32)
-        new_values = np.linalg.solve(lower, v_beta).astype(np.float32)
-        k_cumdecay = np.linalg.solve(lower, k_beta * np.exp(cum)[..., None]).astype(np.float32)
-        q = q * np.exp(cum)[..., None]
-        k = k * np.exp(cum[..., -1:] - cum)[..., None]
-        chunk_decay = np.exp(cum[..., -1])[..., None, None]
-        s = np.array(state, dtype=np.float32, copy=True)
-        out = np.empty((h, n, c, dv), dtype=np.float32)
-        for i in range(n):
-            v_new = new_values[:, i] - k_cumdecay[:, i] @ s
-            out[:, i] = q[:, i] @ s + intra[:, i] @ v_new
-            s = s * chunk_decay[:, i] + k[:, i].swapaxes(-1, -2) @ v_new
-        out = out.reshape(h, n * c, dv)[:, :t]
-        return np.ascontiguousarray(out.transpose(1, 0, 2)), s
+        return host.delta_chunked(np, np.errstate(over="ignore"), q, k, v, g, beta, state, chunk_size)
 
     def gated_delta_step(self, q, k, v, g, beta, state):
         # one decay per head is the per-channel rule with the decay repeated over the key
         # channels: the same products, bit for bit
         g = np.broadcast_to(np.asarray(g, dtype=np.float32)[..., None], (*g.shape, k.shape[-1]))
-        return delta_channel_step(q, k, v, g, beta, state)
+        return host.delta_channel_step(q, k, v, g, beta, state)
 
     def gated_delta_channel_chunked(self, q, k, v, g, beta, state, chunk_size):
-        return delta_channel_chunked(q, k, v, g, beta, state, chunk_size)
+        return host.delta_channel_chunked(q, k, v, g, beta, state, chunk_size)
 
     def gated_delta_channel_step(self, q, k, v, g, beta, state):
-        return delta_channel_step(q, k, v, g, beta, state)
+        return host.delta_channel_step(q, k, v, g, beta, state)
 
     def attention_relative_bias(self, q, k, v, start, scale, rel, table, window=None):
-        return relative_bias_attention(q, k, v, start, scale, rel, table, window)
+        return host.relative_bias_attention(q, k, v, start, scale, rel, table, window)
 
     def sinkhorn(self, x, iters, eps):
-        return sinkhorn(x, iters, eps)
+        return host.sinkhorn(x, iters, eps)
+
+    # the composites' plain numpy forms: the yardstick the kit checks composites against
+    def windowed_attention(self, q, k, v, start, scale, window=None, sinks=None):
+        if window is None and sinks is None:
+            return self.attention(q, k, v, start, scale)
+        return host.windowed_attention(q, k, v, start, scale, window, sinks)
+
+    def masked_attention(self, q, k, v, scale, visible, sinks=None):
+        return host.masked_attention(q, k, v, scale, visible, sinks)
+
+    def grouped_linear(self, x, weight, groups):
+        return host.grouped_linear(x, weight, groups)
+
+    def gated_activation(self, gate, up, act):
+        if act.plain:
+            return self.silu_mul(gate, up)
+        return host.gated_activation(gate, up, act)

@@ -1,1 +1,0 @@
-"""Compute backends that ship with colibri-core."""
