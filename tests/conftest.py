@@ -12,3 +12,13 @@ def fresh_plugin_manager():
     reset_manager()
     yield
     reset_manager()
+
+
+@pytest.fixture(scope="module")
+def trained_olmoe():
+    """colibri-trained's OLMoE-geometry model, or a skip saying why it is absent."""
+    trained = pytest.importorskip("colibri_trained", reason="colibri-trained is not installed")
+    try:
+        return trained.path("olmoe")
+    except LookupError as exc:
+        pytest.skip(f"the trained OLMoE model is absent: {exc}")

@@ -25,20 +25,11 @@ def rt():
 
 
 @pytest.fixture(scope="module")
-def olmoe():
-    trained = pytest.importorskip("colibri_trained", reason="colibri-trained is not installed")
-    try:
-        return trained.path("olmoe")
-    except LookupError as exc:
-        pytest.skip(f"the trained OLMoE model is absent: {exc}")
-
-
-@pytest.fixture(scope="module")
-def halves(rt, olmoe):
+def halves(rt, trained_olmoe):
     import colibri_core
 
-    with colibri_core.load(olmoe, history=False) as model:
-        return rt.split_heldout(model, olmoe, ["python", "prose"])
+    with colibri_core.load(trained_olmoe, history=False) as model:
+        return rt.split_heldout(model, trained_olmoe, ["python", "prose"])
 
 
 def test_spread_windows_are_disjoint_and_sized(rt):
@@ -51,10 +42,10 @@ def test_spread_windows_are_disjoint_and_sized(rt):
         rt.spread_windows(ids[:100], 300, 64)
 
 
-def test_prefetch_counts_per_layer_match_the_store(rt, olmoe, halves):
+def test_prefetch_counts_per_layer_match_the_store(rt, trained_olmoe, halves):
     learn, test = halves["python"]
     assert learn and test and len(learn) + 1 >= len(test) >= len(learn)  # halves of one text
-    r = rt.measure_prefetch(olmoe, [test[:TOKENS]], free_prompts=[test[:8]], free_tokens=4)
+    r = rt.measure_prefetch(trained_olmoe, [test[:TOKENS]], free_prompts=[test[:8]], free_tokens=4)
     layers = r["layers"]
     assert len(layers) == 16 and r["steps"] == TOKENS
     assert layers[0]["predicted"] == 0  # the first MoE layer has no predictor
@@ -74,17 +65,17 @@ def test_prefetch_counts_per_layer_match_the_store(rt, olmoe, halves):
     assert 0.0 <= free["precision"] <= 1.0 and free["tokens"] == 4
 
 
-def test_history_pins_its_hottest_experts_and_lru_pins_none(rt, olmoe, halves, tmp_path):
+def test_history_pins_its_hottest_experts_and_lru_pins_none(rt, trained_olmoe, halves, tmp_path):
     learn, test = halves["python"]
-    copy = rt.learn_history(olmoe, learn[:128], tmp_path / "python", window=64)
+    copy = rt.learn_history(trained_olmoe, learn[:128], tmp_path / "python", window=64)
     saved = json.loads((copy / "colibri-usage.json").read_text())
     assert saved["tokens"] == 128
     counts = np.asarray(saved["counts"])
     assert counts.sum() == 128 * 16 * 8  # every token routed to top-8 in each of 16 layers
-    assert not (olmoe / "colibri-usage.json").exists()  # the installed model was not written to
+    assert not (trained_olmoe / "colibri-usage.json").exists()  # the installed model was not written to
 
     windows = [test[:TOKENS]]
-    lru = rt.store_run(olmoe, windows, cap=16, history=False)
+    lru = rt.store_run(trained_olmoe, windows, cap=16, history=False)
     pinned = rt.store_run(copy, windows, cap=16, history=True, repin=False)
     for r in (lru, pinned):
         assert r["lookups"] == TOKENS * 16 * 8

@@ -30,18 +30,9 @@ def ts():
 
 
 @pytest.fixture(scope="module")
-def olmoe():
-    trained = pytest.importorskip("colibri_trained", reason="colibri-trained is not installed")
-    try:
-        return trained.path("olmoe")
-    except LookupError as exc:
-        pytest.skip(f"the trained OLMoE model is absent: {exc}")
-
-
-@pytest.fixture(scope="module")
-def recorded(ts, olmoe, tmp_path_factory):
+def recorded(ts, trained_olmoe, tmp_path_factory):
     out = tmp_path_factory.mktemp("traces")
-    ts.main(["record", "--model", str(olmoe), "--domains", "python", "--tokens", str(STEPS), "--out", str(out)])
+    ts.main(["record", "--model", str(trained_olmoe), "--domains", "python", "--tokens", str(STEPS), "--out", str(out)])
     return out / "python.npz"
 
 
@@ -54,19 +45,19 @@ def tiny(tmp_path_factory):
     return out
 
 
-def test_the_trace_holds_what_the_model_routed(ts, olmoe, recorded):
+def test_the_trace_holds_what_the_model_routed(ts, trained_olmoe, recorded):
     import colibri_core
 
     trace = ts.Trace.load(recorded)
     m = trace.manifest
     assert (m["domain"], m["tokens"], m["moe_layers"], m["experts"], m["top_k"]) == ("python", STEPS, 16, 64, 8)
-    assert m["model_sha256"] == ts.sha256_of(Path(olmoe) / "model.safetensors")
+    assert m["model_sha256"] == ts.sha256_of(Path(trained_olmoe) / "model.safetensors")
     assert trace.experts.shape == (STEPS, 16, 8) and trace.predicted.shape == (STEPS, 16, 8)
     # the first MoE layer has no predictor; every other layer has a full prediction
     assert (trace.predicted[:, 0] == ts.NO_PREDICTION).all() and (trace.predicted[:, 1:] >= 0).all()
     assert 0 < m["statistics"]["lookahead_precision"] <= 1
     # the routing as colibri reports it itself (forward's ``routing`` list), token by token
-    with colibri_core.load(olmoe, history=False) as model:
+    with colibri_core.load(trained_olmoe, history=False) as model:
         cache = model.lm.new_cache(model.backend)
         for t, token in enumerate(trace.tokens):
             routing = []
