@@ -474,6 +474,40 @@ class BackendConformanceSuite:
         ids = np.array([3, 0, 49, 3, 17], dtype=np.int64)
         self.check(backend, backend.embedding(table, ids), truth[ids], f"embedding of {kind} rows", kind)
 
+    # -- what placement and the batched engine rely on ------------------------------------------
+    def test_memory_figures_are_consistent(self, backend):
+        """``device_memory`` sizes the device tier and ``--vram``; ``unified_memory`` makes
+        the device and RAM tiers share one budget; ``weight_nbytes`` is what placement
+        counts for a prepared weight."""
+        size = backend.device_memory()
+        assert size is None or (type(size) is int and size > 0), f"device_memory() gave {size!r}"
+        assert isinstance(backend.unified_memory, bool)
+        assert not (size is None and backend.unified_memory), "unified memory without a device size"
+        w = normal(seeded("weight bytes"), 24, 64)
+        prepared = backend.prepare_weight(w, "linear")
+        counted = backend.weight_nbytes(None, w.shape, w.nbytes)
+        assert type(counted) is int and counted > 0
+        if isinstance(prepared, Array):  # an array form: placement's count is its size
+            assert counted == backend.nbytes(prepared), f"weight_nbytes {counted} != the prepared array's {backend.nbytes(prepared)}"
+        for kind in PACKED_KINDS:
+            if backend.keeps_stored(kind, "linear"):
+                packed = pack(kind, normal(seeded("weight bytes", kind), 24, 64))
+                assert backend.weight_nbytes(kind, (24, 64), packed.nbytes) > 0, kind
+
+    @pytest.mark.parametrize("kind", ["f32", "q8", "q4"])
+    def test_batch_invariant_rows_are_bit_identical_to_one_row(self, backend, kind):
+        """The batched engine gives ``linear`` up to ``batch_invariant_rows`` rows at once
+        and promises each row the bits it gets alone."""
+        w, _ = self.weight(backend, kind, (24, 64), seeded("invariant", kind))
+        n = backend.batch_invariant_rows("linear", [w])
+        assert type(n) is int and n >= 1, f"batch_invariant_rows gave {n!r}"
+        rows = min(n, 9)
+        x = normal(seeded("invariant rows", kind), rows, 64)
+        together = backend.to_host(backend.linear(self.act(backend, x), w))
+        for i in range(rows):
+            alone = backend.to_host(backend.linear(self.act(backend, x[i : i + 1]), w))
+            assert np.array_equal(together[i : i + 1], alone), f"{kind}: row {i} of {rows} differs from the row alone"
+
     @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
     @pytest.mark.parametrize("rows", ROWS)
     @pytest.mark.parametrize("kind", WEIGHT_KINDS)
