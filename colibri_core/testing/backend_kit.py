@@ -248,6 +248,9 @@ COMPOSITE_TESTS = {
     "test_gated_delta_channel_with_equal_channels_is_gated_delta": ('gated_delta_channel_chunked', 'gated_delta_chunked', 'gated_delta_channel_step', 'gated_delta_step'),
 }
 
+# the composite tests whose attention takes a selection (a sync on the composite path)
+SELECTION_TESTS = frozenset({"test_sparse_attention", "test_mla_attention", "test_mla_absorbed_attention_equals_expanded"})
+
 
 def composed(backend: Backend) -> Backend:
     """A twin of ``backend`` (same device, same primitives) that computes every composite
@@ -307,7 +310,7 @@ class BackendConformanceSuite:
         """A backend array against the reference's result."""
         own = type(backend.zeros((1,), "float32"))
         assert isinstance(got, own), f"{what}: a {type(got).__name__}, not the backend's array type {own.__name__}"
-        self.assert_close(backend.to_host(got), want, self.tol(backend, kind), what)
+        self.assert_close(backend._to_host(got), want, self.tol(backend, kind), what)  # the kit's look: not counted
 
     @staticmethod
     def act(backend: Backend, x: np.ndarray):
@@ -330,14 +333,23 @@ class BackendConformanceSuite:
     # The composite ops' tests run twice: on the backend as it is (its fused kernels, where
     # it has them: ``supports``) and on its primitives alone through the composites, so a
     # fused kernel is checked against the composite as both are against the reference.
+    # Either way the ops must not cross to the host (the kit's own looks use the uncounted
+    # _to_host), except where an attention takes an indexer's selection: the composite
+    # brings the selection to the host once to build its mask.
     @pytest.fixture(params=["own", "composite"])
     def ops(self, request, backend):
-        if request.param == "own":
-            return backend
-        names = COMPOSITE_TESTS[request.function.__name__]
-        if not any(backend.supports(op) for op in names):
-            pytest.skip(f"{backend.name} computes {', '.join(names)} with the composites: the 'own' run is that run")
-        return composed(backend)
+        name = request.function.__name__
+        chosen = backend
+        if request.param == "composite":
+            if not any(backend.supports(op) for op in COMPOSITE_TESTS[name]):
+                pytest.skip(f"{backend.name} computes {', '.join(COMPOSITE_TESTS[name])} with the composites: "
+                            "the 'own' run is that run")
+            chosen = composed(backend)
+        before = chosen.host_syncs
+        yield chosen
+        if name not in SELECTION_TESTS:
+            assert chosen.host_syncs == before, (f"{', '.join(COMPOSITE_TESTS[name])} took {chosen.host_syncs - before} "
+                                                 f"host syncs ({request.param}): they must stay on the device")
 
     # -- primitives --------------------------------------------------------------------------
     def test_exp_and_maximum(self, backend):
@@ -743,7 +755,7 @@ class BackendConformanceSuite:
         q_lat = ops.mla_absorb_query(dev["q_nope"], dev["kv_b"], nope, v)
         o_lat = ops.mla_attention(q_lat, dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2, sel)
         absorbed = ops.mla_absorb_output(o_lat, dev["kv_b"], nope, v)
-        self.check(ops, absorbed, ops.to_host(expanded), "absorbed MLA against expanded MLA")
+        self.check(ops, absorbed, ops._to_host(expanded), "absorbed MLA against expanded MLA")
 
     @pytest.mark.parametrize("step", list(STEPS))
     def test_dsa_index_scores(self, ops, step):
@@ -873,7 +885,7 @@ class BackendConformanceSuite:
             want = self.ref.sinkhorn(x, iters, 1e-6)
             self.check(ops, got, want, f"sinkhorn {n}x{n}, {iters} iterations")
             # columns are normalised last: they sum to 1 (up to eps)
-            self.assert_close(ops.to_host(got).sum(-2), np.ones((7, n), np.float32), 1e-4, "sinkhorn column sums")
+            self.assert_close(ops._to_host(got).sum(-2), np.ones((7, n), np.float32), 1e-4, "sinkhorn column sums")
 
     # -- DeepSeek-V4: attention over chosen keys, grouped output, scored routers ----------------
     @pytest.mark.parametrize("sinks", [False, True], ids=["nosinks", "sinks"])
@@ -927,11 +939,11 @@ class BackendConformanceSuite:
     def test_causal_conv1d_carries_its_state(self, ops):
         rng = seeded("conv")
         x, weight = normal(rng, 9, 12), ops.prepare_weight(normal(rng, 12, 4), "array")
-        whole, whole_state = self.ref.causal_conv1d(x, ops.to_host(weight), np.zeros((3, 12), np.float32))
+        whole, whole_state = self.ref.causal_conv1d(x, ops._to_host(weight), np.zeros((3, 12), np.float32))
         state, outs = ops.zeros((3, 12), "float32"), []
         for a, b in ((0, 5), (5, 6), (6, 9)):  # a prompt, one token, a chunk
             out, state = ops.causal_conv1d(self.act(ops, x[a:b]), weight, state)
-            outs.append(ops.to_host(out))
+            outs.append(ops._to_host(out))
         self.assert_close(np.concatenate(outs), whole, self.tol(ops), "causal_conv1d fed in pieces")
         self.check(ops, state, whole_state, "causal_conv1d state")
 
@@ -964,8 +976,8 @@ class BackendConformanceSuite:
         self.check(ops, out, want_out, "gated_delta_step output")
         self.check(ops, state, want_state, "gated_delta_step state")
         chunked_out, chunked_state = ops.gated_delta_chunked(*dev.values(), 5)
-        self.check(ops, chunked_out, ops.to_host(out), "gated_delta_chunked against gated_delta_step")
-        self.check(ops, chunked_state, ops.to_host(state), "gated_delta_chunked state against gated_delta_step")
+        self.check(ops, chunked_out, ops._to_host(out), "gated_delta_chunked against gated_delta_step")
+        self.check(ops, chunked_state, ops._to_host(state), "gated_delta_chunked state against gated_delta_step")
 
     def _channel_delta_inputs(self, backend, rep, name):
         """``_delta_inputs`` with a decay per key channel: g (T, Hv, Dk), strong enough that
@@ -994,8 +1006,8 @@ class BackendConformanceSuite:
         self.check(ops, out, want_out, "gated_delta_channel_step output")
         self.check(ops, state, want_state, "gated_delta_channel_step state")
         chunked_out, chunked_state = ops.gated_delta_channel_chunked(*dev.values(), 5)
-        self.check(ops, chunked_out, ops.to_host(out), "gated_delta_channel_chunked against gated_delta_channel_step")
-        self.check(ops, chunked_state, ops.to_host(state),
+        self.check(ops, chunked_out, ops._to_host(out), "gated_delta_channel_chunked against gated_delta_channel_step")
+        self.check(ops, chunked_state, ops._to_host(state),
                    "gated_delta_channel_chunked state against gated_delta_channel_step")
 
     def test_gated_delta_channel_with_equal_channels_is_gated_delta(self, ops):
