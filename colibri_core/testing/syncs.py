@@ -30,24 +30,24 @@ ALLOWED_SITES = {
 }
 
 
-def _is_backend_frame(path: Path) -> bool:
-    if path.is_relative_to(COMPUTE) or path == Path(__file__).resolve():
-        return True
-    return any(part.startswith("colibri_") and part not in ("colibri_core",) and part.endswith(("mlx", "cuda", "vulkan"))
-               for part in path.parts)
+def _package_dir(cls) -> Path:
+    """The folder of the top-level package that defines ``cls`` (a backend's own code)."""
+    module = sys.modules[cls.__module__]
+    top = sys.modules[module.__name__.split(".")[0]]
+    return Path(top.__file__).resolve().parent
 
 
-def caller_site() -> str:
-    """``module:function`` of the nearest frame outside compute/ and the backends."""
+def caller_site(skip: tuple[Path, ...] = ()) -> str:
+    """``module:function`` of the nearest frame outside compute/, this module and the
+    folders in ``skip`` (the backend's own package)."""
     frame = sys._getframe(1)
+    here = Path(__file__).resolve()
     while frame is not None:
         path = Path(frame.f_code.co_filename).resolve()
-        if not _is_backend_frame(path):
+        if not (path.is_relative_to(COMPUTE) or path == here or any(path.is_relative_to(d) for d in skip)):
             if path.is_relative_to(CORE.parent):
-                module = ".".join(path.relative_to(CORE.parent).with_suffix("").parts)
-            else:
-                module = path.stem
-            return f"{module}:{frame.f_code.co_name}"
+                return f"{'.'.join(path.relative_to(CORE.parent).with_suffix('').parts)}:{frame.f_code.co_name}"
+            return f"{path.stem}:{frame.f_code.co_name}"
         frame = frame.f_back
     return "?"
 
@@ -61,9 +61,12 @@ class SyncAudit:
         self.sites: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         original = backend.to_host
+        # the backend's own package, whichever distribution it comes from (colibri_core's
+        # own backends live in compute/, skipped anyway)
+        own = tuple(d for d in {_package_dir(type(backend))} if d != CORE)
 
         def to_host(x):
-            self.sites[caller_site()] += 1
+            self.sites[caller_site(own)] += 1
             return original(x)
 
         backend.to_host = to_host  # on the instance: the backend's own methods reach it through self
