@@ -63,6 +63,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run as a script from anywhere
 sys.path.insert(0, str(HERE))
 
+from hostinfo import cpu_name  # noqa: E402
+
 
 def model_sizes(model: Path) -> dict:
     """The routed experts' bytes (as the RAM tier counts them) and the dense weights'."""
@@ -398,14 +400,14 @@ def busiest_worker_efficiency(workers: int, sizes: dict, *, samples: int = 20000
     return sizes["top_k"] / workers / (busiest / samples)
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
+def completed_runs(report: dict) -> dict[int, list[dict]]:
+    """The runs that did not fail, by worker count (0: the local run), fewest workers
+    first; a count none of whose runs completed is left out."""
+    by_workers: dict[int, list[dict]] = {}
+    for r in sorted(report["runs"], key=lambda r: r["workers"]):
+        if "error" not in r:
+            by_workers.setdefault(r["workers"], []).append(r)
+    return by_workers
 
 
 def markdown(report: dict) -> str:
@@ -432,13 +434,10 @@ def markdown(report: dict) -> str:
                      f"{r.get('fallback_requests', '-')} | {same} |")
     lines += ["", "| config | median prefill disk MB/s | median decode tok/s | median decode disk MB/s | decode x local |",
               "|---|---|---|---|---|"]
-    med = {}
-    for n in sorted({r["workers"] for r in report["runs"]}):
-        ok = [r for r in report["runs"] if r["workers"] == n and "error" not in r]
-        if ok:
-            med[n] = (statistics.median(r["prefill_device_bytes_per_s"] for r in ok),
-                      statistics.median(r["decode_tok_s"] for r in ok),
-                      statistics.median(r["device_read_bytes_per_s"] for r in ok))
+    med = {n: (statistics.median(r["prefill_device_bytes_per_s"] for r in ok),
+               statistics.median(r["decode_tok_s"] for r in ok),
+               statistics.median(r["device_read_bytes_per_s"] for r in ok))
+           for n, ok in completed_runs(report).items()}
     for n, (pre, tok, disk) in med.items():
         ratio = f"{tok / med[0][1]:.2f}" if 0 in med and med[0][1] else "-"
         lines.append(f"| {'local' if n == 0 else f'{n} workers'} | {pre / 1e6:.0f} | {tok:.2f} | {disk / 1e6:.0f} | {ratio} |")
@@ -460,15 +459,12 @@ def throttle_table(report: dict) -> str:
              "| each worker MB/s (min-max, all runs) | MB read / token | runs | tokens = local |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     model = {int(n): e for n, e in report.get("busiest_worker_model", {}).items()}
-    med = {}
-    for n in sorted({r["workers"] for r in report["runs"]}):
-        ok = [r for r in report["runs"] if r["workers"] == n and "error" not in r]
-        if ok:
-            med[n] = (statistics.median(r["decode_tok_s"] for r in ok),
-                      statistics.median(r["aggregate_read_bytes_per_s"] for r in ok),
-                      statistics.median(r["group_read_bytes_per_token"] for r in ok), len(ok),
-                      all(r.get("token_ids") == local.get(r["round"]) for r in ok),
-                      [b / r["decode_wall_s"] for r in ok for b in r["group_read_bytes"]])
+    med = {n: (statistics.median(r["decode_tok_s"] for r in ok),
+               statistics.median(r["aggregate_read_bytes_per_s"] for r in ok),
+               statistics.median(r["group_read_bytes_per_token"] for r in ok), len(ok),
+               all(r.get("token_ids") == local.get(r["round"]) for r in ok),
+               [b / r["decode_wall_s"] for r in ok for b in r["group_read_bytes"]])
+           for n, ok in completed_runs(report).items()}
     for n, (tok, agg, per_token, count, same, each) in med.items():
         if n == 0:
             lines.append(f"| local (whole disk) | - | - | {bound[1] / 1e6:.0f} | {tok:.2f} | - | {agg / 1e6:.0f} | - | - | "

@@ -49,11 +49,15 @@ from pathlib import Path
 
 import numpy as np
 
-import colibri_core
-from colibri_core.engine.perplexity import HELDOUT_DIR
-from colibri_core.experts.history import FILENAME as HISTORY_FILE, READ_ONLY_MARKER
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models/colibri-trained/colibri_trained/olmoe-16x64"
+import colibri_core  # noqa: E402
+from benchmarks.hostinfo import cpu_name  # noqa: E402
+from colibri_core.engine.perplexity import HELDOUT_DIR  # noqa: E402
+from colibri_core.experts.history import FILENAME as HISTORY_FILE, READ_ONLY_MARKER  # noqa: E402
+
+DEFAULT_MODEL = ROOT / "models/colibri-trained/colibri_trained/olmoe-16x64"
 MIXED = "mixed"  # a history learned on all domains, an equal share of each
 
 
@@ -295,15 +299,7 @@ def history_ab(model_dir: Path, halves: dict, test_windows: dict, *, caps: list[
 
 # -- report ----------------------------------------------------------------------------
 def machine() -> str:
-    model = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
 def pct(v) -> str:

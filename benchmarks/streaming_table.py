@@ -318,6 +318,21 @@ def children_import_this_tree() -> None:
     os.environ["PYTHONSAFEPATH"] = "1"
 
 
+def add_round_options(p: argparse.ArgumentParser, *, cgroup_example: str, tokens: int, rounds: int,
+                      bound_gb: float) -> None:
+    """The options of rounds of colibri and llama.cpp beside the disk bound (this table's,
+    trace_streaming.py's replay's): the engines' cgroup and colibri's RAM, the workload,
+    the rounds, llama.cpp's threads and the bound's threads and bytes."""
+    p.add_argument("--cgroup", default=None, help=f"memory cgroup size for every engine (e.g. {cgroup_example}; needs root)")
+    p.add_argument("--ram", default=None, help="colibri's --ram")
+    p.add_argument("--tokens", type=int, default=tokens)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads")
+    p.add_argument("--io-threads", type=int, default=3, help="threads of the O_DIRECT bound (colibri's I/O pool)")
+    p.add_argument("--bound-gb", type=float, default=bound_gb, help="bytes read for the disk bound per round")
+
+
 def main(argv=None):
     children_import_this_tree()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -326,14 +341,7 @@ def main(argv=None):
     p.add_argument("--llama-python", default=None, help="python of an environment with llama-cpp-python")
     p.add_argument("--llama-repack", action=argparse.BooleanOptionalAction, default=False,
                    help="llama.cpp's weight repacking (off by default: repacked Q4_0 does not load in a small cgroup)")
-    p.add_argument("--cgroup", default=None, help="memory cgroup size for every engine (e.g. 16G; needs root)")
-    p.add_argument("--ram", default=None, help="colibri's --ram")
-    p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads")
-    p.add_argument("--io-threads", type=int, default=3, help="threads of the O_DIRECT bound (colibri's I/O pool)")
-    p.add_argument("--bound-gb", type=float, default=2.0, help="bytes read for the disk bound per round")
+    add_round_options(p, cgroup_example="16G", tokens=32, rounds=3, bound_gb=2.0)
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--prefetch-window", default=None, help="colibri's --prefetch-window (default: top-k experts)")
     p.add_argument("--also-without-prefetch", action="store_true",

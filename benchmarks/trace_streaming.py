@@ -51,7 +51,6 @@ import datetime
 import hashlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -65,6 +64,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
+from benchmarks.hostinfo import cpu_name  # noqa: E402
+
 DEFAULT_TRAINED = ROOT / "models/colibri-trained/colibri_trained/olmoe-16x64"
 HELDOUT_DIR = "heldout"
 NO_PREDICTION = -1  # a layer without a predictor (the first MoE layer)
@@ -72,11 +73,8 @@ NO_PREDICTION = -1  # a layer without a predictor (the first MoE layer)
 
 # -- traces ----------------------------------------------------------------------------
 def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def moe_blocks(lm) -> list:
@@ -550,15 +548,7 @@ def markdown(report: dict) -> str:
 
 
 def machine() -> str:
-    name = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    return f"{cpu_name()}, {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
 
 
 def git_head() -> str | None:
@@ -570,6 +560,8 @@ def git_head() -> str | None:
 
 
 def main(argv=None) -> None:
+    from benchmarks.streaming_table import add_round_options
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record", help="record the trained model's routing on held-out text")
@@ -585,14 +577,7 @@ def main(argv=None) -> None:
                     help="also run colibri with the checkpoint's own (synthetic) routing")
     p2.add_argument("--gguf", type=Path, default=None, help="llama.cpp's GGUF of the same checkpoint")
     p2.add_argument("--llama-python", default=None, help="python of an environment with llama-cpp-python")
-    p2.add_argument("--cgroup", default=None, help="memory cgroup size for every engine (e.g. 3G; needs root)")
-    p2.add_argument("--ram", default=None, help="colibri's --ram")
-    p2.add_argument("--tokens", type=int, default=64)
-    p2.add_argument("--prompt-tokens", type=int, default=32)
-    p2.add_argument("--rounds", type=int, default=2)
-    p2.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads")
-    p2.add_argument("--io-threads", type=int, default=3, help="threads of the O_DIRECT bound (colibri's I/O pool)")
-    p2.add_argument("--bound-gb", type=float, default=1.0, help="bytes read for the disk bound per round")
+    add_round_options(p2, cgroup_example="3G", tokens=64, rounds=2, bound_gb=1.0)
     p2.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
     c = sub.add_parser("child", help=argparse.SUPPRESS)
     c.add_argument("spec")

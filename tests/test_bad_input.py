@@ -18,34 +18,18 @@ import pytest
 
 import colibri_core
 import colibri_core.errors
-from colibri_core.cli.demo import DemoSpec, build_demo_model
 from colibri_core.cli.run import parse_token_ids
 from colibri_core.errors import BackendError, BudgetError, ModelFormatError, UsageError
 from colibri_core.experts.history import FILENAME
 from colibri_core.io.checkpoint import INDEX_NAME
 from colibri_core.testing import edit_config
+from colibri_core.testing.demo_specs import SMALL_RANDOM
 from colibri_core.warn import ColibriWarning
 
 from colibri_core.testing.cli import colibri_env, run_colibri
 
-SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
-                intermediate_size=16, tokenizer_vocab=320, max_position_embeddings=64, shard_bytes=40_000,
-                router_std=1.0, cached_experts_per_layer=2)
+SPEC = SMALL_RANDOM  # the model of demo_model and model_dir (tests/conftest.py)
 DEEP = 50_000  # nesting levels: far past Python's recursion limit
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    path = tmp_path_factory.mktemp("bad-input") / "model"
-    build_demo_model(path, SPEC)
-    return path
-
-
-@pytest.fixture
-def model_dir(base, tmp_path):
-    d = tmp_path / "model"
-    shutil.copytree(base, d)
-    return d
 
 
 def one_error_line(out, *fragments, code=2):

@@ -21,7 +21,7 @@ import pytest
 import colibri_core
 from colibri_core.cli import convert as convert_module
 from colibri_core.cli.convert import MANIFEST, convert
-from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.cli.demo import DemoSpec
 from colibri_core.cli.main import main
 from colibri_core.errors import ResourceError
 from colibri_core.io import buffers
@@ -35,11 +35,10 @@ SPEC = DemoSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    path = tmp_path_factory.mktemp("env") / "src"
-    build_demo_model(path, SPEC)
-    assert len(list(path.glob("*.safetensors"))) >= 3
-    return path
+def source(demo_model):
+    """The model converted, over several shards."""
+    assert len(list(demo_model.glob("*.safetensors"))) >= 3
+    return demo_model
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.cli.demo import DemoSpec
 from colibri_core.errors import BudgetError, UsageError
 from colibri_core.io.drives import drop_page_cache
 from colibri_core.experts.history import FILENAME, RoutingHistory, cache_path
@@ -29,22 +29,14 @@ SPEC = DemoSpec(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_
 PROMPT = list(range(5, 25))
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    path = tmp_path_factory.mktemp("store") / "model"
-    build_demo_model(path, SPEC)
-    assert len(list(path.glob("*.safetensors"))) >= 3
-    return path
-
-
 @pytest.fixture
-def model_dir(base, tmp_path, monkeypatch):
+def model_dir(model_dir, tmp_path, monkeypatch):
+    """tests/conftest.py's copy of the model, read with this test's own settings."""
+    assert len(list(model_dir.glob("*.safetensors"))) >= 3  # shards to mirror, fail and read apart
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the user cache dir of this test
     # tiny shards make bandwidth measurements meaningless: the primary reads at 1 GiB/s here
     monkeypatch.setattr("colibri_core.engine.api.measure_bandwidth", lambda drive: float(1 << 30))
-    d = tmp_path / "model"
-    shutil.copytree(base, d)
-    return d
+    return model_dir
 
 
 def generate(path, max_tokens=12, **options):

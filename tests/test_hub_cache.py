@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 import colibri_core
-from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.cli.demo import DemoSpec
 from colibri_core.errors import ModelFormatError
 from colibri_core.io.checkpoint import INDEX_NAME
 
@@ -29,10 +29,9 @@ PROMPT = [5, 6, 7, 8, 9]
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hub") / "plain"
-    build_demo_model(path, SPEC)
-    return path
+def plain(demo_model):
+    """The model in a plain directory, as colibri writes it."""
+    return demo_model
 
 
 def tokens(path):

@@ -27,15 +27,9 @@ SPEED_FACTOR = 6.0
 # a second model, shaped unlike the demo: fewer, smaller layers, 32 experts, top-4
 SMALL = DemoSpec(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_experts=32, num_experts_per_tok=4,
                  intermediate_size=256, tokenizer_vocab=512, shard_bytes=64 << 20)
-TINY = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=16, num_experts_per_tok=2,
+# the model of the quick tests below (their demo_model)
+SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=16, num_experts_per_tok=2,
                 intermediate_size=16, tokenizer_vocab=300, shard_bytes=40_000)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    build_demo_model(path, TINY)
-    return path
 
 
 @pytest.mark.slow
@@ -53,36 +47,37 @@ def test_plan_projects_the_hit_rate_and_speed_run_measures(tmp_path, name, spec,
     assert default.steady_hit_rate == 1.0 and default.run_hit_rate < 0.95 and default.plan_hit_rate < 0.95
 
 
-def test_plan_refuses_a_context_beyond_the_models_limit(tiny):
-    out = run_colibri("plan", "--model", tiny, "--context", "100000", "--disk-bw", "1G")
+def test_plan_refuses_a_context_beyond_the_models_limit(demo_model):
+    out = run_colibri("plan", "--model", demo_model, "--context", "100000", "--disk-bw", "1G")
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1
-    assert "--context 100000" in out.stderr and str(TINY.max_position_embeddings) in out.stderr
-    out = run_colibri("plan", "--model", tiny, "--prompt-tokens", "4000", "--tokens", "200", "--disk-bw", "1G")
+    assert "--context 100000" in out.stderr and str(SPEC.max_position_embeddings) in out.stderr
+    out = run_colibri("plan", "--model", demo_model, "--prompt-tokens", "4000", "--tokens", "200", "--disk-bw", "1G")
     assert out.returncode == 2 and "context" in out.stderr
-    ok = run_colibri("plan", "--model", tiny, "--context", str(TINY.max_position_embeddings), "--json", "--disk-bw", "1G")
+    ok = run_colibri("plan", "--model", demo_model, "--context", str(SPEC.max_position_embeddings), "--json",
+                     "--disk-bw", "1G")
     assert ok.returncode == 0, ok.stderr
 
 
-def test_plan_reads_ahead_what_run_would(tiny):
+def test_plan_reads_ahead_what_run_would(demo_model):
     def plan(*args):
-        out = run_colibri("plan", "--model", tiny, "--json", "--disk-bw", "1G", *args)
+        out = run_colibri("plan", "--model", demo_model, "--json", "--disk-bw", "1G", *args)
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
     assert plan()["prefetch_slots"] == 0
     default = plan("--prefetch")
-    assert default["prefetch_slots"] == TINY.num_experts_per_tok
+    assert default["prefetch_slots"] == SPEC.num_experts_per_tok
     one = next(t["expert_bytes"] for t in default["tiers"] if t["role"] == "ram")
     assert plan("--prefetch", "--prefetch-slots", "5")["prefetch_slots"] == 5
     windowed = plan("--prefetch", "--prefetch-window", str(3 * one + 1))
     assert windowed["prefetch_slots"] == 3
 
 
-def test_the_compute_estimate_is_stable_across_similar_configurations(tiny, tmp_path):
+def test_the_compute_estimate_is_stable_across_similar_configurations(demo_model, tmp_path):
     """It used to jump 0.001 -> 0.29 s/token between two budgets; now it is a mean over
     half a second of the model's own expert on the backend, in a run's decode shape."""
     model = tmp_path / "model"
-    shutil.copytree(tiny, model)
+    shutil.copytree(demo_model, model)
     estimates = []
     for cap in ("2", "3", "4", "2"):
         out = run_colibri("plan", "--model", model, "--cap", cap, "--json", "--disk-bw", "1G", env=SINGLE_THREAD)
@@ -122,8 +117,8 @@ def test_routings_follow_the_history_token_by_token():
     assert np.bincount(draws.ravel(), minlength=8) / 20_000 == pytest.approx(pi, abs=0.02)
 
 
-def test_a_budget_for_slots_gives_those_slots(tiny):
+def test_a_budget_for_slots_gives_those_slots(demo_model):
     import colibri_core
 
-    with colibri_core.load(tiny, ram=budget_for_slots(tiny, 5), history=False) as model:
+    with colibri_core.load(demo_model, ram=budget_for_slots(demo_model, 5), history=False) as model:
         assert model.placement.slots == 5

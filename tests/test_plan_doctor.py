@@ -1,7 +1,6 @@
 """colibri plan and colibri doctor."""
 
 import json
-import shutil
 import struct
 from collections import OrderedDict
 
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.cli.demo import DemoSpec
 from colibri_core.experts.history import FILENAME
 from colibri_core.cli.plan import lru_hit_rate
 
@@ -17,20 +16,6 @@ from colibri_core.testing.cli import run_colibri
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=16, num_experts_per_tok=2,
                 intermediate_size=16, tokenizer_vocab=300, shard_bytes=40_000)
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    path = tmp_path_factory.mktemp("plan") / "model"
-    build_demo_model(path, SPEC)
-    return path
-
-
-@pytest.fixture
-def model_dir(base, tmp_path):
-    d = tmp_path / "model"
-    shutil.copytree(base, d)
-    return d
 
 
 def simulated_lru(p, slots, n=40_000, seed=0):

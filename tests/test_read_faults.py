@@ -4,13 +4,12 @@ place or by renaming a copy over it (a new file: the drive opens it), with no fa
 left over from the step that failed."""
 
 import os
-import shutil
 
 import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.cli.demo import DemoSpec
 from colibri_core.io.drives import ReadFailed
 
 SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
@@ -18,19 +17,11 @@ SPEC = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_
 PROMPT = list(range(5, 25))
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    path = tmp_path_factory.mktemp("faults") / "model"
-    build_demo_model(path, SPEC)
-    return path
-
-
 @pytest.fixture
-def model_dir(base, tmp_path, monkeypatch):
+def model_dir(model_dir, tmp_path, monkeypatch):
+    """tests/conftest.py's copy of the model, with a user cache dir of the test's own."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    d = tmp_path / "model"
-    shutil.copytree(base, d)
-    return d
+    return model_dir
 
 
 def generate(model):

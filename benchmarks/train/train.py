@@ -26,11 +26,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: hostinfo
 
 import numpy as np  # noqa: E402
 
 import corpus as corpus_mod  # noqa: E402
 import tokenizer as tokenizer_mod  # noqa: E402
+from hostinfo import cpu_name  # noqa: E402
 from models import RECIPES, SEQ_LEN, mtp_module  # noqa: E402
 
 DEFAULT_WORK = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "colibri" / "train"
@@ -48,11 +50,8 @@ def log(msg: str) -> None:
 
 
 def _file_hash(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def prepare(work: Path):
@@ -423,7 +422,7 @@ def main(argv=None) -> int:
         "recipe": recipe.name, "model_type": recipe.model_type, "seed": args.seed, "steps": steps,
         "threads": recipe.threads, "parameters": params,
         "training_tokens": steps * recipe.batch * SEQ_LEN, "wall_s": round(wall, 1),
-        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": __import__("transformers").__version__},
         "corpus_sha256": manifest["sha256"], "tokenizer_sha256": _file_hash(tok_dir / "tokenizer.json"),
         "weights_sha256": digest, "domain_weights": weights, "loss_history": history,
@@ -487,16 +486,6 @@ def report_on(out: Path, tokens, tok, corpus_dir: Path) -> int:
         log(f"{d}: validation perplexity {metrics['perplexity'][d]:.2f} "
             f"(unigram {metrics['unigram_perplexity'][d]:.1f}){extra}")
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

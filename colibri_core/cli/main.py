@@ -119,40 +119,35 @@ def _backend_status(row: dict) -> str:
     return f"available ({row['device']})" if row["device"] else "available"
 
 
-def _simple_listing(kind: str, title: str, extra=None):
+def _list_entries(kind: str, as_json: bool, title: str, headers: tuple[str, str], field: str, extra) -> None:
+    """The registered entries of one ``kind`` (``list-quants``, ``list-tiers``), each with
+    ``extra(spec)``'s fields: as JSON, or a table of the name, ``field``, plugin and
+    description (``headers``: the first two columns' titles)."""
     rows = []
     for entry in get_manager().registry.all(kind):
-        row = {"name": entry.spec.name, "plugin": entry.plugin, "description": entry.spec.description}
-        if extra:
-            row.update(extra(entry.spec))
-        rows.append(row)
-    return rows
+        rows.append({"name": entry.spec.name, "plugin": entry.plugin, "description": entry.spec.description,
+                     **extra(entry.spec)})
+    if as_json:
+        _emit_json(rows)
+    else:
+        _console().print(_table(title, [*headers, "plugin", "description"],
+                                [[r["name"], r[field], r["plugin"], r["description"]] for r in rows]))
+    _warn_plugin_problems()
 
 
 @cli.command("list-quants")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_quants(as_json):
     """Weight formats colibri can read."""
-    rows = _simple_listing("quant", "Weight formats", lambda s: {"dtypes": list(s.dtypes), "storage": s.storage or ", ".join(s.dtypes)})
-    if as_json:
-        _emit_json(rows)
-    else:
-        _console().print(_table("Weight formats", ["format", "stored as", "plugin", "description"],
-                                [[r["name"], r["storage"], r["plugin"], r["description"]] for r in rows]))
-    _warn_plugin_problems()
+    _list_entries("quant", as_json, "Weight formats", ("format", "stored as"), "storage",
+                  lambda s: {"dtypes": list(s.dtypes), "storage": s.storage or ", ".join(s.dtypes)})
 
 
 @cli.command("list-tiers")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_tiers(as_json):
     """Storage tiers experts can be served from."""
-    rows = _simple_listing("tier", "Storage tiers", lambda s: {"role": s.role})
-    if as_json:
-        _emit_json(rows)
-    else:
-        _console().print(_table("Storage tiers", ["tier", "role", "plugin", "description"],
-                                [[r["name"], r["role"], r["plugin"], r["description"]] for r in rows]))
-    _warn_plugin_problems()
+    _list_entries("tier", as_json, "Storage tiers", ("tier", "role"), "role", lambda s: {"role": s.role})
 
 
 @cli.command("plugins")

@@ -1,10 +1,11 @@
 """``colibri new-family NAME``: a ready-to-edit family distribution for an outside author.
 
-The folder holds a pyproject with the ``colibri`` entry point, a package whose model.py
-declares a decoder-only MoE on the shared blocks (OLMoE-shaped: softmax top-k router,
-SwiGLU experts, optional q/k RMSNorm), a README, and tests that pass as written: an
-install test (``colibri list-families`` lists the family), a public-API import check and
-an oracle suite against transformers' OLMoE with ``model_type`` renamed to the family's.
+The folder holds a pyproject with the ``colibri`` entry point, a package (the OLMoE
+family's __init__.py and model.py, renamed: a decoder-only MoE on the shared blocks with a
+softmax top-k router, SwiGLU experts and q/k RMSNorm), a README, and tests that pass as
+written: an install test (``colibri list-families`` lists the family), a public-API import
+check and an oracle suite against transformers' OLMoE with ``model_type`` renamed to the
+family's.
 It is written into a temporary folder beside the target and renamed into place, so a
 failure leaves nothing half-written; an existing target is refused.
 docs/writing-a-family.md walks through what to edit.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -36,6 +38,61 @@ def names(name: str) -> dict[str, str]:
             "__MODEL_TYPE__": snake, "__CLASS__": "".join(part.capitalize() for part in re.split(r"[-_]", name))}
 
 
+# A new family's __init__.py and model.py are colibri-olmoe's (the smallest family) with
+# olmoe's names made placeholders. They ship in templates/ because colibri-olmoe need not
+# be installed where ``colibri new-family`` runs (``pip install colibri-core`` is the
+# first step of docs/writing-a-family.md); tests/test_scaffold_templates.py fails when
+# they no longer equal ``template_from_olmoe`` of olmoe's files, and
+# ``python -m colibri_core.cli.scaffold families/colibri-olmoe/colibri_olmoe`` rewrites them.
+FROM_OLMOE = ("__init__.py", "model.py")
+
+# olmoe's spellings -> placeholders, in this order: ``olmoe`` alone is the family name
+# once the distribution, package and model_type spellings are taken
+OLMOE_SPELLINGS = (
+    ("colibri-olmoe", "__DIST__"), ("colibri_olmoe", "__PACKAGE__"), ("Olmoe", "__CLASS__"), ("OLMoE", "__CLASS__"),
+    ("``olmoe``", "``__MODEL_TYPE__``"), ('("olmoe",)', '("__MODEL_TYPE__",)'), ("olmoe", "__NAME__"),
+)
+
+# model.py's docstring: olmoe's names its transformers source; the author needs a guide
+MODEL_DOCSTRING = '''"""__CLASS__ on colibri's shared blocks: a decoder-only MoE.
+
+As generated this is colibri-olmoe's model.py, renamed: pre-norm layers of grouped-query
+attention with RoPE (q/k RMSNorm over the whole projection, optionally clipped q/k/v) and
+a MoE of SwiGLU experts behind a softmax top-k router, tensors named as transformers names
+OLMoE's. Edit the config fields, the weight names and the blocks for your architecture;
+import only colibri-core's public API (docs/plugins.md).
+"""'''
+
+
+def template_from_olmoe(name: str, source: str) -> str:
+    """The template of a new family's file ``name`` (one of ``FROM_OLMOE``), made from
+    the source of colibri-olmoe's file of that name."""
+    if name == "model.py":
+        if not source.startswith('"""') or '"""' not in source[3:]:
+            raise ValueError("olmoe's model.py must open with its docstring (the template replaces it)")
+        source = source[source.index('"""', 3) + 3:]
+    for spelling, placeholder in OLMOE_SPELLINGS:
+        source = source.replace(spelling, placeholder)
+    left = re.search("olmoe", source, re.IGNORECASE)
+    if left:
+        line = source[:left.start()].count("\n") + 1
+        raise ValueError(f"olmoe's {name} spells the family {left.group()!r} (template line {line}), "
+                         "which OLMOE_SPELLINGS does not rename")
+    return (MODEL_DOCSTRING if name == "model.py" else "") + source
+
+
+def template_path(name: str) -> Path:
+    """The shipped template of a new family's file ``name``."""
+    return Path(__file__).parent / "templates" / f"{name}.tmpl"
+
+
+def write_templates(olmoe_package: Path) -> None:
+    """Rewrite templates/ from colibri-olmoe's package folder."""
+    for name in FROM_OLMOE:
+        source = (Path(olmoe_package) / name).read_text(encoding="utf-8")
+        template_path(name).write_text(template_from_olmoe(name, source), encoding="utf-8")
+
+
 def render(text: str, spellings: dict[str, str]) -> str:
     for key, value in spellings.items():
         text = text.replace(key, value)
@@ -48,8 +105,7 @@ def files(spellings: dict[str, str]) -> dict[str, str]:
     raw = {
         "pyproject.toml": PYPROJECT,
         "README.md": README,
-        f"{package}/__init__.py": INIT,
-        f"{package}/model.py": MODEL,
+        **{f"{package}/{name}": template_path(name).read_text(encoding="utf-8") for name in FROM_OLMOE},
         f"tests/test_{spellings['__MODEL_TYPE__']}_install.py": INSTALL_TEST,
         f"tests/test_{spellings['__MODEL_TYPE__']}_public_api.py": PUBLIC_API_TEST,
         f"tests/test_{spellings['__MODEL_TYPE__']}_oracle.py": ORACLE_TEST,
@@ -125,9 +181,10 @@ include = ["__PACKAGE__*"]
 README = '''# __DIST__
 
 A colibri model family for Hugging Face `model_type` `__MODEL_TYPE__`, written with
-`colibri new-family __NAME__`. As generated it runs a decoder-only MoE shaped like OLMoE
-(softmax top-k router, SwiGLU experts, optional q/k RMSNorm); edit `__PACKAGE__/model.py`
-for your architecture (colibri's docs/writing-a-family.md walks through it).
+`colibri new-family __NAME__`. As generated it is colibri's OLMoE family renamed, a
+decoder-only MoE (softmax top-k router, SwiGLU experts, q/k RMSNorm); edit
+`__PACKAGE__/model.py` for your architecture (colibri's docs/writing-a-family.md walks
+through it).
 
 ```
 pip install -e '.[test]'    # registers the family (the `colibri` entry point); [test]: pytest, torch, transformers
@@ -137,107 +194,6 @@ pytest tests                # the oracle suite against transformers, on every in
 
 Use only colibri-core's public API (docs/plugins.md, "The public API");
 `tests/test___MODEL_TYPE___public_api.py` checks every import.
-'''
-
-INIT = '''"""__DIST__: the __NAME__ family (Hugging Face model_type ``__MODEL_TYPE__``).
-
-Imports only colibri_core's light modules: the architecture (model.py) loads when a
-model runs, through the ``impl`` string.
-"""
-
-from colibri_core.plugins.registry import FamilySpec, family_hook
-
-__version__ = "0.1.0"
-
-colibri_register_families = family_hook(
-    FamilySpec(name="__NAME__", model_types=("__MODEL_TYPE__",),
-               architectures=("__CLASS__ForCausalLM",),
-               impl="__PACKAGE__.model:__CLASS__",
-               description="__CLASS__: a decoder-only MoE on colibri's shared blocks"),
-)
-'''
-
-MODEL = '''"""__CLASS__ on colibri's shared blocks: a decoder-only MoE.
-
-As generated: pre-norm layers of grouped-query attention with RoPE (optionally q/k
-RMSNorm over the whole projection, optionally clipped q/k/v) and a MoE of SwiGLU experts
-behind a softmax top-k router, tensors named as transformers names OLMoE's. Edit the
-config fields, the weight names and the blocks for your architecture; import only
-colibri-core's public API (docs/plugins.md).
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.model.config import ModelArgs
-from colibri_core.model.family import Family
-from colibri_core.nn import Attention, build_rope
-from colibri_core.nn.assembly import build_decoder
-from colibri_core.model.builders import softmax_moe
-
-
-@dataclass
-class __CLASS__Args(ModelArgs):
-    """config.json's fields: unknown keys are ignored, types and sizes checked."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_experts: int
-    num_experts_per_tok: int
-    num_key_value_heads: int | None = None
-    max_position_embeddings: int = 4096
-    rms_norm_eps: float = 1e-5
-    norm_topk_prob: bool = False
-    clip_qkv: float | None = None
-    attention_bias: bool = False
-    tie_word_embeddings: bool = False
-    hidden_act: str = "silu"
-
-    def validate(self, source):
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        if self.hidden_size % self.num_attention_heads:
-            raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by "
-                                   f"num_attention_heads {self.num_attention_heads}")
-        self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
-        self.require_at_most(source, "num_experts_per_tok", "num_experts")
-        if self.hidden_act != "silu":
-            raise UnsupportedModelError(f"{source}: hidden_act {self.hidden_act!r} is not supported by the "
-                                        "__NAME__ family (only 'silu')")
-
-
-class __CLASS__(Family):
-    name = "__NAME__"
-
-    def build(self, config, w):
-        a = __CLASS__Args.from_dict(config, w.config_source)
-        hidden, heads, kv_heads = a.hidden_size, a.num_attention_heads, a.num_key_value_heads
-        head_dim = hidden // heads
-        rope = build_rope(config, head_dim, w.config_source)
-
-        def attention(i, p):
-            s = f"{p}.self_attn"
-            q_norm = k_norm = None
-            if w.has(f"{s}.q_norm.weight"):  # q/k RMSNorm over the whole projection (OLMoE)
-                q_norm = w.rms_norm(f"{s}.q_norm", heads * head_dim, a.rms_norm_eps)
-                k_norm = w.rms_norm(f"{s}.k_norm", kv_heads * head_dim, a.rms_norm_eps)
-            return Attention(
-                layer=i,
-                **w.attention_projections(s, hidden, heads, kv_heads, head_dim, qkv_bias=a.attention_bias,
-                                          o_bias=a.attention_bias),
-                n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, rope=rope,
-                q_norm=q_norm, k_norm=k_norm, clip_qkv=a.clip_qkv,
-            )
-
-        def moe(i, p):
-            return softmax_moe(w, i, f"{p}.mlp", a.num_experts, a.num_experts_per_tok, a.norm_topk_prob, hidden,
-                               a.intermediate_size)
-
-        return build_decoder(a, w, attention, moe)
 '''
 
 INSTALL_TEST = '''"""Installed (pip install -e '.[test]'), the distribution registers its family through the
@@ -308,3 +264,7 @@ class Test__CLASS__Oracle(FamilyOracleSuite):
                                     seed=1, rewrite=claim),
     }
 '''
+
+
+if __name__ == "__main__":  # python -m colibri_core.cli.scaffold OLMOE_PACKAGE_FOLDER
+    write_templates(Path(sys.argv[1]))

@@ -94,6 +94,15 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "uint8": 1}
 
 
+def allocated_dtype(dtypes: dict[str, Any], dtype: str) -> Any:
+    """``dtypes[dtype]``: a backend's own type for the dtype name ``dtype``, from its table
+    of the dtypes it allocates; a ValueError naming them for any other."""
+    try:
+        return dtypes[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype!r} is not one this backend allocates ({', '.join(dtypes)})") from None
+
+
 class Backend(abc.ABC):
     """The contract. Subclasses set ``name`` and implement every abstract method."""
 

@@ -49,11 +49,17 @@ def selected_visible(ops, t: int, s: int, start: int, selected) -> np.ndarray | 
     """The causal mask narrowed to ``selected`` (backend int (T, K), -1 pads). The
     selection crosses to the host here: one synchronisation (a backend with a device
     selection overrides the attention that takes it)."""
+    return causal_selected_visible(t, s, start, None if selected is None else ops.to_host(selected))
+
+
+def causal_selected_visible(t: int, s: int, start: int, selected: np.ndarray | None) -> np.ndarray | None:
+    """``causal_visible`` narrowed to a host ``selected`` (int (T, K), -1 pads) if any."""
     visible = causal_visible(t, s, start)
     if selected is None:
         return visible
+    # -1 pads a row of fewer positions: it marks a spare column, dropped
     chosen = np.zeros((t, s + 1), dtype=bool)
-    sel = np.asarray(ops.to_host(selected), dtype=np.int64)
+    sel = np.asarray(selected, dtype=np.int64)
     np.put_along_axis(chosen, np.where(sel < 0, s, sel), True, axis=-1)
     chosen = chosen[:, :s]
     return chosen if visible is None else visible & chosen
@@ -207,7 +213,9 @@ def causal_conv1d(ops, x, weight, state):
     out = full[0:t] * weight[:, 0]
     for j in range(1, width):
         out = out + full[j : j + t] * weight[:, j]
-    return out, full[t:]
+    # the new state a copy (* 1.0 is exact): a view would hold all T rows of [state; x]
+    # alive in the sequence's state until the next step replaces it
+    return out, full[t:] * 1.0
 
 
 def _delta_heads(ops, q, k, v, beta):

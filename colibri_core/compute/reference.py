@@ -10,19 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.compute import host
-from colibri_core.compute.backend import Backend
+from colibri_core.compute import composites, host
+from colibri_core.compute.backend import Backend, allocated_dtype
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "uint8": np.uint8}
-
-
-def numpy_dtype(dtype: str):
-    try:
-        return NUMPY_DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype {dtype!r} is not one this backend allocates ({', '.join(NUMPY_DTYPES)})") from None
 
 
 class ReferenceBackend(Backend):
@@ -30,10 +23,10 @@ class ReferenceBackend(Backend):
 
     # -- memory ------------------------------------------------------------------------
     def asarray(self, host, dtype="float32"):
-        return np.ascontiguousarray(host, dtype=numpy_dtype(dtype))
+        return np.ascontiguousarray(host, dtype=allocated_dtype(NUMPY_DTYPES, dtype))
 
     def zeros(self, shape, dtype="float32"):
-        return np.zeros(shape, dtype=numpy_dtype(dtype))
+        return np.zeros(shape, dtype=allocated_dtype(NUMPY_DTYPES, dtype))
 
     def _to_host(self, x):
         return np.asarray(x)
@@ -193,17 +186,7 @@ class ReferenceBackend(Backend):
     def _visible(t, s, start, selected=None):
         """(T, S) bool: what each query may see (causal, and the selection if any); None
         when every query sees every key."""
-        visible = None
-        if t > 1 or start + t < s:
-            visible = np.arange(s)[None, :] <= (start + np.arange(t))[:, None]
-        if selected is not None:
-            # -1 pads a row of fewer positions: it marks a spare column, dropped
-            chosen = np.zeros((t, s + 1), dtype=bool)
-            sel = np.asarray(selected, dtype=np.int64)
-            np.put_along_axis(chosen, np.where(sel < 0, s, sel), True, axis=-1)
-            chosen = chosen[:, :s]
-            visible = chosen if visible is None else visible & chosen
-        return visible
+        return composites.causal_selected_visible(t, s, start, selected)  # the selection is a host array here
 
     def sparse_attention(self, q, k, v, start, scale, selected):
         t, hq, d = q.shape

@@ -146,7 +146,7 @@ class RoutingHistory:
                     pass  # reported when it was opened; this save replaces it
             counts = counts * decay + self.session
             tokens = tokens * decay + self.session_tokens
-            _atomic_write(target, json.dumps({
+            smallfile.write_atomic(target, json.dumps({
                 "format": FORMAT_VERSION, "family": self.family, "model_type": self.model_type,
                 "layers": self.shape[0], "experts": self.shape[1], "tokens": tokens,
                 "counts": [[round(float(c), 4) for c in row] for row in counts],
@@ -186,20 +186,3 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's live process
     return True
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

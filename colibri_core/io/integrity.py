@@ -18,7 +18,6 @@ and no protection.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -140,18 +139,9 @@ def write(checkpoint, progress: Callable[[int], None] | None = None) -> Path:
     atomically. A read-only model directory is a UsageError."""
     path = checkpoint.model_dir / MANIFEST_NAME
     text = json.dumps(build(checkpoint, progress), indent=1, sort_keys=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        smallfile.write_atomic(path, text)
     except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
 

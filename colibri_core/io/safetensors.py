@@ -78,10 +78,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 def _fail(path: str, message: str, tensor: str | None = None) -> ModelFormatError:

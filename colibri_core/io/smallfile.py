@@ -11,6 +11,9 @@ followed) before anything opens it, opened non-blocking (a file swapped for a FI
 between the two cannot hang the open), checked again on the open descriptor, and read to
 at most the limit plus one byte (a file that grows past its size, or a /proc file whose
 size reads 0, is still bounded).
+
+colibri's own small files (manifests, routing histories) are written with
+``write_atomic``: whole or not at all.
 """
 
 from __future__ import annotations
@@ -100,6 +103,26 @@ def read_json(path: str | os.PathLike, limit: int, what: str = "file", *,
               object_pairs_hook: Callable | None = None) -> Any:
     """``read_bytes`` parsed as JSON (any value; callers check its shape)."""
     return parse_json(read_bytes(path, limit, what), str(path), object_pairs_hook=object_pairs_hook)
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all: into ``.NAME.tmp-PID``
+    beside it, synced to the disk, then renamed over it, so a reader never sees half a
+    file; the temporary file is removed if anything fails (the exception is raised)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _stat(path) -> tuple[os.stat_result | None, str | None]:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.nn.assembly import LayerBlock
+from colibri_core.model.family import Family
+from colibri_core.nn.assembly import LayerBlock, build_decoder
 from colibri_core.nn.deltanet import CHUNK_SIZE, GatedDeltaNet, LowRank, conv_weight_2d, neg_exp_flat
 from colibri_core.nn.norms import GatedRMSNorm
 from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
@@ -274,3 +275,17 @@ def kda(w, layer: int, s: str, *, heads: int, head_dim: int, hidden: int, conv_k
         out=w.linear(f"{s}.o_proj", hidden, dim),
         n_k_heads=h, n_v_heads=h, k_head_dim=d, v_head_dim=d, chunk_size=CHUNK_SIZE, gate_per_channel=True,
         gate_lower_bound=gate_lower_bound)
+
+
+class MLAMoEFamily(Family):
+    """A family whose layers are MLA (``mla_mixer``) then the sigmoid-routed MoE
+    (``sigmoid_moe_mlp``) on ``build_decoder``: DeepSeek-V3 and V3.2, GLM-4.7-Flash,
+    GLM-5. A subclass names its config class (``args``) and, where its rope differs,
+    ``mla_mixer``'s options (``mixer_options``)."""
+
+    args: type = DeepseekV3Args
+    mixer_options: dict = {}
+
+    def build(self, config, w):
+        a = self.args.from_dict(config, w.config_source)
+        return build_decoder(a, w, mla_mixer(a, config, w, **self.mixer_options), sigmoid_moe_mlp(a, w))

@@ -11,12 +11,12 @@ torch and safetensors are imported only when used.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import shutil
 from pathlib import Path
 from typing import Callable
+
+from colibri_core.testing.rewrite import rewrite_checkpoint
 
 E4M3_MAX = 448.0
 
@@ -61,40 +61,20 @@ def fp8_rewrite(block: tuple[int, int] = (128, 128), select: Callable[[str, obje
     config_key: write quantization_config inside this sub-config (``"text_config"`` for
     wrapped models) instead of at the top of config.json."""
 
-    def rewrite(path: Path) -> Path:
-        from safetensors.torch import load_file, save_file
+    def quantise(tensors):
+        stored, dequantized, names = {}, {}, []
+        for name, t in tensors.items():
+            if select(name, t):
+                q, scale = quantize_blocks(t, block)
+                stored[name], stored[name + "_scale_inv"] = q, scale
+                dequantized[name] = dequantize_blocks(q, scale, block)
+                names.append(name)
+            else:
+                stored[name] = dequantized[name] = t
+        return stored, dequantized, names
 
-        reference = path.parent / f"{path.name}-dequantized"
-        shutil.rmtree(reference, ignore_errors=True)
-        shutil.copytree(path, reference)
-        added: dict[str, str] = {}
-        quantized = 0
-        for file in sorted(path.glob("*.safetensors")):
-            tensors = load_file(file)
-            fp8, dequantized = {}, {}
-            for name, t in tensors.items():
-                if select(name, t):
-                    q, scale = quantize_blocks(t, block)
-                    fp8[name], fp8[name + "_scale_inv"] = q, scale
-                    dequantized[name] = dequantize_blocks(q, scale, block)
-                    added[name + "_scale_inv"] = file.name
-                    quantized += 1
-                else:
-                    fp8[name] = dequantized[name] = t
-            save_file(fp8, file, metadata={"format": "pt"})
-            save_file(dequantized, reference / file.name, metadata={"format": "pt"})
-        if not quantized:
-            raise AssertionError(f"{path}: no tensor was selected for fp8 quantisation")
-        index = path / "model.safetensors.index.json"
-        if index.exists():
-            data = json.loads(index.read_text())
-            data["weight_map"].update(added)
-            index.write_text(json.dumps(data, indent=2))
-        config = json.loads((path / "config.json").read_text())
-        target = config[config_key] if config_key else config
-        target["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                         "weight_block_size": list(block)}
-        (path / "config.json").write_text(json.dumps(config, indent=2))
-        return reference
+    def rewrite(path: Path) -> Path:
+        config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+        return rewrite_checkpoint(Path(path), quantise, config, config_key, torch=True)
 
     return rewrite

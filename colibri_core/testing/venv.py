@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", "*.so")
@@ -19,6 +19,8 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 @dataclass
 class FreshVenv:
     root: Path
+    # set for the colibri commands beyond ENV, while a test needs it (no Vulkan driver, say)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def pip(self) -> Path:
@@ -30,7 +32,7 @@ class FreshVenv:
 
     def colibri(self, *args, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.root / "bin" / "colibri"), *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout, env=ENV)
+                              timeout=timeout, env={**ENV, **self.env})
 
     def imports(self, module: str) -> bool:
         """Whether ``import module`` succeeds in the venv."""

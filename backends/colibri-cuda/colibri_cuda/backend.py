@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri_core.compute.backend import Backend
+from colibri_core.compute.backend import Backend, allocated_dtype
 from colibri_core.compute.host import check_visible, delta_chunked, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_core.formats.reference import dequantize
 from colibri_cuda import geometry, layouts
 from colibri_cuda.layouts import PackedWeight
 
-DTYPES = ("float32", "float16", "int64", "int32", "uint8")  # CuPy has no bfloat16
+DTYPES = {name: np.dtype(name) for name in ("float32", "float16", "int64", "int32", "uint8")}  # CuPy has no bfloat16
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's
 
 
@@ -72,16 +72,11 @@ class CudaBackend(Backend):
         self.xp = device.xp
 
     # -- memory ------------------------------------------------------------------------
-    def _dtype(self, dtype: str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not one this backend allocates ({', '.join(DTYPES)})")
-        return np.dtype(dtype)
-
     def asarray(self, host, dtype="float32"):
-        return self.device.upload(np.ascontiguousarray(host, dtype=self._dtype(dtype)))
+        return self.device.upload(np.ascontiguousarray(host, dtype=allocated_dtype(DTYPES, dtype)))
 
     def zeros(self, shape, dtype="float32"):
-        return self.xp.zeros(tuple(shape), dtype=self._dtype(dtype))
+        return self.xp.zeros(tuple(shape), dtype=allocated_dtype(DTYPES, dtype))
 
     def _to_host(self, x):
         return self.device.to_host(x)

@@ -15,6 +15,7 @@ import pytest
 
 from colibri_core.plugins.discovery import reset_manager
 from colibri_core.testing import registered_plugin
+from colibri_core.testing.packed_models import packed_and_decoded, packed_olmoe_oracle
 from cuda_stand_ins import MirrorPlugin
 
 FAMILIES = Path(__file__).resolve().parents[3] / "families"
@@ -51,15 +52,7 @@ TestDeepseekV4OnCudaMirror = on_mirror(deepseek_v4.TestDeepseekV4Oracle, "mixed"
 
 @pytest.fixture(scope="module")
 def olmoe_model(tmp_path_factory):
-    from transformers import OlmoeConfig
-
-    from colibri_core.testing.oracle import OracleCase, build_oracle
-
-    case = OracleCase(lambda: OlmoeConfig(vocab_size=128, eos_token_id=None, hidden_size=64, intermediate_size=128,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                          num_experts=8, num_experts_per_tok=2, max_position_embeddings=128,
-                                          initializer_range=0.1, clip_qkv=3.0), seed=3, new_tokens=12)
-    return build_oracle(case, "OlmoeForCausalLM", tmp_path_factory.mktemp("olmoe") / "f32")
+    return packed_olmoe_oracle(tmp_path_factory.mktemp("olmoe") / "f32", new_tokens=12)
 
 
 def test_experts_live_in_the_cuda_device_tier_and_run_fused(olmoe_model):
@@ -84,12 +77,9 @@ def test_packed_containers_compute_their_decoded_numbers(olmoe_model, tmp_path, 
     import numpy as np
 
     import colibri_core
-    from colibri_core.cli.convert import convert
     from colibri_cuda.layouts import PackedWeight
 
-    container, decoded = tmp_path / target, tmp_path / f"{target}-decoded"
-    convert(olmoe_model.path, container, experts=target, dense=target)
-    convert(container, decoded, experts="f32", dense="f32")
+    container, decoded = packed_and_decoded(olmoe_model, tmp_path, target)
     runs = {}
     for name, path, backend in (("packed", container, "cuda-mirror"), ("decoded", decoded, "cpu")):
         with colibri_core.load(path, backend=backend, cap=2, history=False) as model:

@@ -26,7 +26,7 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from colibri_core.compute.backend import Backend
+from colibri_core.compute.backend import Backend, allocated_dtype
 from colibri_core.compute.host import check_visible, expert_groups, grouped_shapes
 from colibri_core.formats.base import QuantTensor
 from colibri_mlx import packed
@@ -37,13 +37,6 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16,
 HOST_DTYPES = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16, "int64": np.int64,
                "int32": np.int32, "uint8": np.uint8}
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's: above it softplus(x) is x
-
-
-def mlx_dtype(dtype: str):
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype {dtype!r} is not one this backend allocates ({', '.join(DTYPES)})") from None
 
 
 def on_device(method):
@@ -78,13 +71,13 @@ class MlxBackend(Backend):
     # -- memory ------------------------------------------------------------------------
     @on_device
     def asarray(self, host, dtype="float32"):
-        target = mlx_dtype(dtype)
+        target = allocated_dtype(DTYPES, dtype)
         x = mx.array(np.asarray(host, dtype=HOST_DTYPES[dtype]))
         return x if x.dtype == target else x.astype(target)
 
     @on_device
     def zeros(self, shape, dtype="float32"):
-        return mx.zeros(tuple(shape), dtype=mlx_dtype(dtype))
+        return mx.zeros(tuple(shape), dtype=allocated_dtype(DTYPES, dtype))
 
     def _to_host(self, x):
         if x.dtype == mx.bfloat16:  # numpy has no bfloat16

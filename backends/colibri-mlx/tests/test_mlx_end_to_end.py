@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.cli.convert import convert
-from colibri_core.testing.oracle import OracleCase, build_oracle
+from colibri_core.testing.packed_models import packed_and_decoded, packed_olmoe_oracle
 from colibri_mlx import packed
 
 pytest.importorskip("colibri_olmoe")  # the family the models below belong to
@@ -15,13 +14,7 @@ pytest.importorskip("colibri_olmoe")  # the family the models below belong to
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    from transformers import OlmoeConfig
-
-    case = OracleCase(lambda: OlmoeConfig(vocab_size=128, eos_token_id=None, hidden_size=64, intermediate_size=128,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                          num_experts=8, num_experts_per_tok=2, max_position_embeddings=128,
-                                          initializer_range=0.1, clip_qkv=3.0), seed=3, new_tokens=24)
-    return build_oracle(case, "OlmoeForCausalLM", tmp_path_factory.mktemp("olmoe") / "f32")
+    return packed_olmoe_oracle(tmp_path_factory.mktemp("olmoe") / "f32", new_tokens=24)
 
 
 @pytest.mark.parametrize("cap", [None, 1], ids=["all-experts", "one-expert-cached"])
@@ -43,9 +36,7 @@ def test_packed_container_computes_its_decoded_numbers(oracle, tmp_path, target,
     float32 rounding, of float32 products with the container's decoded weights (the same
     container converted to f32, run on the CPU backend's BLAS). The CPU backend's own
     int4 kernels are no yardstick here: they quantise the activations."""
-    container, decoded = tmp_path / target, tmp_path / f"{target}-decoded"
-    convert(oracle.path, container, experts=target, dense=target)
-    convert(container, decoded, experts="f32", dense="f32")
+    container, decoded = packed_and_decoded(oracle, tmp_path, target)
     runs = {}
     for name, path, backend in (("packed", container, "mlx"), ("decoded", decoded, "cpu")):
         with colibri_core.load(path, backend=backend, cap=2, history=False) as model:

@@ -22,6 +22,19 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _operator(op: str):
+    """The methods of the binary operator ``op`` (``__add__``, ``__radd__``, ...): x op y
+    and, reflected, y op x."""
+
+    def forward(self, other):
+        return self._binary(other, op)
+
+    def reflected(self, other):
+        return self._binary(other, op, True)
+
+    return forward, reflected
+
+
 class VulkanArray:
     """``shape``/``strides``/``offset`` count elements of ``dtype`` in ``alloc``."""
 
@@ -148,29 +161,10 @@ class VulkanArray:
             return self.backend.scalar(op, self, float(other), reflected)
         return NotImplemented
 
-    def __add__(self, other):
-        return self._binary(other, "+")
-
-    def __radd__(self, other):
-        return self._binary(other, "+", True)
-
-    def __sub__(self, other):
-        return self._binary(other, "-")
-
-    def __rsub__(self, other):
-        return self._binary(other, "-", True)
-
-    def __mul__(self, other):
-        return self._binary(other, "*")
-
-    def __rmul__(self, other):
-        return self._binary(other, "*", True)
-
-    def __truediv__(self, other):
-        return self._binary(other, "/")
-
-    def __rtruediv__(self, other):
-        return self._binary(other, "/", True)
+    __add__, __radd__ = _operator("+")
+    __sub__, __rsub__ = _operator("-")
+    __mul__, __rmul__ = _operator("*")
+    __truediv__, __rtruediv__ = _operator("/")
 
     def __neg__(self):
         return self.backend.unary("neg", self)

@@ -542,15 +542,7 @@ class VulkanBackend(Backend):
             self.ctx.dispatch("dsa", [out.alloc, q.alloc, k.alloc, w.alloc], push, groups_for(t * s, 256))
         return out
 
-    # -- recurrent ---------------------------------------------------------------------
-    def causal_conv1d(self, x, weight, state):
-        t, width = x.shape[0], weight.shape[1]
-        full = self.concat([state, x], 0)  # (K-1+T, C)
-        out = full[0:t] * weight[:, 0]
-        for j in range(1, width):
-            out = out + full[j : j + t] * weight[:, j]
-        return out, self.copy(full[t:])
-
+    # -- recurrent (causal_conv1d is the composite) ------------------------------------
     def gated_delta_step(self, q, k, v, g, beta, state):
         q, k, v, g, beta = (self.dense(a) for a in (q, k, v, g, beta))
         t, hk, dk = q.shape

@@ -1,12 +1,8 @@
 """colibri-deepseek: DeepSeek-V3, DeepSeek-V3.2 and DeepSeek-V4 (model_type ``deepseek_v3``,
 ``deepseek_v32``, ``deepseek_v4``).
-
-Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
-
-__version__ = "0.1.0"
 
 colibri_register_families = family_hook(
     FamilySpec(name="deepseek-v3", model_types=("deepseek_v3",),

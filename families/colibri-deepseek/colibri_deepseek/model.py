@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri_core.model.family import Family
-from colibri_core.nn.assembly import build_decoder
-from colibri_core.model.builders import DeepseekV3Args, DSAArgs, mla_mixer, sigmoid_moe_mlp
+from colibri_core.model.builders import DeepseekV3Args, DSAArgs, MLAMoEFamily
 
 
 @dataclass(kw_only=True)
@@ -18,19 +16,12 @@ class DeepseekV32Args(DeepseekV3Args, DSAArgs):
     """DeepSeek-V3.2: V3's defaults plus the DSA indexer fields."""
 
 
-class DeepseekV3(Family):
-    name = "deepseek-v3"
-
-    def build(self, config, w):
-        a = DeepseekV3Args.from_dict(config, w.config_source)
-        return build_decoder(a, w, mla_mixer(a, config, w), sigmoid_moe_mlp(a, w))
+class DeepseekV3(MLAMoEFamily):
+    name, args = "deepseek-v3", DeepseekV3Args
 
 
-class DeepseekV32(Family):
-    name = "deepseek-v32"
-
-    def build(self, config, w):
-        a = DeepseekV32Args.from_dict(config, w.config_source)
-        # V3.2's MLA always uses interleaved rope (transformers has no rope_interleave for it);
-        # its indexer uses the half-split layout.
-        return build_decoder(a, w, mla_mixer(a, config, w, interleave=True), sigmoid_moe_mlp(a, w))
+class DeepseekV32(MLAMoEFamily):
+    name, args = "deepseek-v32", DeepseekV32Args
+    # V3.2's MLA always uses interleaved rope (transformers has no rope_interleave for it);
+    # its indexer uses the half-split layout.
+    mixer_options = {"interleave": True}

@@ -23,6 +23,8 @@ def v3(**overrides):
 def v32(**overrides):
     from transformers import DeepseekV32Config
 
+    # 16 indexer heads: with few heads, exact ties between index scores (relu zeros) make
+    # even transformers' cached and uncached paths choose different keys
     kwargs = v3_kwargs(**{"index_n_heads": 16, "index_head_dim": 16, "index_topk": 4, **overrides})
     kwargs.pop("rope_interleave", None)  # V3.2's MLA always interleaves
     return lambda: DeepseekV32Config(**kwargs)

@@ -10,8 +10,8 @@ import pytest
 import colibri_core
 from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.io.safetensors import write_safetensors
 from colibri_core.testing import DELETE, copy_model
+from colibri_core.testing.mtp import check_mtp_layer_is_ignored
 
 import test_deepseek_v32_oracle as v32_suite
 import test_deepseek_v3_oracle as v3_suite
@@ -90,18 +90,8 @@ def test_a_small_index_topk_really_restricts_attention(tmp_path_factory, tmp_pat
 
 def test_mtp_layers_are_ignored(tmp_path_factory, tmp_path):
     fx = fixture(tmp_path_factory, v3_suite.TestDeepseekV3Oracle, "base")
-    n = json.loads((fx.path / "config.json").read_text())["num_hidden_layers"]
-    mtp_dir = copy_model(fx.path, tmp_path / "mtp", num_nextn_predict_layers=1)
-    rng = np.random.default_rng(0)
-    # what DeepSeek-V3 checkpoints carry for their multi-token-prediction layer
-    write_safetensors(mtp_dir / "model-mtp.safetensors", {
-        f"model.layers.{n}.eh_proj.weight": rng.standard_normal((32, 64)).astype(np.float32),
-        f"model.layers.{n}.enorm.weight": np.ones(32, np.float32),
-        f"model.layers.{n}.self_attn.kv_b_proj.weight": rng.standard_normal((80, 16)).astype(np.float32),
-    })
-    with colibri_core.load(fx.path) as plain, colibri_core.load(mtp_dir) as mtp:
-        np.testing.assert_array_equal(plain.logits(fx.prompt), mtp.logits(fx.prompt))
-        assert f"model.layers.{n}.eh_proj.weight" in mtp.checkpoint.tensors
+    # DeepSeek-V3's MTP layer has an MLA attention of its own
+    check_mtp_layer_is_ignored(fx.path, tmp_path, fx.prompt, {"self_attn.kv_b_proj.weight": (80, 16)})
 
 
 @pytest.mark.parametrize("changes,error,match", [

@@ -2,13 +2,12 @@
 placement (all experts resident, one cached expert per layer, half of them)."""
 
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
+from colibri_core.testing.oracle_cases import yarn
 
 from ds_configs import v3
 
 BIAS = random_correction_bias()
-
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0,
-        "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1}
+YARN = yarn(mscale=1.0, mscale_all_dim=0.8, beta_fast=32, beta_slow=1)
 
 
 class TestDeepseekV3Oracle(FamilyOracleSuite):

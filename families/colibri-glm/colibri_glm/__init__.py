@@ -1,12 +1,8 @@
 """colibri-glm: GLM-4.5/4.6 (model_type ``glm4_moe``), GLM-4.7-Flash (``glm4_moe_lite``),
 GLM-5 (``glm_moe_dsa``) and GLM-5 Next (``glm5_next``, its text model).
-
-Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
-
-__version__ = "0.1.0"
 
 colibri_register_families = family_hook(
     FamilySpec(name="glm4-moe", model_types=("glm4_moe",),

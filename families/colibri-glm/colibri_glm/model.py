@@ -27,7 +27,7 @@ from colibri_core.errors import ModelFormatError
 from colibri_core.model.family import Family
 from colibri_core.nn import Attention, build_rope
 from colibri_core.nn.assembly import build_decoder
-from colibri_core.model.builders import DSAArgs, MLAArgs, SigmoidMoEArgs, mla_mixer, sigmoid_moe_mlp
+from colibri_core.model.builders import DSAArgs, MLAArgs, MLAMoEFamily, SigmoidMoEArgs, sigmoid_moe_mlp
 from colibri_core.nn.rope import rope_parameters
 
 
@@ -132,18 +132,10 @@ def _partial_rotary_factor(config, a: Glm4MoeArgs, src) -> float | None:
     return 0.5
 
 
-class Glm4MoeLite(Family):
-    name = "glm4-moe-lite"
-
-    def build(self, config, w):
-        a = Glm4MoeLiteArgs.from_dict(config, w.config_source)
-        return build_decoder(a, w, mla_mixer(a, config, w), sigmoid_moe_mlp(a, w))
+class Glm4MoeLite(MLAMoEFamily):
+    name, args = "glm4-moe-lite", Glm4MoeLiteArgs
 
 
-class GlmMoeDsa(Family):
-    name = "glm-moe-dsa"
-
-    def build(self, config, w):
-        a = GlmMoeDsaArgs.from_dict(config, w.config_source)
-        # GLM-5 rotates as interleaved pairs both in MLA and in the indexer
-        return build_decoder(a, w, mla_mixer(a, config, w, interleave=True, indexer_interleave=True), sigmoid_moe_mlp(a, w))
+class GlmMoeDsa(MLAMoEFamily):
+    name, args = "glm-moe-dsa", GlmMoeDsaArgs
+    mixer_options = {"interleave": True, "indexer_interleave": True}  # GLM-5 rotates as interleaved pairs in both

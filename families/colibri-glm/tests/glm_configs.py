@@ -29,6 +29,8 @@ def glm4_moe_lite(**overrides):
 def glm_moe_dsa(**overrides):
     from transformers import GlmMoeDsaConfig
 
+    # 16 indexer heads: with few heads, exact ties between index scores (relu zeros) make
+    # even transformers' cached and uncached paths choose different keys
     kwargs = {**COMMON, **MLA, "first_k_dense_replace": 1, "index_n_heads": 16, "index_head_dim": 16, "index_topk": 4,
               **overrides}
     return lambda: GlmMoeDsaConfig(**kwargs)

@@ -2,13 +2,12 @@
 transformers' Glm4MoeLiteForCausalLM, under every placement."""
 
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
+from colibri_core.testing.oracle_cases import yarn
 
 from glm_configs import glm4_moe_lite
 
 BIAS = random_correction_bias()
-
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0,
-        "mscale": 1.0, "mscale_all_dim": 0.8}
+YARN = yarn(mscale=1.0, mscale_all_dim=0.8)
 
 
 class TestGlm4MoeLiteOracle(FamilyOracleSuite):

@@ -2,13 +2,12 @@
 under every placement (all experts resident, one cached expert per layer, half of them)."""
 
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
+from colibri_core.testing.oracle_cases import yarn
 
 from glm_configs import glm4_moe
 
 BIAS = random_correction_bias()
-
-YARN_QUARTER = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25}
+YARN_QUARTER = yarn(partial_rotary_factor=0.25)
 
 
 class TestGlm4MoeOracle(FamilyOracleSuite):

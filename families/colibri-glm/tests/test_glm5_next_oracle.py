@@ -11,11 +11,12 @@ exact ties between pool scores make the selection arbitrary.
 import pytest
 
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
+from colibri_core.testing.oracle_cases import prompt
 
 from glm_configs import glm5_next
 
 BIAS = random_correction_bias()
-PROMPT = tuple((7 * i + 3) % 128 for i in range(70))
+PROMPT = prompt(70)
 
 
 class TestGlm5NextOracle(FamilyOracleSuite):

@@ -1,12 +1,8 @@
 """colibri-inkling: Inkling (model_type ``inkling_text``) and the text model of the
 multimodal ``inkling_mm_model`` checkpoint (image, audio and video input refused).
-
-Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
-
-__version__ = "0.1.0"
 
 colibri_register_families = family_hook(
     FamilySpec(name="inkling", model_types=("inkling_text", "inkling_mm_model"),

@@ -17,13 +17,10 @@ import colibri_core
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.nn.cache import LayerStates, SlidingKVCache
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
+from colibri_core.testing.oracle_cases import prompt
 
 VOCAB = 128
 WINDOW = 5
-
-
-def prompt(n, step=7, start=3):
-    return tuple((start + step * i) % VOCAB for i in range(n))
 
 
 def inkling(**overrides):

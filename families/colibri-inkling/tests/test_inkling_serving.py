@@ -11,9 +11,10 @@ from colibri_core.engine import generation
 from colibri_core.engine.batching import RowInvariantOps
 from colibri_core.engine.scheduler import Request, Scheduler
 from colibri_core.testing.oracle import OracleCase, oracle_fixture
+from colibri_core.testing.oracle_cases import prompt
 
 import test_inkling_oracle as suites
-from test_inkling_oracle import VOCAB, inkling, prompt
+from test_inkling_oracle import inkling
 
 FULL_ONLY = OracleCase(inkling(num_hidden_layers=2, layer_types=["hybrid", "hybrid"], log_scaling_n_floor=2), seed=5)
 
@@ -23,6 +24,28 @@ def run_all(sched, reqs):
     for h in handles:
         assert h.wait(120)
     return handles
+
+
+FIRST_TURN = list(prompt(13))  # three prefill chunks of 4 and a token
+
+
+def second_turns(model, monkeypatch, *later: tuple[list[int], int]):
+    """A chat's second turn (the first turn's prompt and reply, and 3 more tokens) in a
+    scheduler of prefill chunks of 4 that reuses prefixes, and in one that does not; then
+    the ``later`` (prompt, max_tokens) requests in each. The second turn resumes at 12 (the
+    last chunk boundary in the first turn's prompt) and gives the cold tokens, which are
+    Model.generate's; returns the handles of the later requests (reused, cold)."""
+    with Scheduler(model, prefill_chunk=4) as sched:
+        turn1 = run_all(sched, [Request(FIRST_TURN, 6)])[0]
+        second = FIRST_TURN + turn1.token_ids + [9, 8, 7]
+        reused = [run_all(sched, [Request(ids, n)])[0] for ids, n in [(second, 8), *later]]
+    with Scheduler(model, prefill_chunk=4, prefix_reuse=False) as cold:
+        fresh = run_all(cold, [Request(ids, n) for ids, n in [(second, 8), *later]])
+    assert reused[0].usage["cached_tokens"] == 12 and fresh[0].usage["cached_tokens"] == 0
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 4)
+    expected = model.generate(token_ids=second, max_tokens=8, ignore_eos=True).token_ids
+    assert reused[0].token_ids == fresh[0].token_ids == expected
+    return reused[1:], fresh[1:]
 
 
 def test_tokens_among_others_equal_tokens_alone_and_model_generate(tmp_path_factory):
@@ -72,18 +95,7 @@ def test_prefix_reuse_resumes_the_conv_states_from_snapshots(tmp_path_factory, m
         lm.forward(ids[:12], cold, ops)
         assert np.array_equal(lm.forward(ids[12:], resumed, ops, all_logits=True),
                               lm.forward(ids[12:], cold, ops, all_logits=True))
-        first = [(3 + 7 * i) % VOCAB for i in range(13)]
-        with Scheduler(model, prefill_chunk=4) as sched:
-            turn1 = run_all(sched, [Request(first, 6)])[0]
-            second = first + turn1.token_ids + [9, 8, 7]
-            turn2 = run_all(sched, [Request(second, 8)])[0]
-            assert turn2.usage["cached_tokens"] == 12
-        with Scheduler(model, prefill_chunk=4, prefix_reuse=False) as cold:
-            cold2 = run_all(cold, [Request(second, 8)])[0]
-            assert cold2.usage["cached_tokens"] == 0
-        monkeypatch.setattr(generation, "PREFILL_CHUNK", 4)
-        expected = model.generate(token_ids=second, max_tokens=8, ignore_eos=True).token_ids
-    assert turn2.token_ids == cold2.token_ids == expected
+        second_turns(model, monkeypatch)
 
 
 def test_prefix_reuse_resumes_the_sliding_windows_from_snapshots(tmp_path_factory, monkeypatch):
@@ -103,21 +115,9 @@ def test_prefix_reuse_resumes_the_sliding_windows_from_snapshots(tmp_path_factor
         source.copy_prefix(resumed, 12, snapshot)
         assert np.array_equal(lm.forward(ids[12:], resumed, ops, all_logits=True),
                               lm.forward(ids[12:], cold, ops, all_logits=True))
-        first = [(3 + 7 * i) % VOCAB for i in range(13)]
-        with Scheduler(model, prefill_chunk=4) as sched:
-            turn1 = run_all(sched, [Request(first, 6)])[0]
-            second = first + turn1.token_ids + [9, 8, 7]
-            turn2 = run_all(sched, [Request(second, 8)])[0]
-            assert turn2.usage["cached_tokens"] == 12
-            branch = first[:10] + [3, 4, 5, 6]  # resumes at 8: the latest snapshot kept at or before 10
-            turn3 = run_all(sched, [Request(branch, 5)])[0]
-            assert turn3.usage["cached_tokens"] == 8
-        with Scheduler(model, prefill_chunk=4, prefix_reuse=False) as cold:
-            cold2, cold3 = run_all(cold, [Request(second, 8), Request(branch, 5)])
-            assert cold2.usage["cached_tokens"] == 0
-        monkeypatch.setattr(generation, "PREFILL_CHUNK", 4)
-        expected = model.generate(token_ids=second, max_tokens=8, ignore_eos=True).token_ids
-    assert turn2.token_ids == cold2.token_ids == expected
+        branch = FIRST_TURN[:10] + [3, 4, 5, 6]  # resumes at 8: the latest snapshot kept at or before 10
+        [turn3], [cold3] = second_turns(model, monkeypatch, (branch, 5))
+    assert turn3.usage["cached_tokens"] == 8
     assert turn3.token_ids == cold3.token_ids
 
 

@@ -1,13 +1,9 @@
 """colibri-kimi: Kimi K2 (model_type ``kimi_k2``) and the text model of Kimi K2.5
 (``kimi_k25``), both the DeepSeek-V3 architecture, and Kimi Linear (``kimi_linear``):
 Kimi Delta Attention beside NoPE MLA.
-
-Imports only colibri_core's light modules: the architecture loads when a model runs.
 """
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
-
-__version__ = "0.1.0"
 
 colibri_register_families = family_hook(
     FamilySpec(name="kimi", model_types=("kimi_k2", "kimi_k25"),

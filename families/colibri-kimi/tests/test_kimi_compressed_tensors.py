@@ -9,38 +9,26 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.model.blueprint import inspect_model
-from colibri_core.testing.backends import backend_params
 from colibri_core.testing.cli import run_colibri
 from colibri_core.testing.compressed_tensors import ct_int4_rewrite
-from colibri_core.testing.oracle import OracleCase, oracle_fixture, random_correction_bias
+from colibri_core.testing.oracle import OracleCase, random_correction_bias
 
 from kimi_configs import k25
+from kimi_packed import check_greedy_tokens, expert_slices, on_every_backend, packed_oracle, resident_or_cap1
 
-def expert_formats(path) -> set[str]:
-    bp = inspect_model(path)
-    try:
-        return {bp.resolver.format_for(i).name for d in bp.moe for i in d.matrices[0].values()}
-    finally:
-        bp.close()
-
-
-MODEL_CLASS = "Kimi_K25ForConditionalGeneration"
 # moe_intermediate_size 16: down_proj rows of 16 inputs, half a scale group (the packed
 # rows are padded to whole groups for the kernel)
 CASE = OracleCase(k25(tie_word_embeddings=False), seed=4, prepare=random_correction_bias(),
                   rewrite=ct_int4_rewrite(config_key="text_config"))
-# the CPU kernels quantise activations to int8 per 64 inputs for 4-bit weights
-# (docs/formats.md): logits then differ from float32 by up to this share of their
-# magnitude, tokens not at all
-PACKED_LOGITS = 2e-2
+
+
+def expert_formats(path) -> set[str]:
+    return {f for f, _ in expert_slices(path)}
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "oracles"
-    root.mkdir(exist_ok=True)
-    return oracle_fixture("kimi-k25-ct-int4", "experts", CASE, MODEL_CLASS, root)
+    return packed_oracle("kimi-k25-ct-int4", CASE, tmp_path_factory)
 
 
 def test_the_checkpoint_is_in_the_published_layout(oracle):
@@ -57,22 +45,11 @@ def test_the_checkpoint_is_in_the_published_layout(oracle):
     assert qc["format"] == "pack-quantized" and "language_model.lm_head" in qc["ignore"]
 
 
-@pytest.mark.parametrize("backend", backend_params())
-@pytest.mark.parametrize("options", [{"history": False}, {"cap": 1, "history": False}], ids=["resident", "cap1"])
+@on_every_backend
+@resident_or_cap1
 def test_greedy_tokens_match_transformers_on_the_dequantised_model(oracle, backend, options):
-    with colibri_core.load(oracle.path, backend=backend, **options) as model:
-        result = model.generate(token_ids=oracle.prompt, max_tokens=len(oracle.tokens), ignore_eos=True,
-                                return_logits=True)
-        # the CPU kernels' integer path (AVX2); their float path stays within 1e-4
-        rounded = model.backend.has_kernel("q4g32") and getattr(getattr(model.backend, "kernels", None),
-                                                                "INT4_INTEGER_PATH", 0)
-        bound = max(model.backend.logits_tolerance, 1e-4)
-    if rounded:
-        bound = max(bound, PACKED_LOGITS * float(np.abs(oracle.step_logits).max()))
     assert expert_formats(oracle.path) == {"ct-int4-g32"}
-    assert len(oracle.tokens) >= 32 and result.token_ids == oracle.tokens
-    worst = float(np.abs(np.stack(result.logits) - oracle.step_logits).max())
-    assert worst < bound, f"logits differ by {worst:.2e}"
+    check_greedy_tokens(oracle, backend, options, "q4g32")
 
 
 def test_convert_reads_the_layout(oracle, tmp_path):

@@ -12,17 +12,15 @@ import pytest
 
 import colibri_core
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
-from colibri_core.nn import Cache, GatedDeltaNet, MLACache, RecurrentState, Step
+from colibri_core.nn import MLACache, RecurrentState
+from colibri_core.testing.deltanet import check_layers_in_pieces
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
+from colibri_core.testing.oracle_cases import prompt
 
 from colibri_kimi.linear import KimiLinearArgs, normalise
 
 VOCAB = 128
 BIAS = random_correction_bias()
-
-
-def prompt(n, step=7, start=3):
-    return tuple((start + step * i) % VOCAB for i in range(n))
 
 
 def kimi_linear(**overrides):
@@ -77,34 +75,12 @@ class TestKimiLinearOracle(FamilyOracleSuite):
     }
 
     def test_kda_layer_in_pieces_matches_at_once(self, case_name, tmp_path_factory):
-        """Every KDA layer, fed 150 positions at once (chunked: 64 + 64 + 22) or in pieces
-        (a prefix, single tokens, an odd chunk, then token by token), gives the same
-        outputs, conv state and recurrent state within 1e-5."""
+        """Every KDA layer (a Gated DeltaNet gated per channel) computes the same fed at
+        once or in pieces (``check_layers_in_pieces``)."""
         fx = self._fixture(case_name, tmp_path_factory)
-        rng = np.random.default_rng(0)
         with colibri_core.load(fx.path, history=False) as model:
-            lm, ops = model.lm, model.backend
-            kdas = [(i, layer.attn) for i, layer in enumerate(lm.layers) if isinstance(layer.attn, GatedDeltaNet)]
-            assert kdas and all(k.gate_per_channel for _, k in kdas)
-            for i, kda in kdas:
-                x = rng.standard_normal((150, lm.embed.weight.value.shape[1])).astype(np.float32)
-                whole, whole_state = run_layer(kda, i, x, [150], ops, len(lm.layers))
-                pieces, piece_state = run_layer(kda, i, x, [40, 41, 42, 43, 110] + list(range(111, 151)), ops,
-                                                len(lm.layers))
-                assert np.abs(whole - pieces).max() < 1e-5
-                for name in ("conv", "recurrent"):
-                    difference = ops.to_host(whole_state[name]) - ops.to_host(piece_state[name])
-                    assert np.abs(difference).max() < 1e-5, name
-
-
-def run_layer(layer, index, x, cuts, ops, n_layers):
-    cache = Cache([None] * n_layers)
-    cache.layers[index] = state = layer.new_state(ops, 256)
-    outs, start = [], 0
-    for end in cuts:
-        outs.append(ops.to_host(layer(ops.asarray(x[start:end]), Step(ops, np.arange(start, end), cache))))
-        cache.length = start = end
-    return np.concatenate(outs), state
+            kdas = check_layers_in_pieces(model)
+        assert all(k.gate_per_channel for k in kdas)
 
 
 def test_kda_state_is_recurrent_beside_mla_caches(tmp_path_factory):

@@ -9,53 +9,30 @@ import numpy as np
 import pytest
 
 import colibri_core
-from colibri_core.model.blueprint import inspect_model
-from colibri_core.testing.backends import backend_params
 from colibri_core.testing.cli import run_colibri
 from colibri_core.testing.mxfp4 import mxfp4_rewrite
-from colibri_core.testing.oracle import OracleCase, oracle_fixture, random_correction_bias
+from colibri_core.testing.oracle import OracleCase, random_correction_bias
 
 from kimi_configs import k25
+from kimi_packed import check_greedy_tokens, expert_slices, on_every_backend, packed_oracle, resident_or_cap1
 
-MODEL_CLASS = "Kimi_K25ForConditionalGeneration"
 # every expert matrix's inputs a multiple of 32 (MXFP4 blocks hold whole groups)
 CASE = OracleCase(k25(tie_word_embeddings=False, moe_intermediate_size=32), seed=5, prepare=random_correction_bias(),
                   rewrite=mxfp4_rewrite(config_key="text_config"))
-PACKED_LOGITS = 2e-2  # share of the logits' magnitude: the CPU kernels' int8 activations (docs/formats.md)
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "oracles"
-    root.mkdir(exist_ok=True)
-    return oracle_fixture("kimi-k25-mxfp4", "experts", CASE, MODEL_CLASS, root)
+    return packed_oracle("kimi-k25-mxfp4", CASE, tmp_path_factory)
 
 
-def expert_slices(path):
-    bp = inspect_model(path)
-    try:
-        return [(bp.resolver.format_for(i).name, i.name) for d in bp.moe for m in d.matrices for i in m.values()]
-    finally:
-        bp.close()
-
-
-@pytest.mark.parametrize("backend", backend_params())
-@pytest.mark.parametrize("options", [{"history": False}, {"cap": 1, "history": False}], ids=["resident", "cap1"])
+@on_every_backend
+@resident_or_cap1
 def test_greedy_tokens_match_transformers_on_the_dequantised_model(oracle, backend, options):
-    with colibri_core.load(oracle.path, backend=backend, **options) as model:
-        result = model.generate(token_ids=oracle.prompt, max_tokens=len(oracle.tokens), ignore_eos=True,
-                                return_logits=True)
-        rounded = model.backend.has_kernel("mxfp4pair") and getattr(getattr(model.backend, "kernels", None),
-                                                                    "INT4_INTEGER_PATH", 0)
-        bound = max(model.backend.logits_tolerance, 1e-4)
-    if rounded:
-        bound = max(bound, PACKED_LOGITS * float(np.abs(oracle.step_logits).max()))
     slices = expert_slices(oracle.path)
     assert {f for f, _ in slices} == {"mxfp4-hub"}
     assert "language_model.model.blocks.1.mlp.experts.gate_up_proj_blocks[7][1/2]" in {n for _, n in slices}
-    assert len(oracle.tokens) >= 32 and result.token_ids == oracle.tokens
-    worst = float(np.abs(np.stack(result.logits) - oracle.step_logits).max())
-    assert worst < bound, f"logits differ by {worst:.2e}"
+    check_greedy_tokens(oracle, backend, options, "mxfp4pair")
 
 
 def test_convert_keeps_the_layout_or_converts_the_fused_experts(oracle, tmp_path):

@@ -8,12 +8,12 @@ import pytest
 
 from colibri_core.testing.fp8 import fp8_rewrite
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, random_correction_bias
+from colibri_core.testing.oracle_cases import yarn
 
 from kimi_configs import k25, text_kwargs
 
 BIAS = random_correction_bias()
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 50000.0,
-        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+YARN = yarn(rope_theta=50000.0, mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1)
 
 
 class TestKimiK25Oracle(FamilyOracleSuite):

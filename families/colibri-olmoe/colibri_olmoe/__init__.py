@@ -1,11 +1,6 @@
-"""colibri-olmoe: the OLMoE family (Hugging Face model_type ``olmoe``).
-
-Imports only colibri_core's light modules: the architecture loads when a model runs.
-"""
+"""colibri-olmoe: the OLMoE family (Hugging Face model_type ``olmoe``)."""
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
-
-__version__ = "0.1.0"
 
 colibri_register_families = family_hook(
     FamilySpec(name="olmoe", model_types=("olmoe",),

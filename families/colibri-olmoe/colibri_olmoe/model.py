@@ -1,4 +1,9 @@
-"""OLMoE on colibri's shared blocks (transformers: models/olmoe/modeling_olmoe.py)."""
+"""OLMoE on colibri's shared blocks (transformers: models/olmoe/modeling_olmoe.py).
+
+This file and __init__.py are also what ``colibri new-family`` writes, renamed, for a new
+family (colibri_core/cli/scaffold.py): after a change here, regenerate its templates
+(tests/test_scaffold_templates.py says how).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from colibri_core.model.builders import softmax_moe
 
 @dataclass
 class OlmoeArgs(ModelArgs):
+    """config.json's fields: unknown keys are ignored, types and sizes checked."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -33,11 +40,13 @@ class OlmoeArgs(ModelArgs):
     def validate(self, source):
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         if self.hidden_size % self.num_attention_heads:
-            raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+            raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by "
+                                   f"num_attention_heads {self.num_attention_heads}")
         self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
         self.require_at_most(source, "num_experts_per_tok", "num_experts")
         if self.hidden_act != "silu":
-            raise UnsupportedModelError(f"{source}: hidden_act {self.hidden_act!r} is not supported by the olmoe family (only 'silu')")
+            raise UnsupportedModelError(f"{source}: hidden_act {self.hidden_act!r} is not supported by the "
+                                        "olmoe family (only 'silu')")
 
 
 class Olmoe(Family):

@@ -6,8 +6,6 @@ Imports only colibri_core's light modules: the architectures load when a model r
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
 
-__version__ = "0.1.0"
-
 colibri_register_families = family_hook(
     FamilySpec(name="qwen2_moe", model_types=("qwen2_moe",), architectures=("Qwen2MoeForCausalLM",),
                impl="colibri_qwen.model:Qwen2Moe",

@@ -14,15 +14,13 @@ from transformers import Qwen2MoeConfig, Qwen3_5MoeConfig, Qwen3MoeConfig, Qwen3
 
 import colibri_core
 from colibri_core.errors import UnsupportedModelError
-from colibri_core.nn import Cache, GatedDeltaNet, RecurrentState, Step
+from colibri_core.nn import GatedDeltaNet, RecurrentState
 from colibri_core.io.safetensors import write_safetensors
+from colibri_core.testing.deltanet import check_layers_in_pieces
 from colibri_core.testing.oracle import FamilyOracleSuite, FusedLayoutCheck, OracleCase
+from colibri_core.testing.oracle_cases import prompt, yarn
 
 VOCAB = 128
-
-
-def prompt(n, step=7, start=3):
-    return tuple((start + step * i) % VOCAB for i in range(n))
 
 
 LONG = prompt(100)  # crosses the DeltaNet chunk size (64) in one prefill pass
@@ -46,7 +44,7 @@ class TestQwen2MoeOracle(FamilyOracleSuite, FusedLayoutCheck):
                    num_experts=16, num_experts_per_tok=4), seed=1, max_shard_size="40KB"),
         "mha_no_bias_tied_yarn": OracleCase(
             config(Qwen2MoeConfig, **base, num_key_value_heads=4, qkv_bias=False, tie_word_embeddings=True, mlp_only_layers=[0],
-                   rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}),
+                   rope_parameters=yarn(original_max_position_embeddings=64)),
             seed=2, prompt=prompt(70, 5)),
     }
 
@@ -80,34 +78,11 @@ class HybridSuite(FamilyOracleSuite):
     pieces_tolerance = 1e-4
 
     def test_deltanet_layer_in_pieces_matches_at_once(self, case_name, tmp_path_factory):
-        """Every Gated DeltaNet layer, fed the same 150 positions at once (chunked: 64 +
-        64 + 22) or in pieces (a prefix, single tokens, an odd chunk, then token by token),
-        gives the same outputs, conv state and recurrent state within 1e-5."""
+        """Every Gated DeltaNet layer computes the same fed at once or in pieces
+        (``check_layers_in_pieces``)."""
         fx = self._fixture(case_name, tmp_path_factory)
-        rng = np.random.default_rng(0)
         with colibri_core.load(fx.path) as model:
-            lm, ops = model.lm, model.backend
-            deltas = [(i, layer.attn) for i, layer in enumerate(lm.layers) if isinstance(layer.attn, GatedDeltaNet)]
-            assert deltas
-            for i, delta in deltas:
-                x = rng.standard_normal((150, lm.embed.weight.value.shape[1])).astype(np.float32)
-                whole, whole_state = run_layer(delta, i, x, [150], ops, len(lm.layers))
-                pieces, piece_state = run_layer(delta, i, x, [40, 41, 42, 43, 110] + list(range(111, 151)), ops, len(lm.layers))
-                assert np.abs(whole - pieces).max() < 1e-5
-                for name in ("conv", "recurrent"):
-                    difference = ops.to_host(whole_state[name]) - ops.to_host(piece_state[name])
-                    assert np.abs(difference).max() < 1e-5, name
-                assert whole_state.length == piece_state.length == 150
-
-
-def run_layer(delta, index, x, cuts, ops, n_layers):
-    cache = Cache([None] * n_layers)
-    cache.layers[index] = state = delta.new_state(ops, 256)
-    outs, start = [], 0
-    for end in cuts:
-        outs.append(ops.to_host(delta(ops.asarray(x[start:end]), Step(ops, np.arange(start, end), cache))))
-        cache.length = start = end
-    return np.concatenate(outs), state
+            check_layers_in_pieces(model)
 
 
 class TestQwen3NextOracle(HybridSuite, FusedLayoutCheck):

@@ -1,11 +1,6 @@
-"""colibri-gpt-oss: OpenAI's gpt-oss (Hugging Face model_type ``gpt_oss``).
-
-Imports only colibri_core's light modules: the architecture loads when a model runs.
-"""
+"""colibri-gpt-oss: OpenAI's gpt-oss (Hugging Face model_type ``gpt_oss``)."""
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
-
-__version__ = "0.1.0"
 
 colibri_register_families = family_hook(
     FamilySpec(name="gpt_oss", model_types=("gpt_oss",),

@@ -7,11 +7,11 @@ import numpy as np
 
 from colibri_core.testing.mxfp4 import quantize_mxfp4
 from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle_cases import yarn
 from colibri_core.testing.rewrite import rewrite_checkpoint
 from transformers import GptOssConfig
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0,
-        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+YARN = yarn(beta_fast=32.0, beta_slow=1.0, truncate=False)
 
 
 def config(**overrides):

@@ -28,7 +28,8 @@ def _cgroups_writable() -> bool:
         return False
 
 
-def test_ray_bench_runs_workers_in_their_cgroups_with_the_local_tokens(tmp_path):
+def _tiny_model_or_skip(tmp_path: Path) -> Path:
+    """A tiny synthetic OLMoE model to benchmark, or a skip where ray or cgroups are missing."""
     pytest.importorskip("ray")
     if not _cgroups_writable():
         pytest.skip("needs a writable memory cgroup (root): the benchmark puts every worker in its own")
@@ -36,12 +37,23 @@ def test_ray_bench_runs_workers_in_their_cgroups_with_the_local_tokens(tmp_path)
     done = subprocess.run([sys.executable, str(BENCH / "synthetic_olmoe.py"), "--out", str(model), *TINY],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    out = tmp_path / "ray"
-    done = subprocess.run([sys.executable, str(BENCH / "ray_bench.py"), "--model", str(model), "--workers", "1",
-                           "--rounds", "1", "--tokens", "5", "--prompt-tokens", "4", "--overhead", "700M",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    return model
+
+
+def _ray_bench(model: Path, out: Path, *args: str) -> dict:
+    """Run benchmarks/ray_bench.py, one round of 5 tokens from a 4-token prompt, writing
+    ``out``.json and ``out``.md; returns the JSON."""
+    done = subprocess.run([sys.executable, str(BENCH / "ray_bench.py"), "--model", str(model), "--rounds", "1",
+                           "--tokens", "5", "--prompt-tokens", "4", "--overhead", "700M", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    data = json.loads(out.with_suffix(".json").read_text())
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+def test_ray_bench_runs_workers_in_their_cgroups_with_the_local_tokens(tmp_path):
+    model = _tiny_model_or_skip(tmp_path)
+    out = tmp_path / "ray"
+    data = _ray_bench(model, out, "--workers", "1")
     runs = {r["workers"]: r for r in data["runs"]}
     assert set(runs) == {0, 1}
     for r in runs.values():
@@ -114,21 +126,10 @@ def test_read_throttle_holds_reads_to_its_rate(tmp_path):
 
 @pytest.mark.slow
 def test_ray_bench_throttle_keeps_the_tokens_and_reads_through_each_workers_group(tmp_path):
-    pytest.importorskip("ray")
-    if not _cgroups_writable():
-        pytest.skip("needs a writable memory cgroup (root): the benchmark puts every worker in its own")
-    model = tmp_path / "olmoe"
-    done = subprocess.run([sys.executable, str(BENCH / "synthetic_olmoe.py"), "--out", str(model), *TINY],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    model = _tiny_model_or_skip(tmp_path)
     _throttle_or_skip(model / "config.json")
     out = tmp_path / "ray"
-    done = subprocess.run([sys.executable, str(BENCH / "ray_bench.py"), "--model", str(model), "--workers", "1,2",
-                           "--rounds", "1", "--tokens", "5", "--prompt-tokens", "4", "--overhead", "700M",
-                           "--share", "1/16", "--throttle", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    data = json.loads(out.with_suffix(".json").read_text())
+    data = _ray_bench(model, out, "--workers", "1,2", "--share", "1/16", "--throttle", "2")
     assert data["throttle_bytes_per_s"] == 2_000_000 and "SIMULATION" in data["simulation"]
     runs = {r["workers"]: r for r in data["runs"]}
     assert set(runs) == {0, 1, 2} and not any("error" in r for r in runs.values()), runs

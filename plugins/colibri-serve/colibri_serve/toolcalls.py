@@ -98,54 +98,63 @@ class ToolCallFormat:
         raise NotImplementedError
 
 
-class QwenFormat(ToolCallFormat):
-    name = "qwen"
+class TaggedCallFormat(ToolCallFormat):
+    """Each call in a ``<tool_call>...</tool_call>`` block (Qwen, GLM): the formats
+    differ in what a block holds (``_call``)."""
+
     start = "<tool_call>"
     _block = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+    def _calls(self, section, types):
+        calls = []
+        for body in self._block.findall(section):
+            call = self._call(body, types)
+            if call is None:  # one unreadable call leaves the whole section as content
+                return []
+            calls.append(call)
+        return calls
+
+    def _call(self, body: str, types: dict[str, dict[str, str]]) -> ToolCall | None:
+        raise NotImplementedError
+
+
+class QwenFormat(TaggedCallFormat):
+    name = "qwen"
     _function = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
     _parameter = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
-    def _calls(self, section, types):
-        calls = []
-        for body in self._block.findall(section):
-            body = body.strip()
-            if body.startswith("<function="):
-                m = self._function.match(body)
-                if not m:
-                    return []
-                name = m.group(1).strip()
-                args = {k.strip(): _typed_value(v, k.strip(), types.get(name, {})) for k, v in self._parameter.findall(m.group(2))}
-                calls.append(ToolCall(name, args))
-                continue
-            obj = _json_object(body)
-            if obj is None or not isinstance(obj.get("name"), str):
-                return []
-            args = obj.get("arguments", obj.get("parameters", {}))
-            if isinstance(args, str):
-                args = _json_object(args)
-            if not isinstance(args, dict):
-                return []
-            calls.append(ToolCall(obj["name"], args))
-        return calls
+    def _call(self, body, types):
+        body = body.strip()
+        if body.startswith("<function="):
+            m = self._function.match(body)
+            if not m:
+                return None
+            name = m.group(1).strip()
+            args = {k.strip(): _typed_value(v, k.strip(), types.get(name, {})) for k, v in self._parameter.findall(m.group(2))}
+            return ToolCall(name, args)
+        obj = _json_object(body)
+        if obj is None or not isinstance(obj.get("name"), str):
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            args = _json_object(args)
+        if not isinstance(args, dict):
+            return None
+        return ToolCall(obj["name"], args)
 
 
-class GlmFormat(ToolCallFormat):
+class GlmFormat(TaggedCallFormat):
     name = "glm"
-    start = "<tool_call>"
-    _block = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
     _arg = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
-    def _calls(self, section, types):
-        calls = []
-        for body in self._block.findall(section):
-            name, _, rest = body.partition("<arg_key>")
-            name = name.strip()
-            if not name or "<" in name or "\n" in name:
-                return []
-            args = {k.strip(): _typed_value(v.strip(), k.strip(), types.get(name, {}))
-                    for k, v in self._arg.findall("<arg_key>" + rest if rest else "")}
-            calls.append(ToolCall(name, args))
-        return calls
+    def _call(self, body, types):
+        name, _, rest = body.partition("<arg_key>")
+        name = name.strip()
+        if not name or "<" in name or "\n" in name:
+            return None
+        args = {k.strip(): _typed_value(v.strip(), k.strip(), types.get(name, {}))
+                for k, v in self._arg.findall("<arg_key>" + rest if rest else "")}
+        return ToolCall(name, args)
 
 
 class DeepSeekFormat(ToolCallFormat):

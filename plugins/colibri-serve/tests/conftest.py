@@ -9,20 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from colibri_core.cli.demo import DemoSpec, build_demo_model
+from colibri_core.cli.demo import build_demo_model
 from colibri_core.testing.cli import colibri_env
+from colibri_core.testing.demo_specs import SMALL_RANDOM
 from serve_scripted_model import build_scripted_model
-
-# the random demo model of tests/test_runtime.py: its greedy text is noise, but stable
-RANDOM = DemoSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=8, num_experts_per_tok=2,
-                  intermediate_size=16, tokenizer_vocab=320, max_position_embeddings=64, shard_bytes=40_000,
-                  router_std=1.0, cached_experts_per_layer=2)
-
 
 @pytest.fixture(scope="session")
 def random_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("serve-random") / "random-olmoe"
-    build_demo_model(path, RANDOM)
+    build_demo_model(path, SMALL_RANDOM)
     return path
 
 
@@ -85,25 +80,22 @@ def start_server():
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def scripted_server(scripted_model):
-    server = Server(scripted_model, "--api-key", "sekret", "--slots", "2").wait_ready()
-    yield server
-    server.stop()
+def module_server(model: str, *args):
+    """A fixture: ``colibri serve ARGS`` of the model fixture ``model``, started once for
+    a test module's tests and stopped after them."""
+
+    @pytest.fixture(scope="module")
+    def server(request):
+        started = Server(request.getfixturevalue(model), *args).wait_ready()
+        yield started
+        started.stop()
+
+    return server
 
 
-@pytest.fixture(scope="module")
-def random_server(random_model):
-    server = Server(random_model, "--slots", "8").wait_ready()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def schema_server(random_model):
-    server = Server(random_model, "--slots", "4", "--max-queue", "64").wait_ready()
-    yield server
-    server.stop()
+scripted_server = module_server("scripted_model", "--api-key", "sekret", "--slots", "2")
+random_server = module_server("random_model", "--slots", "8")
+schema_server = module_server("random_model", "--slots", "4", "--max-queue", "64")
 
 
 @pytest.fixture(scope="module")

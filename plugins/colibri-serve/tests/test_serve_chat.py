@@ -85,6 +85,12 @@ class Terminal:
     def type(self, keys: str) -> None:
         os.write(self.master, keys.encode())
 
+    def send(self, keys: str, *then: str) -> None:
+        """Type ``keys``, then read until each of ``then`` appears, in turn."""
+        self.type(keys)
+        for text in then:
+            self.expect(text)
+
     def close(self, timeout=60.0) -> int:
         try:
             return self.proc.wait(timeout=timeout)
@@ -92,39 +98,32 @@ class Terminal:
             self.proc.kill()  # a no-op once it exited
             os.close(self.master)
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, failed, *_):
+        """Close the chat, kept as ``returncode``; killed first when a step failed (it
+        would wait for input)."""
+        if failed is not None:
+            self.proc.kill()
+        self.returncode = self.close()
+
 
 def test_chat_on_a_terminal_edits_lines_recalls_history_and_takes_multi_line_messages(random_model, tmp_path):
     saved, multi_line = tmp_path / "chat.json", tmp_path / "multi-line.json"
     env = {"TERM": "xterm", "XDG_STATE_HOME": str(tmp_path / "state"), "PROMPT_TOOLKIT_NO_CPR": "1"}
-    term = Terminal(["--model", random_model, "--max-tokens", "3"], env)
-    try:
+    with Terminal(["--model", random_model, "--max-tokens", "3"], env) as term:
         term.expect("Alt+Enter")  # the editing keys are said at the start
         term.expect("you>")
-        term.type("Once upon a tim\x1b[De\x1b[C\r")  # Left, a letter, Right: edited where the cursor is
-        term.expect("model> ")
-        term.expect("you>")
-        term.type("\x1b[A\r")  # Up recalls the last message
-        term.expect("model> ")
-        term.expect("you>")
-        term.type(f"/save {saved}\r")
-        term.expect("saved")
-        term.expect("you>")
-        term.type("/reset\r")  # a third turn would overflow the tiny model's context
-        term.expect("(new conversation)")
-        term.expect("you>")
-        term.type("first line\x1b\rsecond line\r")  # Esc, Enter: a new line within the message
-        term.expect("model> ")
-        term.expect("you>")
-        term.type(f"/save {multi_line}\r")
-        term.expect("saved")
-        term.expect("you>")
+        # Left, a letter, Right: edited where the cursor is
+        term.send("Once upon a tim\x1b[De\x1b[C\r", "model> ", "you>")
+        term.send("\x1b[A\r", "model> ", "you>")  # Up recalls the last message
+        term.send(f"/save {saved}\r", "saved", "you>")
+        term.send("/reset\r", "(new conversation)", "you>")  # a third turn would overflow the tiny model's context
+        term.send("first line\x1b\rsecond line\r", "model> ", "you>")  # Esc, Enter: a new line within the message
+        term.send(f"/save {multi_line}\r", "saved", "you>")
         term.type("/exit\r")
-    except BaseException:
-        term.proc.kill()
-        raise
-    finally:
-        code = term.close()
-    assert code == 0
+    assert term.returncode == 0
     user = [m["content"] for m in json.loads(saved.read_text())["messages"] if m["role"] == "user"]
     assert user == ["Once upon a tiem", "Once upon a tiem"]
     assert json.loads(multi_line.read_text())["messages"][0] == {"role": "user", "content": "first line\nsecond line"}
@@ -132,21 +131,13 @@ def test_chat_on_a_terminal_edits_lines_recalls_history_and_takes_multi_line_mes
     assert "+Once upon a tiem\n" in history and "+first line\n+second line\n" in history
 
     # the next chat recalls the last one's lines from the history file: /exit, /save, the two-line message
-    term = Terminal(["--model", random_model, "--max-tokens", "2"], env)
-    try:
+    with Terminal(["--model", random_model, "--max-tokens", "2"], env) as term:
         term.expect("you>")
-        term.type("\x1b[A\x1b[A\x1b[A\r")
-        term.expect("model> ")
-        term.expect("you>")
-        term.type(f"/save {saved}\r")
-        term.expect("saved")
-        term.expect("you>")  # typed at the prompt: between prompts the terminal is not in raw mode
-        term.type("\x04")  # Ctrl-D ends the chat as end of input does
-    except BaseException:
-        term.proc.kill()
-        raise
-    finally:
-        code = term.close()
-    assert code == 0
+        term.send("\x1b[A\x1b[A\x1b[A\r", "model> ", "you>")
+        term.send(f"/save {saved}\r", "saved", "you>")
+        # Ctrl-D, typed at the prompt (between prompts the terminal is not in raw mode), ends
+        # the chat as end of input does
+        term.type("\x04")
+    assert term.returncode == 0
     assert [m["content"] for m in json.loads(saved.read_text())["messages"] if m["role"] == "user"] == [
         "first line\nsecond line"]
