@@ -102,6 +102,8 @@ def stats_table(stats, model):
     table.add_row("prompt", f"{s.prompt_tokens} tokens, prefill {s.prefill_s:.2f} s ({s.prefill_tok_s:.1f} tok/s)")
     table.add_row("time to first token", f"{s.ttft_s:.2f} s" if s.ttft_s is not None else "none (no token generated)")
     table.add_row("decode", f"{s.generated_tokens} tokens, {s.decode_tok_s:.2f} tok/s")
+    if s.draft_source:
+        table.add_row("drafts", drafts_summary(s))
     p = model.placement
     if p.moe_layers:
         store = model.store
@@ -140,6 +142,18 @@ def stats_table(stats, model):
         table.add_row("host syncs", f"{s.host_syncs_per_token:.1f} per token")
     table.add_row("KV cache", f"{format_bytes(s.kv_bytes)} ({format_bytes(s.kv_bytes_per_token)}/token)")
     return table
+
+
+def drafts_summary(s) -> str:
+    """Speculative decoding's statistics on one line."""
+    parts = [f"{s.draft_source}: {s.accepted_tokens} of {s.drafted_tokens} accepted ({s.draft_acceptance:.0%}) "
+             f"in {s.draft_verifications} verifications"]
+    if s.draft_replayed_tokens:
+        parts.append(f"{s.draft_replayed_tokens} tokens fed again")
+    if s.draft_gated_steps:
+        parts.append(f"{s.draft_gated_steps} steps without (drafts measured slower)")
+    parts.append(f"{s.tokens_per_forward:.2f} tokens per forward pass")
+    return "; ".join(parts)
 
 
 def compute_rows(counters: dict) -> list[tuple[str, str]]:
@@ -249,6 +263,26 @@ def sampling_options(f):
     ])
 
 
+def draft_options(f):
+    return _apply(f, [
+        click.option("--draft", default="off", show_default=True, metavar="SOURCE",
+                     help="Speculative decoding: draft tokens with SOURCE (ngram: prompt lookup; plugins add others) "
+                          "and verify them in one forward pass; off: none. The tokens are the same either way."),
+        click.option("--draft-depth", type=int, default=4, show_default=True,
+                     help="With --draft: drafted tokens per forward pass, at most (1 to 16)."),
+    ])
+
+
+def check_draft_options(draft: str, draft_depth: int) -> None:
+    """A draft source that is not installed, or a depth out of range: one line, before loading."""
+    from colibri_core.engine.speculative import check_depth, draft_sources
+
+    check_depth(draft_depth)
+    if draft != "off" and draft not in draft_sources():
+        raise UsageError(f"--draft: no draft source named {draft!r} is installed (installed: "
+                         f"{', '.join(sorted(draft_sources())) or 'none'}; off turns drafting off)")
+
+
 @click.command("run")
 @model_option()
 @click.argument("prompt", required=False)
@@ -258,6 +292,7 @@ def sampling_options(f):
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user message with the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
 @sampling_options
+@draft_options
 @placement_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
@@ -265,8 +300,8 @@ def sampling_options(f):
 @click.option("--progress", "show_progress", is_flag=True,
               help="Show progress (loading, the prompt's prefill) on stderr even when it is not a terminal "
                    "(there as plain lines every few seconds).")
-def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, ignore_eos,
-        as_json, quiet, show_progress, **placement):
+def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, draft,
+        draft_depth, ignore_eos, as_json, quiet, show_progress, **placement):
     """Generate from PROMPT (or --prompt-file, or --token-ids) with the model in --model.
     PROMPT "-", or no prompt at all with stdin not a terminal, reads the prompt from stdin."""
     from colibri_core.engine.api import check_load_options
@@ -294,6 +329,7 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
         check_text(system, "--system")
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     check_max_tokens(max_tokens)
+    check_draft_options(draft, draft_depth)
     options = placement_kwargs(**placement)
     check_load_options(**{k: options[k] for k in ("cap", "pin", "pin_share", "prefetch_slots", "prefetch_window", "history",
                                              "history_decay")})
@@ -307,7 +343,7 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
     prefill = progress.PrefillBar(console, progress.wanted(console, asked=show_progress, quiet=quiet or as_json))
     with model:
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                      ignore_eos=ignore_eos, prefill_progress=prefill)
+                      ignore_eos=ignore_eos, prefill_progress=prefill, draft=draft, draft_depth=draft_depth)
         if ids is not None:
             generation = model.stream(token_ids=ids, **kwargs)
         elif chat:

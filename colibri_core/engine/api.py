@@ -14,7 +14,7 @@ The CLI is a thin layer over this module.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +38,8 @@ from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.plugins.registry import Entry, import_object
 from colibri_core.engine.sampling import SamplingParams, check_max_tokens
+from colibri_core.engine.speculative import (DEFAULT_DRAFT_DEPTH, DraftGate, Speculation, check_depth,
+                                             open_draft_source)
 from colibri_core.model.tokenizer import Tokenizer
 from colibri_core.units import parse_size
 from colibri_core.warn import warn
@@ -52,24 +54,23 @@ class LoadProgress:
     advance: Callable[[int], None]
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Model:
     """A loaded model: family, weights placed, tokenizer (if any), ready to generate."""
 
-    def __init__(self, *, model_dir: Path, config: dict, family: Entry, lm: CausalLM, backend, checkpoint: Checkpoint,
-                 store: ExpertStore | None, placement: Placement, tokenizer: Tokenizer | None, eos_ids: list[int],
-                 load_seconds: float, dense_bytes_read: int):
-        self.model_dir = model_dir
-        self.config = config
-        self.family = family
-        self.lm = lm
-        self.backend = backend
-        self.checkpoint = checkpoint
-        self.store = store
-        self.placement = placement
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        self.load_seconds = load_seconds
-        self.dense_bytes_read = dense_bytes_read
+    model_dir: Path
+    config: dict
+    family: Entry
+    lm: CausalLM
+    backend: Any
+    checkpoint: Checkpoint
+    store: ExpertStore | None
+    placement: Placement
+    tokenizer: Tokenizer | None
+    eos_ids: list[int]
+    load_seconds: float
+    dense_bytes_read: int
+    _draft_sources: dict[str, Any] = field(default_factory=dict, init=False)  # name -> DraftSource built for it
 
     # -- information -----------------------------------------------------------------
     @property
@@ -131,18 +132,44 @@ class Model:
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, frequency_penalty: float = 0.0,
                presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
                ignore_eos: bool = False, return_logits: bool = False,
-               prefill_progress: Callable[[int, int], None] | None = None) -> Generation:
+               prefill_progress: Callable[[int, int], None] | None = None, draft: Any = None,
+               draft_depth: int = DEFAULT_DRAFT_DEPTH) -> Generation:
         """Start generating; iterate the returned Generation for TokenEvents, then call
         its ``result()`` for the token ids, text and statistics. ``prefill_progress(done,
         total)`` is told how many prompt tokens are through the model, layer by layer.
-        ``logit_bias``, the penalties and ``logprobs`` as OpenAI's (colibri_core.engine.sampling)."""
+        ``logit_bias``, the penalties and ``logprobs`` as OpenAI's (colibri_core.engine.sampling).
+        ``draft``: a draft source for speculative decoding, by name (``"ngram"``; None or
+        ``"off"``: none) or as an object (``colibri_core.engine.speculative.DraftSource``),
+        up to ``draft_depth`` drafted tokens per forward pass; the tokens are the same
+        with or without."""
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                   frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                   logit_bias=logit_bias, logprobs=logprobs)
         check_max_tokens(max_tokens)
         ids = self._prompt_ids(prompt, token_ids, messages)
         stop = frozenset() if ignore_eos else frozenset(self.eos_ids)
-        return Generation(self, ids, max_tokens, sampling, stop, return_logits, prefill_progress)
+        speculation = self.speculation(draft, draft_depth)
+        return Generation(self, ids, max_tokens, sampling, stop, return_logits, prefill_progress, speculation)
+
+    def speculation(self, draft: Any, depth: int = DEFAULT_DRAFT_DEPTH) -> Speculation | None:
+        """A new sequence's drafting with the draft source ``draft``: a name (None or
+        "off": none) or a ``DraftSource``."""
+        if draft is None or draft == "off":
+            return None
+        check_depth(depth)
+        probe = self.lm.new_cache(self.backend)
+        if not (probe.rewindable() or probe.restorable()):
+            raise UsageError(f"{option('draft')}: this model's sequence state cannot go back to an earlier position, "
+                             "which verifying drafts needs; run it without drafts")
+        if isinstance(draft, str):
+            source = self._draft_sources.get(draft)
+            if source is None:
+                source = self._draft_sources[draft] = open_draft_source(draft, self)
+            name = draft
+        else:
+            source, name = draft, getattr(draft, "name", type(draft).__name__)
+        gate = DraftGate() if getattr(source, "gated", False) else None
+        return Speculation(self.lm, self.backend, source.new_drafter(), depth, name, gate)
 
     def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:
         """Generate to completion. Same arguments as ``stream``."""

@@ -93,9 +93,10 @@ class RowInvariantOps:
         if t == 1:
             return be.routed_glu_experts(x, indices, weights, fetch, act, window, ready)
         fetched = {e: fetch(e) for e in np.unique(indices).tolist()}
-        # every product of these experts (their matrices are multiplied by ``linear``)
-        rows = be.batch_invariant_rows("linear", [a for w in fetched.values() for a in w.arrays.values()
-                                                 if len(a.shape) == 2])
+        # every product of these experts (their matrices are multiplied by ``linear``; the
+        # ``*_bias`` roles are added; prepared weights may be opaque, so roles, not shapes, tell)
+        rows = be.batch_invariant_rows("linear", [a for w in fetched.values() for role, a in w.arrays.items()
+                                                 if not role.endswith("_bias")])
         return self._concat([be.routed_glu_experts(x[a:b], indices[a:b], weights[a:b], fetched.__getitem__, act,
                                                    window, None)
                              for a, b in _chunks(t, rows)])

@@ -17,6 +17,7 @@ import numpy as np
 from colibri_core import interrupts
 from colibri_core.errors import NonFiniteError, UsageError
 from colibri_core.engine.sampling import Sampler, SamplingParams, TokenLogprob, check_max_tokens
+from colibri_core.engine.speculative import Speculation
 
 PREFILL_CHUNK = 256  # prompt tokens per forward pass; bounds activation memory
 RESERVE_AHEAD = 1024  # decode positions a sequence's caches are sized for before it starts
@@ -65,6 +66,15 @@ class GenerationStats:
     device_cache_slots: int = 0  # device LRU slots per MoE layer (0: no device tier)
     # a compute tier's counters during this generation (ComputeTier.counters; {} without one)
     compute: dict = field(default_factory=dict)
+    # speculative decoding (colibri_core.engine.speculative): the draft source ("" without one)
+    draft_source: str = ""
+    drafted_tokens: int = 0  # drafts verified
+    accepted_tokens: int = 0  # of those, equal to the token sampled at their position
+    draft_acceptance: float = 0.0  # accepted_tokens / drafted_tokens
+    draft_verifications: int = 0  # forward passes that carried drafts
+    draft_replayed_tokens: int = 0  # tokens fed again where a state could not rewind
+    draft_gated_steps: int = 0  # steps --draft auto kept from drafting (measured slower with drafts)
+    tokens_per_forward: float = 0.0  # tokens after the first per forward pass after the first token
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -109,6 +119,8 @@ class Generation:
     return_logits: bool = False
     # told (prompt tokens through the model, prompt tokens) as the prefill advances, layer by layer
     prefill_progress: Callable[[int, int], None] | None = None
+    # drafts verified in batched forwards (colibri_core.engine.speculative); None: none
+    speculation: Speculation | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -153,35 +165,58 @@ class Generation:
                 store.after_tokens(len(prompt))
             clock.prefilled = time.perf_counter()
             finish = "length"
-            for n in range(self.max_tokens):
-                check_logits(logits, lm, ops, prompt + self.token_ids, model)
-                token, logprob = sampler.sample(logits)
-                now = time.perf_counter()
-                if n == 0:
-                    clock.first = now
-                    clock.at_first = store_stats()  # decode reads are counted from here
-                clock.last = now
-                if token in self.stop_ids:
-                    finish = "stop"
+            spec = self.speculation
+            rows, drafts = [logits], []  # logits to sample in order; the drafted token each row may confirm
+            while self.max_tokens > 0:
+                accepted, done = 0, False
+                for i, row in enumerate(rows):
+                    check_logits(row, lm, ops, prompt + self.token_ids, model)
+                    token, logprob = sampler.sample(row)
+                    now = time.perf_counter()
+                    if clock.first is None:
+                        clock.first = now
+                        clock.at_first = store_stats()  # decode reads are counted from here
+                    clock.last = now
+                    if token in self.stop_ids:
+                        finish, done = "stop", True
+                        break
+                    self.token_ids.append(token)
+                    text = decoder.add(token) if decoder is not None else ""
+                    self._text.append(text)
+                    if self.return_logits:
+                        self._logits.append(row)
+                    if logprob is not None:
+                        self._logprobs.append(logprob)
+                    yield TokenEvent(token, text, row if self.return_logits else None, logprob)
+                    if len(self.token_ids) >= self.max_tokens:
+                        done = True
+                        break
+                    if i < len(drafts) and token == drafts[i]:
+                        accepted += 1
+                    else:
+                        break
+                if done:
+                    if drafts:
+                        spec.abandon(cache, accepted)
                     break
-                self.token_ids.append(token)
-                text = decoder.add(token) if decoder is not None else ""
-                self._text.append(text)
-                if self.return_logits:
-                    self._logits.append(logits)
-                if logprob is not None:
-                    self._logprobs.append(logprob)
-                yield TokenEvent(token, text, logits if self.return_logits else None, logprob)
-                if n == self.max_tokens - 1:
-                    break
+                if drafts:
+                    spec.settle(cache, accepted)
+                if spec is not None:
+                    spec.step_done(accepted + 1)  # the gate of --draft auto times the step
                 if cache.length >= lm.max_context:
                     finish = "context"
                     break
                 interrupts.check()
-                logits = lm.forward(np.asarray([token]), cache, ops)
+                if spec is not None:  # room: tokens still to generate after the next one, and context
+                    room = min(self.max_tokens - len(self.token_ids) - 1, lm.max_context - cache.length - 1)
+                    drafts = spec.drafts(prompt + self.token_ids, room)
+                if drafts:
+                    rows = list(spec.verify(cache, token, drafts))
+                else:
+                    rows = [lm.forward(np.asarray([token]), cache, ops)]
                 clock.decode_steps += 1
                 if store is not None:
-                    store.after_tokens(1)
+                    store.after_tokens(len(rows))
             self.finish_reason = finish
         except KeyboardInterrupt:
             interrupts.clear()  # delivered: nothing left for check() to raise
@@ -241,6 +276,13 @@ class Generation:
         s.device_resident_bytes = model.device_resident_bytes
         s.kv_bytes = cache.nbytes
         s.kv_bytes_per_token = cache.bytes_per_token()
+        s.tokens_per_forward = (len(self.token_ids) - 1) / clock.decode_steps if clock.decode_steps else 0.0
+        if self.speculation is not None:
+            d = self.speculation.stats
+            s.draft_source = self.speculation.name
+            s.drafted_tokens, s.accepted_tokens, s.draft_acceptance = d.drafted, d.accepted, d.acceptance
+            s.draft_verifications, s.draft_replayed_tokens = d.verifications, d.replayed
+            s.draft_gated_steps = d.gated_steps
         s.cache_slots = model.placement.slots
         s.device_cache_slots = model.placement.device.slots if model.placement.device is not None else 0
 

@@ -44,6 +44,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,7 @@ from colibri_core.engine import generation
 from colibri_core.engine.batching import RowInvariantOps
 from colibri_core.engine.generation import TokenEvent, check_logits
 from colibri_core.engine.sampling import Sampler, SamplingParams
+from colibri_core.engine.speculative import DEFAULT_DRAFT_DEPTH, Speculation
 from colibri_core.errors import ColibriError, UsageError
 from colibri_core.nn.cache import Cache
 
@@ -65,6 +67,8 @@ class Request:
     max_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_ids: frozenset[int] = frozenset()  # token ids that end the request (not emitted)
+    draft: Any = None  # a draft source for speculative decoding, by name or object (None / "off": none)
+    draft_depth: int = DEFAULT_DRAFT_DEPTH
 
 
 class Handle:
@@ -167,6 +171,7 @@ class _Seq:
     cached: int = 0
     next_token: int | None = None  # sampled and emitted, to be fed at the next decode step
     prefix: _Prefix | None = None
+    speculation: Speculation | None = None  # drafting, when the request asks for it
 
     @property
     def request(self) -> Request:
@@ -211,6 +216,8 @@ class Scheduler:
         self.steps = 0
         self.prefix_hits_tokens = 0
         self.prefill_tokens = 0
+        self.drafted_tokens = 0  # speculative decoding: drafts verified, and those accepted
+        self.accepted_tokens = 0
         self._decoded = collections.deque(maxlen=64)  # (time, tokens) of recent decode steps
         self._ttft = collections.deque(maxlen=64)
 
@@ -235,6 +242,8 @@ class Scheduler:
         if request.max_tokens < 0:
             raise UsageError(f"max_tokens must be >= 0, got {request.max_tokens}")
         request.sampling.check_vocab(self.lm.vocab_size)
+        if request.draft is not None and request.draft != "off":
+            self.model.speculation(request.draft, request.draft_depth)  # a bad source or depth fails here, not later
         need = self._reservation(self._request_tokens(request))
         if need > self.kv.budget:
             raise UsageError(f"the request needs {need} bytes of KV cache (prompt {len(prompt)} + max_tokens "
@@ -302,6 +311,7 @@ class Scheduler:
             "prefix_hits_tokens": self.prefix_hits_tokens, "prefill_tokens": self.prefill_tokens,
             "kv_budget_bytes": self.kv.budget, "kv_reserved_bytes": self.kv.reserved, "kv_bytes": kv_bytes,
             "kv_bytes_per_token": self.bytes_per_token, "prefixes_retained": retained,
+            "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
         }
         out.update(self.model.store_counters())
         return out
@@ -392,7 +402,10 @@ class Scheduler:
         cache.reserve(limit)  # the KV budget holds it already: no cache grows (and copies itself) mid-decode
         model = self.model
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
-        seq = _Seq(handle, cache, reserved, Sampler(request.sampling), decoder, list(request.prompt_ids))
+        seq = _Seq(handle, cache, reserved, Sampler(request.sampling), decoder, list(request.prompt_ids),
+                   speculation=model.speculation(request.draft, request.draft_depth))
+        if seq.speculation is not None:  # counted as OpenAI counts a prediction's tokens
+            handle.usage.update(accepted_prediction_tokens=0, rejected_prediction_tokens=0)
         if self.prefix_reuse:
             self._reuse_prefix(seq)
         return seq
@@ -453,25 +466,66 @@ class Scheduler:
                 del p.snapshots[old]
 
     def _decode(self, seqs: list[_Seq]) -> None:
-        feed = [(np.asarray([s.next_token]), s.cache) for s in seqs]
+        """One batched step: each sequence's next token, and its drafts when it drafts
+        (each drafted position a segment of its own: colibri_core.engine.speculative)."""
+        feed, drafts = [], []
+        for s in seqs:
+            spec = s.speculation
+            room = min(s.request.max_tokens - len(s.handle.token_ids) - 1, self.lm.max_context - s.cache.length - 1)
+            d = spec.drafts(s.prompt + s.handle.token_ids, room) if spec is not None else []
+            feed += spec.feed(s.cache, s.next_token, d) if d else [(np.asarray([s.next_token]), s.cache)]
+            drafts.append(d)
         try:
-            if len(seqs) == 1:
+            if len(feed) == 1:
                 rows = self.lm.forward(feed[0][0], feed[0][1], self.ops)[None]
             else:
-                rows = self.lm.forward_batch(feed, self.batch_ops)
+                rows = self.lm.forward_batch(feed, self.batch_ops, all_logits=True)
         except Exception as exc:
             for s in seqs:
                 self._retire(s, "error", exc)
             return
-        self._decoded.append((time.perf_counter(), len(seqs)))
         if self.model.store is not None:
-            self.model.store.after_tokens(len(seqs))
-        for s, logits in zip(seqs, rows):
+            self.model.store.after_tokens(len(feed))
+        emitted, begin = 0, 0
+        for s, d in zip(seqs, drafts):
+            mine, begin = rows[begin : begin + 1 + len(d)], begin + 1 + len(d)
+            before = len(s.handle.token_ids)
             s.next_token = None
-            self._sampled(s, logits)
+            self._sampled_rows(s, mine, d)
+            emitted += len(s.handle.token_ids) - before
+            if s.speculation is not None:
+                s.speculation.step_done(len(s.handle.token_ids) - before)  # the gate of --draft auto times the step
+        self._decoded.append((time.perf_counter(), emitted))
 
-    def _sampled(self, seq: _Seq, logits) -> None:
-        """Choose the next token from ``logits``, emit it, decide whether to go on."""
+    def _sampled_rows(self, seq: _Seq, rows, drafts: list[int]) -> None:
+        """Sample ``rows`` in order while each sampled token equals the draft fed after
+        it; then forget the rejected drafts' positions."""
+        length = seq.cache.length - len(drafts)  # where the cache stands after the first row
+        accepted = 0
+        for i, logits in enumerate(rows):
+            self._sampled(seq, logits, length + i)
+            if seq.next_token is None:  # retired
+                break
+            if i < len(drafts) and seq.next_token == drafts[i]:
+                accepted += 1
+                if i + 1 < len(rows):
+                    seq.next_token = None
+            else:
+                break
+        if drafts:
+            self.drafted_tokens += len(drafts)
+            self.accepted_tokens += accepted
+            usage = seq.handle.usage
+            usage["accepted_prediction_tokens"] += accepted
+            usage["rejected_prediction_tokens"] += len(drafts) - accepted
+            if seq.next_token is None:
+                seq.speculation.abandon(seq.cache, accepted)
+            else:
+                seq.speculation.settle(seq.cache, accepted)
+
+    def _sampled(self, seq: _Seq, logits, length: int | None = None) -> None:
+        """Choose the next token from ``logits``, emit it, decide whether to go on;
+        ``length``: the sequence's positions so far, if not its cache's (drafts fed)."""
         handle, request = seq.handle, seq.request
         try:
             if len(handle.token_ids) >= request.max_tokens:
@@ -492,7 +546,7 @@ class Scheduler:
             handle._emit(TokenEvent(token, text, logprob=logprob))
             if len(handle.token_ids) >= request.max_tokens:
                 return self._retire(seq, "length")
-            if seq.cache.length >= self.lm.max_context:
+            if (seq.cache.length if length is None else length) >= self.lm.max_context:
                 return self._retire(seq, "context")
             seq.next_token = token
         except Exception as exc:

@@ -11,25 +11,47 @@ from __future__ import annotations
 from colibri_core.compute.backend import ITEMSIZE
 
 
-class KVCache:
+class _KVArrays:
+    """What both attention caches hold: keys and values in two backend arrays ``_k`` and
+    ``_v``, stored (heads, positions, dim) in the backend's cache dtype."""
+
+    def __init__(self, backend, n_kv_heads: int, k_dim: int, v_dim: int):
+        self.backend = backend
+        self.shape = (n_kv_heads, k_dim, v_dim)
+        self._k = self._v = None
+
+    def _zeros(self, positions: int):
+        """New key and value arrays of ``positions`` positions, zeros."""
+        h, dk, dv = self.shape
+        dtype = self.backend.cache_dtype
+        return self.backend.zeros((h, positions, dk), dtype), self.backend.zeros((h, positions, dv), dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._k is None else self.backend.nbytes(self._k) + self.backend.nbytes(self._v)
+
+    def bytes_per_token(self) -> int:
+        """The bytes of one position (for a sliding window, an upper bound: while the
+        sequence is shorter than the window)."""
+        h, dk, dv = self.shape
+        return h * (dk + dv) * ITEMSIZE[self.backend.cache_dtype]
+
+
+class KVCache(_KVArrays):
     """Keys and values of one attention layer, stored (heads, positions, dim) and grown
     by doubling up to the context length, so appending a token copies nothing."""
 
     def __init__(self, backend, n_kv_heads: int, k_dim: int, v_dim: int, max_len: int):
-        self.backend = backend
-        self.shape = (n_kv_heads, k_dim, v_dim)
+        super().__init__(backend, n_kv_heads, k_dim, v_dim)
         self.max_len = max_len
         self.length = 0
-        self._k = self._v = None
 
     def _grow(self, needed: int) -> None:
         capacity = 0 if self._k is None else self._k.shape[1]
         if needed <= capacity:
             return
         new_cap = min(max(needed, 2 * capacity, 64), max(self.max_len, needed))
-        h, dk, dv = self.shape
-        dtype = self.backend.cache_dtype
-        k, v = self.backend.zeros((h, new_cap, dk), dtype), self.backend.zeros((h, new_cap, dv), dtype)
+        k, v = self._zeros(new_cap)
         if self._k is not None and self.length:
             k[:, : self.length] = self._k[:, : self.length]
             v[:, : self.length] = self._v[:, : self.length]
@@ -51,14 +73,6 @@ class KVCache:
         self.length = end
         return self._k[:, :end], self._v[:, :end]
 
-    @property
-    def nbytes(self) -> int:
-        return 0 if self._k is None else self.backend.nbytes(self._k) + self.backend.nbytes(self._v)
-
-    def bytes_per_token(self) -> int:
-        h, dk, dv = self.shape
-        return h * (dk + dv) * ITEMSIZE[self.backend.cache_dtype]
-
     def copy_prefix(self, dst: "KVCache", n: int, snapshot=None) -> None:
         """Give ``dst`` (empty) this cache's first ``n`` positions (prefix reuse)."""
         if n:
@@ -68,8 +82,13 @@ class KVCache:
         """Nothing: the rows of earlier positions never change, so any prefix can be copied."""
         return None
 
+    def rewind(self, n: int) -> None:
+        """Forget the positions from ``n`` on (drafted tokens a verification rejected):
+        their rows stay where they are and the next append overwrites them."""
+        self.length = min(self.length, n)
 
-class SlidingKVCache:
+
+class SlidingKVCache(_KVArrays):
     """Keys and values of a sliding-window attention layer: only the last ``window - 1``
     positions are kept between steps (each new position sees itself and those), so its
     size is bounded by the window, not the sequence. ``append`` returns the kept
@@ -83,13 +102,11 @@ class SlidingKVCache:
     def __init__(self, backend, n_kv_heads: int, k_dim: int, v_dim: int, window: int):
         if window < 1:
             raise ValueError(f"sliding window must be >= 1, got {window}")
-        self.backend = backend
-        self.shape = (n_kv_heads, k_dim, v_dim)
+        super().__init__(backend, n_kv_heads, k_dim, v_dim)
         self.window = int(window)
         self.length = 0  # positions seen
         self.kept = 0  # positions held at the front of the buffers
         self.offset = 0
-        self._k = self._v = None
 
     def append(self, k, v):
         """Add (T, heads, dim) keys and values; return (heads, kept + T, dim) keys and values."""
@@ -102,9 +119,7 @@ class SlidingKVCache:
         end = keep + t
         capacity = 0 if self._k is None else self._k.shape[1]
         if end > capacity:
-            h, dk, dv = self.shape
-            dtype = self.backend.cache_dtype
-            new_k, new_v = self.backend.zeros((h, end, dk), dtype), self.backend.zeros((h, end, dv), dtype)
+            new_k, new_v = self._zeros(end)
             if keep:
                 new_k[:, :keep], new_v[:, :keep] = self._k[:, :keep], self._v[:, :keep]
             self._k, self._v = new_k, new_v
@@ -146,15 +161,6 @@ class SlidingKVCache:
         """What one ``snapshot`` holds at most: the window's positions."""
         return (self.window - 1) * self.bytes_per_token()
 
-    @property
-    def nbytes(self) -> int:
-        return 0 if self._k is None else self.backend.nbytes(self._k) + self.backend.nbytes(self._v)
-
-    def bytes_per_token(self) -> int:
-        """Per position while the sequence is shorter than the window (an upper bound)."""
-        h, dk, dv = self.shape
-        return h * (dk + dv) * ITEMSIZE[self.backend.cache_dtype]
-
     def bytes_for(self, tokens: int) -> int:
         """What the layer holds while decoding after ``tokens`` positions: at most the window."""
         return min(tokens, self.window) * self.bytes_per_token()
@@ -178,6 +184,7 @@ class RecurrentState:
         # float32 whatever the cache dtype: the recurrence accumulates over the whole sequence
         self.arrays = {name: backend.zeros(tuple(shape), "float32") for name, shape in shapes.items()}
         self.length = 0  # positions absorbed
+        self._kept: dict[int, dict] | None = None  # length -> arrays, while ``keep_states`` asks
 
     def __getitem__(self, name: str):
         return self.arrays[name]
@@ -187,8 +194,27 @@ class RecurrentState:
         for name, value in arrays.items():
             if tuple(value.shape) != tuple(self.arrays[name].shape):
                 raise ValueError(f"recurrent state {name!r}: shape {tuple(value.shape)} != {tuple(self.arrays[name].shape)}")
-            self.arrays[name] = value
+        # a new dict: a state kept by ``keep_states`` holds the old one
+        self.arrays = {**self.arrays, **arrays}
         self.length += positions
+        if self._kept is not None:
+            self._kept[self.length] = self.arrays
+
+    def keep_states(self) -> None:
+        """Remember the state after every position from now on, until ``rewind``: what a
+        speculative verification needs to go back to the last accepted token. Updates
+        replace the arrays, so remembering costs references, not copies."""
+        self._kept = {self.length: self.arrays}
+
+    def rewind(self, n: int) -> None:
+        """Go back to the state after ``n`` positions, remembered since ``keep_states``;
+        stop remembering."""
+        kept, self._kept = self._kept, None
+        if n == self.length:
+            return
+        if kept is None or n not in kept:
+            raise ValueError(f"recurrent state: no state kept at {n} positions (it holds {self.length})")
+        self.arrays, self.length = kept[n], n
 
     @property
     def nbytes(self) -> int:
@@ -280,12 +306,75 @@ class Cache:
                 src.copy_prefix(into, n, None if snapshot is None else snapshot[i])
         dst.length = n
 
+    # -- going back (speculative decoding) --------------------------------------------
+    def rewindable(self) -> bool:
+        """Whether every layer's state can go back to an earlier length by itself
+        (``rewind``): KV caches and MLA latents forget rows, recurrent states keep each
+        position's state while asked. Others (a sliding window, DeepSeek-V4's compressed
+        caches) go back through a snapshot and a replay of the tokens kept."""
+        return all(layer is None or _rewindable(layer) for layer in self.layers)
+
+    def restorable(self) -> bool:
+        """Whether every layer's state can go back through a ``snapshot`` (``restore``)."""
+        return all(layer is None or _restorable(layer) for layer in self.layers)
+
+    def keep_states(self) -> None:
+        """Before a verification: states that replace themselves remember each position's."""
+        for layer in self.layers:
+            if layer is not None:
+                _keep_states(layer)
+
+    def rewind(self, n: int) -> None:
+        """Back to the first ``n`` positions (at least the length before ``keep_states``)."""
+        for layer in self.layers:
+            if layer is not None:
+                layer.rewind(n)
+        self.length = n
+
+    def restore(self, n: int, snapshot: list) -> None:
+        """Back to ``n`` positions through ``snapshot`` (taken at n) where a layer keeps
+        nothing in place, by forgetting rows where it does."""
+        for layer, snap in zip(self.layers, snapshot):
+            if layer is not None:
+                _restore(layer, n, snap)
+        self.length = n
+
 
 def _snapshot_bytes(state) -> int:
     """A layer's part of ``Cache.snapshot_bytes`` (a composite adds its parts')."""
     if hasattr(state, "snapshot_bytes"):
         return state.snapshot_bytes()
     return 0
+
+
+def _rewindable(state) -> bool:
+    if hasattr(state, "rewindable"):
+        return state.rewindable()
+    return hasattr(state, "rewind")
+
+
+def _restore(state, n: int, snapshot) -> None:
+    if isinstance(state, LayerStates):
+        for name, part in state.parts.items():
+            _restore(part, n, snapshot[name])
+    elif snapshot is None and hasattr(state, "rewind"):
+        state.rewind(n)
+    elif hasattr(state, "restore"):
+        state.restore(n, snapshot)
+    else:
+        state.copy_prefix(state, n, snapshot)
+
+
+def _restorable(state) -> bool:
+    if isinstance(state, LayerStates):
+        return all(_restorable(part) for part in state.parts.values())
+    return hasattr(state, "snapshot") and (hasattr(state, "restore") or hasattr(state, "copy_prefix"))
+
+
+def _keep_states(state) -> None:
+    keep = getattr(state, "keep_states", None)
+    if keep is not None:
+        keep()
 
 
 def _reusable(state) -> bool:
@@ -330,3 +419,14 @@ class LayerStates:
     def copy_prefix(self, dst: "LayerStates", n: int, snapshot: dict | None = None) -> None:
         for name, part in self.parts.items():
             part.copy_prefix(dst.parts[name], n, None if snapshot is None else snapshot[name])
+
+    def rewindable(self) -> bool:
+        return all(_rewindable(part) for part in self.parts.values())
+
+    def keep_states(self) -> None:
+        for part in self.parts.values():
+            _keep_states(part)
+
+    def rewind(self, n: int) -> None:
+        for part in self.parts.values():
+            part.rewind(n)

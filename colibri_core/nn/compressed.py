@@ -115,6 +115,16 @@ class SlidingRows:
         n = min(self.kept, self.window - 1)
         return self._data[self.kept - n : self.kept]
 
+    def snapshot(self) -> dict:
+        """A copy of what the next step reads, and the length (``restore`` goes back to it)."""
+        return {"rows": None if self._data is None else self.last() * 1.0, "length": self.length}
+
+    def restore(self, snapshot: dict) -> None:
+        rows = snapshot["rows"]
+        self._data = None if rows is None else rows * 1.0
+        self.kept = 0 if rows is None else int(rows.shape[0])
+        self.offset, self.length = 0, snapshot["length"]
+
     @property
     def nbytes(self) -> int:
         return 0 if self._data is None else int(self.backend.nbytes(self._data))
@@ -155,6 +165,17 @@ class CompressorState:
 
     def entry_bytes(self) -> int:
         return self.dim * ITEMSIZE[self.backend.cache_dtype]
+
+    def snapshot(self) -> dict:
+        """The entry count and the pending and prior rows (each step replaces those, so
+        references will do): ``restore`` goes back to them; entries are only appended."""
+        return {"count": self.count, "pending_kv": self.pending_kv, "pending_gate": self.pending_gate,
+                "prior_kv": self.prior_kv, "prior_gate": self.prior_gate}
+
+    def restore(self, snapshot: dict) -> None:
+        self.entries.length = snapshot["count"]
+        self.pending_kv, self.pending_gate = snapshot["pending_kv"], snapshot["pending_gate"]
+        self.prior_kv, self.prior_gate = snapshot["prior_kv"], snapshot["prior_gate"]
 
 
 class WindowCompressor:
@@ -286,6 +307,20 @@ class CompressedAttentionState:
 
     def _parts(self):
         return [p for p in (self.compressed, self.index) if p is not None]
+
+    def snapshot(self) -> dict:
+        """What ``restore`` needs to go back to this length (a speculative verification's
+        rejected drafts); not a prefix for another sequence: no ``copy_prefix``."""
+        return {"rows": self.rows.snapshot(), "compressed": self.compressed and self.compressed.snapshot(),
+                "index": self.index and self.index.snapshot()}
+
+    def restore(self, n: int, snapshot: dict) -> None:
+        if snapshot["rows"]["length"] != n:
+            raise ValueError(f"the compressed attention snapshot holds {snapshot['rows']['length']} positions, not {n}")
+        self.rows.restore(snapshot["rows"])
+        for part, snap in ((self.compressed, snapshot["compressed"]), (self.index, snapshot["index"])):
+            if part is not None:
+                part.restore(snap)
 
     @property
     def nbytes(self) -> int:

@@ -429,13 +429,19 @@ class CausalLM:
     def forward_batch(self, seqs: list[tuple[np.ndarray, Cache]], ops, *, routing: list | None = None,
                       all_logits: bool = False) -> np.ndarray:
         """One batched step: ``seqs`` lists (new token ids, cache) of distinct sequences,
-        each at its own position. Extends every cache; returns host float32 logits
+        each at its own position. Entries may share a cache: they are consecutive positions
+        of one sequence, each computed as a step of its own in this order (a speculative
+        verification: every drafted token exactly as a decode step computes it). Extends
+        every cache; returns host float32 logits
         (len(seqs), vocab), the row of each sequence's last new token, or with
         ``all_logits`` every new token's row, sequence after sequence."""
         ids = [np.asarray(i, dtype=np.int64) for i, _ in seqs]
         segments, rows, begin = [], [], 0
+        fed: dict[int, int] = {}  # tokens of each cache earlier in ``seqs``
         for seq_ids, cache in seqs:
-            positions = np.arange(cache.length, cache.length + len(seq_ids), dtype=np.int64)
+            at = cache.length + fed.get(id(cache), 0)
+            fed[id(cache)] = fed.get(id(cache), 0) + len(seq_ids)
+            positions = np.arange(at, at + len(seq_ids), dtype=np.int64)
             segments.append(Step(ops, positions, cache))
             rows.append((begin, begin + len(seq_ids)))
             begin += len(seq_ids)

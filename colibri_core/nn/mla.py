@@ -96,6 +96,12 @@ class MLACache:
         """Nothing: earlier rows never change, so any prefix can be copied."""
         return None
 
+    def rewind(self, n: int) -> None:
+        """Forget the positions from ``n`` on (as ``KVCache.rewind``)."""
+        for rows in (self.latent, self.k_rot, self.index_keys):
+            if rows is not None:
+                rows.length = min(rows.length, n)
+
     def append_index(self, keys):
         """Add (T, index_dim) indexer keys; return all of them."""
         return self.index_keys.append(keys)

@@ -2,7 +2,7 @@
 same hooks as third-party plugins do."""
 
 from colibri_core.plugins.hookspecs import hookimpl
-from colibri_core.plugins.registry import BackendSpec, QuantSpec, TierSpec
+from colibri_core.plugins.registry import BackendSpec, DraftSpec, QuantSpec, TierSpec
 
 
 @hookimpl
@@ -56,3 +56,12 @@ def colibri_register_backends(register):
             device="cpu",
         )
     )
+
+
+@hookimpl
+def colibri_register_draft_sources(register):
+    register(DraftSpec("ngram", "colibri_core.engine.speculative:NgramSource",
+                       "prompt lookup: the longest recent suffix that occurred before, continued as it went on then "
+                       "(no weights)"))
+    register(DraftSpec("auto", "colibri_core.engine.speculative:AutoSource",
+                       "ngram, turned off per sequence while drafted steps measure slower per token than plain ones"))

@@ -35,6 +35,7 @@ REGISTER_HOOKS = {
     "colibri_register_tiers": "tier",
     "colibri_register_backends": "backend",
     "colibri_register_load_options": "options",
+    "colibri_register_draft_sources": "draft",
 }
 
 

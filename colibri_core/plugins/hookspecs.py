@@ -43,5 +43,11 @@ def colibri_register_load_options(register):
 
 
 @hookspec
+def colibri_register_draft_sources(register):
+    """Register sources of drafted tokens for speculative decoding: call
+    ``register(DraftSpec(...))`` once per source."""
+
+
+@hookspec
 def colibri_register_commands(cli):
     """Add commands to the ``colibri`` command line: ``cli`` is the click group."""

@@ -13,7 +13,9 @@ PUBLIC_API: dict[str, tuple[str, ...] | None] = {
     "colibri_core": ("hookimpl", "load", "__version__"),
     "colibri_core.errors": ERRORS,
     "colibri_core.plugins.registry": ("FamilySpec", "QuantSpec", "TierSpec", "BackendSpec", "LoadOptionsSpec",
-                                      "family_hook"),
+                                      "DraftSpec", "family_hook"),
+    # a draft source for speculative decoding
+    "colibri_core.engine.speculative": ("Drafter", "DraftSource"),
     # a plugin's options on the commands that load a model, and a compute tier
     "colibri_core.cli.extend": ("LoadOptions",),
     "colibri_core.experts.tiers": ("CachedTier", "ComputeTier", "DeviceTier", "ExpertWeights", "RamTier", "routed_output"),
@@ -23,10 +25,12 @@ PUBLIC_API: dict[str, tuple[str, ...] | None] = {
     "colibri_core.nn": None,
     "colibri_core.nn.assembly": ("DecoderArgs", "LayerBlock", "Names", "build_decoder"),
     "colibri_core.model.builders": ("SigmoidMoEArgs", "MLAArgs", "DSAArgs", "DeepseekV3Args", "softmax_moe", "sigmoid_moe",
-                                 "sigmoid_moe_mlp", "mla_mixer", "mla_attention", "lightning_indexer"),
+                                 "sigmoid_moe_mlp", "mla_mixer", "mla_attention", "lightning_indexer",
+                                    "MLAMoEFamily"),
     # a backend
-    "colibri_core.compute.backend": ("Backend", "Array", "COMPOSITE_OPS", "GatedActivation", "FLOAT_DTYPES", "ITEMSIZE"),
-    "colibri_core.compute.host": ("check_visible", "expert_groups", "grouped_shapes", "top_k_indices"),
+    "colibri_core.compute.backend": ("Backend", "Array", "COMPOSITE_OPS", "GatedActivation", "FLOAT_DTYPES", "ITEMSIZE",
+                                     "allocated_dtype"),
+    "colibri_core.compute.host": ("check_visible", "delta_chunked", "expert_groups", "grouped_shapes", "top_k_indices"),
     # tests
     "colibri_core.testing": ("registered_plugin", "edit_config", "copy_model", "DELETE"),
     "colibri_core.testing.oracle": ("FamilyOracleSuite", "FusedLayoutCheck", "OracleCase", "random_correction_bias"),

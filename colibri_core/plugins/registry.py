@@ -30,8 +30,8 @@ def import_object(ref: str) -> Any:
 class FamilySpec:
     """A model family: the Hugging Face ``model_type`` strings (and architectures) it runs.
 
-    ``impl`` names a class with ``from_config(raw: dict)`` returning its parsed arguments
-    and ``build(args, weights)`` returning a ``colibri_core.nn.CausalLM``.
+    ``impl`` names a ``colibri_core.model.family.Family`` subclass, whose
+    ``build(config, weights)`` returns a ``colibri_core.nn.CausalLM``.
     """
 
     name: str
@@ -49,7 +49,9 @@ def family_hook(*specs: FamilySpec) -> Callable:
 
         colibri_register_families = family_hook(
             FamilySpec(name="olmoe", model_types=("olmoe",), impl="colibri_olmoe.model:Olmoe", ...))
-    """
+
+    The plugin's module imports only colibri_core's light modules (this one): the
+    architecture loads through the ``impl`` string when a model runs."""
 
     @hookimpl
     def colibri_register_families(register):
@@ -151,7 +153,22 @@ class LoadOptionsSpec:
         return import_object(self.impl)
 
 
-KINDS = {"family": FamilySpec, "quant": QuantSpec, "tier": TierSpec, "backend": BackendSpec, "options": LoadOptionsSpec}
+@dataclass(frozen=True)
+class DraftSpec:
+    """A source of drafted tokens for speculative decoding (``--draft NAME``). ``impl``
+    names a callable taking the loaded ``Model`` and returning an object with
+    ``new_drafter()`` (colibri_core.engine.speculative.DraftSource)."""
+
+    name: str
+    impl: str
+    description: str = ""
+
+    def load(self) -> Any:
+        return import_object(self.impl)
+
+
+KINDS = {"family": FamilySpec, "quant": QuantSpec, "tier": TierSpec, "backend": BackendSpec, "options": LoadOptionsSpec,
+         "draft": DraftSpec}
 
 
 @dataclass

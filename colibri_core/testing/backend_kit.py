@@ -87,13 +87,14 @@ from colibri_core.engine.batching import RowInvariantOps
 from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.engine.sampling import SamplingParams
 from colibri_core.engine.scheduler import Request, Scheduler
-from colibri_core.experts.tiers import ExpertWeights
+from colibri_core.experts.tiers import DeviceTier, ExpertWeights
 from colibri_core.formats.base import QuantTensor, bf16_to_f32, f32_to_bf16
 from colibri_core.formats.fp8 import E4M3_TO_F32
 from colibri_core.formats.integer import MXFP4, Int4GS64, Int8Row, nibble_codes
 from colibri_core.formats.reference import dequantize
 from colibri_core.io.container import SCALES_SUFFIX
 from colibri_core.nn.rope import build_rope
+from colibri_core.plugins.registry import import_object
 from colibri_core.testing import tiny_models
 
 PACKED_KINDS = ("q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair")
@@ -505,6 +506,34 @@ class BackendConformanceSuite:
             if backend.keeps_stored(kind, "linear"):
                 packed = pack(kind, normal(seeded("weight bytes", kind), 24, 64))
                 assert backend.weight_nbytes(kind, (24, 64), packed.nbytes) > 0, kind
+
+    @pytest.mark.parametrize("kind", ["f32", "q4"])
+    def test_device_tier_holds_experts_that_compute_as_their_ram_forms(self, backend, kind):
+        """The device tier (``--vram``: the backend's ``device_tier`` class, else the core's
+        ``DeviceTier``) keeps experts in the backend's memory within its slots, counts
+        the bytes it holds, and its forms compute the routed experts bit for bit as the
+        RAM tier's forms of the same experts do."""
+        if backend.device_memory() is None:
+            pytest.skip(f"the {backend.name} backend keeps its arrays in host RAM: it has no device tier")
+        if kind != "f32" and not backend.keeps_stored(kind, "linear"):
+            pytest.skip(f"the {backend.name} backend computes {kind} experts from float32 forms (the f32 case covers them)")
+        rng = seeded("device tier", kind)
+        shapes = {"gate": (24, 96), "up": (24, 96), "down": (96, 24)}
+        experts = [ExpertWeights({role: pack(kind, normal(rng, *shape)) if kind != "f32" else normal(rng, *shape)
+                                  for role, shape in shapes.items()}, 0) for _ in range(3)]
+        own = backend.device_tier
+        tier_class = DeviceTier if own is None else import_object(own) if isinstance(own, str) else own
+        tier = tier_class(1, 2, backend)
+        held = [tier.put(0, e, w) for e, w in enumerate(experts)]
+        assert [tier.holds(0, e) for e in range(3)] == [False, True, True], "two slots: the first expert is evicted"
+        assert tier.resident_bytes == held[1].nbytes + held[2].nbytes > 0, "the tier's count of the bytes it holds"
+        x = self.act(backend, normal(rng, 3, 96))
+        indices = np.array([[1, 2], [2, 0], [0, 1]], dtype=np.int64)
+        weights = rng.random((3, 2)).astype(np.float32)
+        in_ram = [w.prepared(backend) for w in experts]
+        want = backend.to_host(backend.routed_experts(x, indices, weights, lambda e: in_ram[e]))
+        got = backend.to_host(backend.routed_experts(x, indices, weights, lambda e: held[e]))
+        assert np.array_equal(got, want), "the device tier's experts compute other bits than the RAM tier's"
 
     @pytest.mark.parametrize("kind", ["f32", "q8", "q4"])
     def test_batch_invariant_rows_are_bit_identical_to_one_row(self, backend, kind):
@@ -959,25 +988,33 @@ class BackendConformanceSuite:
         dev = {n: (backend.asarray(a) if n == "state" else self.act(backend, a)) for n, a in host.items()}
         return host, dev
 
+    def _check_chunked(self, ops, rule, host, dev, chunk):
+        """``{rule}_chunked`` in chunks of ``chunk`` against the reference's."""
+        chunked = f"{rule}_chunked"
+        out, state = getattr(ops, chunked)(*dev.values(), chunk)
+        want_out, want_state = getattr(self.ref, chunked)(*host.values(), chunk)
+        self.check(ops, out, want_out, f"{chunked} (chunks of {chunk}) output")
+        self.check(ops, state, want_state, f"{chunked} (chunks of {chunk}) state")
+
+    def _check_step_equals_chunked(self, ops, rule, host, dev):
+        """``{rule}_step`` against the reference's, and ``{rule}_chunked`` against it."""
+        step, chunked = f"{rule}_step", f"{rule}_chunked"
+        out, state = getattr(ops, step)(*dev.values())
+        want_out, want_state = getattr(self.ref, step)(*host.values())
+        self.check(ops, out, want_out, f"{step} output")
+        self.check(ops, state, want_state, f"{step} state")
+        chunked_out, chunked_state = getattr(ops, chunked)(*dev.values(), 5)
+        self.check(ops, chunked_out, ops._to_host(out), f"{chunked} against {step}")
+        self.check(ops, chunked_state, ops._to_host(state), f"{chunked} state against {step}")
+
     @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
     @pytest.mark.parametrize("chunk", [4, 5, 64])
     def test_gated_delta_chunked(self, ops, chunk, rep):
-        host, dev = self._delta_inputs(ops, rep, "delta chunked")
-        out, state = ops.gated_delta_chunked(*dev.values(), chunk)
-        want_out, want_state = self.ref.gated_delta_chunked(*host.values(), chunk)
-        self.check(ops, out, want_out, f"gated_delta_chunked (chunks of {chunk}) output")
-        self.check(ops, state, want_state, f"gated_delta_chunked (chunks of {chunk}) state")
+        self._check_chunked(ops, "gated_delta", *self._delta_inputs(ops, rep, "delta chunked"), chunk)
 
     @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
     def test_gated_delta_step_equals_chunked(self, ops, rep):
-        host, dev = self._delta_inputs(ops, rep, "delta step")
-        out, state = ops.gated_delta_step(*dev.values())
-        want_out, want_state = self.ref.gated_delta_step(*host.values())
-        self.check(ops, out, want_out, "gated_delta_step output")
-        self.check(ops, state, want_state, "gated_delta_step state")
-        chunked_out, chunked_state = ops.gated_delta_chunked(*dev.values(), 5)
-        self.check(ops, chunked_out, ops._to_host(out), "gated_delta_chunked against gated_delta_step")
-        self.check(ops, chunked_state, ops._to_host(state), "gated_delta_chunked state against gated_delta_step")
+        self._check_step_equals_chunked(ops, "gated_delta", *self._delta_inputs(ops, rep, "delta step"))
 
     def _channel_delta_inputs(self, backend, rep, name):
         """``_delta_inputs`` with a decay per key channel: g (T, Hv, Dk), strong enough that
@@ -992,23 +1029,13 @@ class BackendConformanceSuite:
     @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
     @pytest.mark.parametrize("chunk", [4, 5, 64])
     def test_gated_delta_channel_chunked(self, ops, chunk, rep):
-        host, dev = self._channel_delta_inputs(ops, rep, "channel delta chunked")
-        out, state = ops.gated_delta_channel_chunked(*dev.values(), chunk)
-        want_out, want_state = self.ref.gated_delta_channel_chunked(*host.values(), chunk)
-        self.check(ops, out, want_out, f"gated_delta_channel_chunked (chunks of {chunk}) output")
-        self.check(ops, state, want_state, f"gated_delta_channel_chunked (chunks of {chunk}) state")
+        self._check_chunked(ops, "gated_delta_channel", *self._channel_delta_inputs(ops, rep, "channel delta chunked"),
+                            chunk)
 
     @pytest.mark.parametrize("rep", [1, 2], ids=["heads", "repeated-key-heads"])
     def test_gated_delta_channel_step_equals_chunked(self, ops, rep):
-        host, dev = self._channel_delta_inputs(ops, rep, "channel delta step")
-        out, state = ops.gated_delta_channel_step(*dev.values())
-        want_out, want_state = self.ref.gated_delta_channel_step(*host.values())
-        self.check(ops, out, want_out, "gated_delta_channel_step output")
-        self.check(ops, state, want_state, "gated_delta_channel_step state")
-        chunked_out, chunked_state = ops.gated_delta_channel_chunked(*dev.values(), 5)
-        self.check(ops, chunked_out, ops._to_host(out), "gated_delta_channel_chunked against gated_delta_channel_step")
-        self.check(ops, chunked_state, ops._to_host(state),
-                   "gated_delta_channel_chunked state against gated_delta_channel_step")
+        self._check_step_equals_chunked(ops, "gated_delta_channel",
+                                        *self._channel_delta_inputs(ops, rep, "channel delta step"))
 
     def test_gated_delta_channel_with_equal_channels_is_gated_delta(self, ops):
         """A decay equal across the key channels is the scalar gated delta rule."""
@@ -1082,6 +1109,32 @@ class BackendConformanceSuite:
                     one = lm.forward(ids, cache, ops)
                     assert np.array_equal(one, row), f"decode step {step}, row {i}: other logits than the row alone"
                 feed = [(np.asarray([int(np.argmax(r))]), c) for r, (_, c) in zip(rows, feed)]
+
+    @pytest.mark.parametrize("tiny_model", tiny_models.NAMES)
+    def test_engine_drafts_change_no_token(self, backend, tiny_model, tmp_path_factory):
+        """Speculative decoding in the batched engine: sequences verifying drafts (every
+        third one wrong) beside sequences without, greedy and sampled: each request's
+        tokens and logprobs are those it gets without drafts."""
+        from colibri_core.testing.drafts import ScriptedSource
+
+        path = tiny_models.model_dir(tiny_model, tmp_path_factory)
+        with colibri_core.load(path, backend=backend, history=False) as model:
+            ps, lengths = tiny_models.prompts(6, seed=2), [12, 5, 20, 9, 16, 11]
+            sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=7, frequency_penalty=0.5, logprobs=2)
+            requests = [Request(p, n, sampled if i % 3 == 2 else SamplingParams()) for i, (p, n) in
+                        enumerate(zip(ps, lengths))]
+            with Scheduler(model, slots=8) as sched:
+                plain = self.run_requests(sched, requests)
+            source = ScriptedSource([(r.prompt_ids, h.token_ids) for r, h in zip(requests, plain)], model.lm.vocab_size)
+            drafting = [Request(r.prompt_ids, r.max_tokens, r.sampling, draft=source if i % 2 == 0 else None)
+                        for i, r in enumerate(requests)]
+            with Scheduler(model, slots=8) as sched:
+                drafted = self.run_requests(sched, drafting)
+                stats = sched.stats()
+        for i, (a, b) in enumerate(zip(plain, drafted)):
+            assert b.token_ids == a.token_ids, f"request {i}: other tokens with drafts in the batch"
+            assert b.logprobs == a.logprobs, f"request {i}: other logprobs with drafts in the batch"
+        assert 0 < stats["accepted_tokens"] < stats["drafted_tokens"], stats
 
     @pytest.mark.parametrize("tiny_model", ["olmoe", "deepseek_v3", "qwen3_next", "demo_int4"])
     def test_engine_prefix_reuse_gives_cold_tokens_and_skips_the_prefix(self, backend, tiny_model, tmp_path_factory,

@@ -32,6 +32,7 @@ import pytest
 import colibri_core
 
 _cache: dict[tuple[str, str], "OracleFixture"] = {}
+DRAFTED_TOKENS = 16  # generated with and without drafts (every third drafted token wrong): five verifications
 _lock = threading.Lock()
 
 
@@ -241,6 +242,28 @@ class FamilyOracleSuite:
         assert per_step <= budget, (f"{per_step:g} host syncs per decode step, more than {budget:g} (1 + {routers} "
                                     f"routers + 2 x {indexer_calls:g} indexers): {dict(sites)}")
 
+    def test_drafted_tokens_change_nothing(self, backend, case_name, tmp_path_factory):
+        """Speculative decoding with drafts that are partly wrong (every third): the
+        same tokens and bit-identical logits as without, greedy and seeded sampling, on
+        a streaming budget (colibri_core.engine.speculative)."""
+        from colibri_core.testing.drafts import ScriptedSource
+
+        fx = self._fixture(case_name, tmp_path_factory)
+        options = placements(fx, backend)["between"]
+        with colibri_core.load(fx.path, backend=backend, **options) as model:
+            for sampling in ({}, {"temperature": 0.8, "top_k": 12, "seed": 5}):
+                plain = model.generate(token_ids=fx.prompt, max_tokens=DRAFTED_TOKENS, ignore_eos=True,
+                                       return_logits=True, **sampling)
+                source = ScriptedSource([(fx.prompt, plain.token_ids)], model.lm.vocab_size)
+                run = model.generate(token_ids=fx.prompt, max_tokens=DRAFTED_TOKENS, ignore_eos=True,
+                                     return_logits=True, draft=source, **sampling)
+                label = f"drafts, {sampling or 'greedy'}"
+                assert run.token_ids == plain.token_ids, label
+                assert_same_logits(run.logits, plain.logits, label)
+                stats = run.stats
+                assert 0 < stats.accepted_tokens < stats.drafted_tokens, label
+                assert stats.tokens_per_forward > 1.5, label
+
     def test_teacher_forced_logits_match_transformers(self, backend, case_name, tmp_path_factory):
         fx = self._fixture(case_name, tmp_path_factory)
         with colibri_core.load(fx.path, cap=1, history=False, backend=backend) as model:
@@ -251,9 +274,9 @@ class FamilyOracleSuite:
 
     @pytest.mark.matrix  # budgets x pinning x prefetch x O_DIRECT x mirror, per case
     def test_every_store_option_gives_identical_tokens(self, backend, case_name, tmp_path_factory, tmp_path):
-        """Budget (cap 1 .. all resident) x pinning x prefetch x O_DIRECT x mirror, and on a
-        backend with device memory x --vram (all, a quarter, none): the tokens and logits
-        never change."""
+        """Budget (cap 1 .. all resident) x pinning x prefetch, x O_DIRECT x mirror on cpu (once
+        elsewhere), and on a backend with device memory x --vram (all, a quarter, none): the
+        tokens and logits never change."""
         import itertools
         import shutil
 
@@ -275,10 +298,13 @@ class FamilyOracleSuite:
             quarter = max(1, fx.num_experts // 4) * model.placement.moe_layers * device.expert_bytes
             vrams = {"vram-all": {}, "vram-quarter": {"vram": quarter}, "vram-none": {"vram": 0}}
         pinned_somewhere = False
-        combos = list(itertools.product(budgets.items(), list(vrams.items())[:1], ("on", "off"), (True, False),
-                                        (True, False), (True, False)))
-        # the other device budgets against every RAM budget, pinning and prefetch (the
-        # drive options act below the tiers: crossing them again would only repeat runs)
+        # the drive options (O_DIRECT, a mirror) act below the tiers, on the host, whatever
+        # the backend: crossed with everything on cpu, once more elsewhere
+        drives = ((True, False), (True, False)) if backend == "cpu" else ((False,), (False,))
+        combos = list(itertools.product(budgets.items(), list(vrams.items())[:1], ("on", "off"), (True, False), *drives))
+        if backend != "cpu":
+            combos.append((("cap1", budgets["cap1"]), list(vrams.items())[0], "on", True, True, True))
+        # the other device budgets against every RAM budget, pinning and prefetch
         combos += itertools.product(budgets.items(), list(vrams.items())[1:], ("on", "off"), (True, False), (False,),
                                     (False,))
         for (budget, opts), (vram, vram_opts), pin, prefetch, direct, use_mirror in combos:

@@ -38,7 +38,8 @@ class Turn:
 
 class ChatSession:
     def __init__(self, model, *, system: str | None = None, max_tokens: int = 512, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None):
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, draft: str | None = None,
+                 draft_depth: int = 4):
         from colibri_core.engine.sampling import SamplingParams
         from colibri_serve.service import new_scheduler
 
@@ -47,6 +48,7 @@ class ChatSession:
         self.model = model
         self.system = system
         self.max_tokens = max_tokens
+        self.draft, self.draft_depth = draft, draft_depth  # speculative decoding (colibri_core.engine.speculative)
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         self.scheduler = new_scheduler(model, slots=1, max_queue=1)
         self.scheduler.start()
@@ -69,7 +71,8 @@ class ChatSession:
             raise UsageError(f"the conversation has {len(ids)} tokens; the context holds {model.lm.max_context}: /reset to start again")
         started = time.perf_counter()
         handle = self.scheduler.submit(Request(prompt_ids=ids, max_tokens=min(self.max_tokens, model.lm.max_context - len(ids)),
-                                               sampling=self.sampling, stop_ids=frozenset(model.eos_ids)))
+                                               sampling=self.sampling, stop_ids=frozenset(model.eos_ids),
+                                               draft=self.draft, draft_depth=self.draft_depth))
         pieces: list[str] = []
         first = last = None
         try:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from colibri_core.cli.modelarg import model_option
-from colibri_core.cli.run import placement_kwargs, placement_options
+from colibri_core.cli.run import check_draft_options, draft_options, placement_kwargs, placement_options
 from colibri_core.errors import UsageError
 from colibri_serve.logs import LEVELS
 
@@ -49,9 +49,10 @@ def _check_model_dir(model_dir: str) -> Path:
 @click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False), envvar="COLIBRI_LOG_LEVEL", default="info",
               show_default=True, help="The log's level: info shows the model loaded line and one line per request. "
               "Default: env COLIBRI_LOG_LEVEL.")
+@draft_options
 @placement_options
 def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout, insecure_no_key,
-          allowed_hosts, log_level, **placement):
+          allowed_hosts, log_level, draft, draft_depth, **placement):
     """Serve the model in --model over HTTP with the OpenAI API (/v1/chat/completions,
     /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health,
     /metrics and a web dashboard at /. The APIs answer 503 until the model has loaded."""
@@ -69,6 +70,7 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
                          "set --api-key (or COLIBRI_API_KEY), or pass --insecure-no-key to serve it without one")
 
     path = _check_model_dir(model_dir)
+    check_draft_options(draft, draft_depth)
     options = placement_kwargs(**placement)
     open_backend(options["backend"], options["vram"])  # a bad --backend / --vram fails before the port is bound
     body_limit = parse_size(max_body)
@@ -81,7 +83,8 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
     from colibri_core.io.hub_cache import hub_repo_id
 
     name = served_model_name or hub_repo_id(path) or path.resolve().name  # a hub snapshot's name is a commit hash
-    service = Service(lambda: load(path, **options), model_name=name, slots=slots, max_queue=max_queue)
+    service = Service(lambda: load(path, **options), model_name=name, slots=slots, max_queue=max_queue, draft=draft,
+                      draft_depth=draft_depth)
     app = create_app(service, api_key=api_key, max_body=body_limit, hosts=HostNames(host, allowed_hosts))
     server = Server(uvicorn.Config(app, host=host, port=port, log_level=logs.uvicorn_level(log_level), access_log=False,
                                    timeout_graceful_shutdown=5, http=protocol(header_timeout)), service)
@@ -114,8 +117,9 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--top-k", type=int, default=0, show_default=True)
 @click.option("--seed", type=int, default=None)
+@draft_options
 @placement_options
-def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, **placement):
+def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, draft, draft_depth, **placement):
     """Chat with the model in --model in the terminal, on its chat template. Each turn
     reuses the cached prompt of the conversation so far. Commands: /reset, /stats,
     /save FILE, /exit."""
@@ -123,10 +127,11 @@ def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, **place
     from colibri_serve.chat import ChatSession, run_chat
 
     path = _check_model_dir(model_dir)
+    check_draft_options(draft, draft_depth)
     model = load_with_progress(path, quiet=False, **placement_kwargs(**placement))
     with model:
         session = ChatSession(model, system=system, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              top_k=top_k, seed=seed)
+                              top_k=top_k, seed=seed, draft=draft, draft_depth=draft_depth)
         try:
             run_chat(session)
         finally:

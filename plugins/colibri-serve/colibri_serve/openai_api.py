@@ -102,8 +102,30 @@ def _penalties(body, service: Service) -> dict:
 def _usage(job: Job) -> dict:
     prompt = job.usage.get("prompt_tokens", len(job.prompt_ids))
     completion = job.usage.get("completion_tokens", len(job.token_ids))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": job.usage.get("cached_tokens", 0)}}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": job.usage.get("cached_tokens", 0)}}
+    if "accepted_prediction_tokens" in job.usage:  # drafted tokens (serve --draft), in OpenAI's fields for them
+        out["completion_tokens_details"] = {k: job.usage[k] for k in ("accepted_prediction_tokens",
+                                                                      "rejected_prediction_tokens")}
+    return out
+
+
+def _event_stream(gen, events) -> StreamingResponse:
+    """The server-sent events of a streamed reply: ``events`` (an async iterator of
+    ``_sse`` lines) followed by [DONE]; an ApiError in the middle becomes an error event,
+    and the generation ``gen`` is closed however the stream ends (the client gone too)."""
+
+    async def stream():
+        try:
+            async for event in events:
+                yield event
+        except ApiError as err:
+            yield _sse(error_body(err))
+        finally:
+            await gen.aclose()
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _sse(data) -> str:
@@ -179,34 +201,28 @@ def router(service: Service) -> APIRouter:
             return _sse(data)
 
         async def events():
-            try:
-                yield chunk({"role": "assistant", "content": ""})
-                if first:
-                    yield chunk({"content": first}, logprobs=new_logprobs())
-                async for piece in gen:
-                    yield chunk({"content": piece}, logprobs=new_logprobs())
-                if job.parsed.tool_calls:
-                    yield chunk({"tool_calls": [{"index": k, "id": c.id, "type": "function",
-                                                 "function": {"name": c.name, "arguments": c.arguments_json}}
-                                                for k, c in enumerate(job.parsed.tool_calls)]})
-                # tokens whose text no chunk showed (held back, cut at a stop string, tool calls)
-                rest = new_logprobs() if writer is not None and sent < len(job.token_logprobs) else None
-                last = {**head, "object": "chat.completion.chunk",
-                        "choices": [{"index": 0, "delta": {}, "logprobs": rest, "finish_reason": FINISH[job.finish_reason]}]}
-                if body.return_token_ids:
-                    last["choices"][0]["token_ids"] = job.token_ids
-                if include_usage:
-                    last["usage"] = None
-                yield _sse(last)
-                if include_usage:
-                    yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(job)})
-            except ApiError as err:
-                yield _sse(error_body(err))
-            finally:
-                await gen.aclose()
-            yield "data: [DONE]\n\n"
+            yield chunk({"role": "assistant", "content": ""})
+            if first:
+                yield chunk({"content": first}, logprobs=new_logprobs())
+            async for piece in gen:
+                yield chunk({"content": piece}, logprobs=new_logprobs())
+            if job.parsed.tool_calls:
+                yield chunk({"tool_calls": [{"index": k, "id": c.id, "type": "function",
+                                             "function": {"name": c.name, "arguments": c.arguments_json}}
+                                            for k, c in enumerate(job.parsed.tool_calls)]})
+            # tokens whose text no chunk showed (held back, cut at a stop string, tool calls)
+            rest = new_logprobs() if writer is not None and sent < len(job.token_logprobs) else None
+            last = {**head, "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {}, "logprobs": rest, "finish_reason": FINISH[job.finish_reason]}]}
+            if body.return_token_ids:
+                last["choices"][0]["token_ids"] = job.token_ids
+            if include_usage:
+                last["usage"] = None
+            yield _sse(last)
+            if include_usage:
+                yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(job)})
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _event_stream(gen, events())
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -256,21 +272,15 @@ def router(service: Service) -> APIRouter:
             return _sse({**head, "choices": [{"index": 0, "text": piece, "logprobs": new_logprobs(), "finish_reason": None}]})
 
         async def events():
-            try:
-                if first:
-                    yield text_chunk(first)
-                async for piece in gen:
-                    yield text_chunk(piece)
-                yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": new_logprobs(last=True),
-                                                 "finish_reason": FINISH[job.finish_reason]}]})
-                if include_usage:
-                    yield _sse({**head, "choices": [], "usage": _usage(job)})
-            except ApiError as err:
-                yield _sse(error_body(err))
-            finally:
-                await gen.aclose()
-            yield "data: [DONE]\n\n"
+            if first:
+                yield text_chunk(first)
+            async for piece in gen:
+                yield text_chunk(piece)
+            yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": new_logprobs(last=True),
+                                             "finish_reason": FINISH[job.finish_reason]}]})
+            if include_usage:
+                yield _sse({**head, "choices": [], "usage": _usage(job)})
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _event_stream(gen, events())
 
     return api

@@ -118,8 +118,10 @@ class _KeepSpecial:
 
 
 class Service:
-    def __init__(self, load: Callable[[], Any], *, model_name: str, slots: int, max_queue: int, metrics=None):
+    def __init__(self, load: Callable[[], Any], *, model_name: str, slots: int, max_queue: int, metrics=None,
+                 draft: str | None = None, draft_depth: int = 4):
         self._load = load
+        self.draft, self.draft_depth = draft, draft_depth  # every request's speculative decoding (serve --draft)
         self.model_name = model_name
         self.slots, self.max_queue = slots, max_queue
         self.metrics = metrics
@@ -345,7 +347,7 @@ class Service:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         request = Request(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens, sampling=sampling,
-                          stop_ids=frozenset(model.eos_ids))
+                          stop_ids=frozenset(model.eos_ids), draft=self.draft, draft_depth=self.draft_depth)
         started = time.perf_counter()
         try:
             handle = self.scheduler.submit(request, on_event=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))

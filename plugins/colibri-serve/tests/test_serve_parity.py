@@ -52,3 +52,22 @@ def test_tokens_alone_equal_tokens_among_seven_others(random_server):
         together = list(pool.map(lambda p: api_tokens(client, p, max_tokens=16)[0], prompts))
     assert together == alone
     assert len({tuple(t) for t in alone}) > 1  # the prompts do lead to different replies
+
+
+def test_a_server_with_drafts_gives_the_same_tokens_and_counts_the_drafts(start_server, random_model, random_server):
+    """serve --draft ngram: prompt lookup drafts on a prompt that repeats itself; every
+    request's tokens are those of a server without drafts, and the usage says how many
+    drafted tokens were accepted and rejected (OpenAI's completion_tokens_details)."""
+    drafting = start_server(random_model, "--draft", "ngram", "--draft-depth", "3")
+    plain = openai.OpenAI(base_url=random_server.url + "/v1", api_key="none", max_retries=0)
+    drafted = openai.OpenAI(base_url=drafting.url + "/v1", api_key="none", max_retries=0)
+    messages = [[{"role": "user", "content": "the bird flies, the bird flies, the bird"}],
+                [{"role": "user", "content": "1 2 3 1 2 3 1 2 3"}]]
+    details = []
+    for m in messages:
+        expected, _, _ = api_tokens(plain, m, max_tokens=20)
+        ids, _, r = api_tokens(drafted, m, max_tokens=20)
+        assert ids == expected
+        details.append(r.usage.completion_tokens_details)
+    assert all(d is not None for d in details)
+    assert sum(d.accepted_prediction_tokens + d.rejected_prediction_tokens for d in details) > 0

@@ -1,0 +1,158 @@
+"""Speculative decoding (colibri_core.engine.speculative): prompt lookup drafts, and a
+generation that verifies drafts ends exactly where one without them ends. Every family's
+oracle suite and the backend kit check the tokens and logits with drafts on."""
+
+import json
+import random
+
+import pytest
+
+import colibri_core
+from colibri_core.engine.speculative import NgramDrafter
+from colibri_core.testing import tiny_models
+from colibri_core.testing.cli import run_colibri
+from colibri_core.testing.drafts import ScriptedSource
+
+
+def brute_force_lookup(tokens, k, min_n, max_n):
+    """What prompt lookup should propose, by scanning (no index)."""
+    for n in range(min(max_n, len(tokens)), min_n - 1, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # latest earlier occurrence with a token after it
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def test_ngram_drafts_continue_the_latest_earlier_occurrence_of_the_longest_suffix():
+    d = NgramDrafter(min_n=2, max_n=3)
+    assert d.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2) == [7, 8]  # the latest of two occurrences
+    assert NgramDrafter(2, 3).propose([5, 6, 7, 5, 6], 4) == [7, 5, 6]  # what follows, up to the end
+    assert NgramDrafter(2, 3).propose([1, 2, 3, 4], 3) == []  # no suffix occurred before
+    assert NgramDrafter(2, 3).propose([1, 2, 1, 2], 0) == []
+
+
+def test_ngram_index_grown_token_by_token_proposes_what_a_scan_finds():
+    rng = random.Random(0)
+    for trial in range(40):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 60))]
+        drafter = NgramDrafter(min_n=1 + trial % 2, max_n=3)
+        for end in range(1, len(tokens) + 1):  # the index grows as a generation's sequence does
+            got = drafter.propose(tokens[:end], 5)
+            assert got == brute_force_lookup(tokens[:end], 5, drafter.min_n, drafter.max_n), (tokens[:end], got)
+
+
+@pytest.fixture(scope="module")
+def olmoe(tmp_path_factory):
+    if tiny_models.missing("olmoe"):
+        pytest.skip(tiny_models.missing("olmoe"))
+    return tiny_models.model_dir("olmoe", tmp_path_factory)
+
+
+def drafted_run(model, prompt, plain, **kwargs):
+    source = ScriptedSource([(prompt, plain.token_ids)], model.lm.vocab_size, wrong_every=4)
+    return model.generate(token_ids=prompt, draft=source, draft_depth=5, **kwargs)
+
+
+def test_a_stop_token_max_tokens_and_the_context_end_a_drafting_generation_where_they_end_one_without(olmoe):
+    prompt = tiny_models.prompts(1, seed=4)[0]
+    with colibri_core.load(olmoe, history=False) as model:
+        reference = model.generate(token_ids=prompt, max_tokens=24, ignore_eos=True)
+        # a stop token in the middle of accepted drafts: the tokens before it, finish "stop"
+        stop = reference.token_ids[9]
+        model.eos_ids = [stop]
+        plain = model.generate(token_ids=prompt, max_tokens=24)
+        drafted = drafted_run(model, prompt, reference, max_tokens=24)
+        assert plain.finish_reason == drafted.finish_reason == "stop"
+        assert drafted.token_ids == plain.token_ids == reference.token_ids[: reference.token_ids.index(stop)]
+        # max_tokens inside a verification's accepted drafts
+        for n in (1, 2, 7, 13):
+            run = drafted_run(model, prompt, reference, max_tokens=n, ignore_eos=True)
+            assert run.token_ids == reference.token_ids[:n] and run.finish_reason == "length", n
+        # the context fills: drafts never go past it
+        room = model.lm.max_context - 5
+        long_prompt = (prompt * room)[:room]
+        plain = model.generate(token_ids=long_prompt, max_tokens=20, ignore_eos=True)
+        drafted = drafted_run(model, long_prompt, plain, max_tokens=20, ignore_eos=True)
+        assert plain.finish_reason == drafted.finish_reason == "context"
+        # the last token is sampled with the context full
+        assert drafted.token_ids == plain.token_ids and len(plain.token_ids) == 6
+        assert drafted.stats.drafted_tokens > 0
+
+
+def test_drafting_statistics_add_up(olmoe):
+    prompt = tiny_models.prompts(1, seed=6)[0]
+    with colibri_core.load(olmoe, history=False) as model:
+        plain = model.generate(token_ids=prompt, max_tokens=30, ignore_eos=True)
+        s = drafted_run(model, prompt, plain, max_tokens=30, ignore_eos=True).stats
+    assert s.draft_source == "scripted"
+    assert 0 < s.accepted_tokens < s.drafted_tokens
+    assert s.draft_acceptance == pytest.approx(s.accepted_tokens / s.drafted_tokens)
+    assert s.draft_verifications > 0 and s.draft_replayed_tokens == 0  # KV caches rewind: nothing fed again
+    # every forward pass after the first token gains one token, plus the drafts it accepted
+    assert s.tokens_per_forward == pytest.approx(29 / (29 - s.accepted_tokens))
+
+
+def test_bad_draft_options_are_one_line_before_the_model_loads(olmoe):
+    out = run_colibri("run", "--model", olmoe, "--token-ids", "1,2,3", "--draft", "oracle")
+    assert out.returncode == 2 and "no draft source named 'oracle'" in out.stderr and "ngram" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = run_colibri("run", "--model", olmoe, "--token-ids", "1,2,3", "--draft", "ngram", "--draft-depth", "0")
+    assert out.returncode == 2 and "--draft-depth must be an integer from 1 to 16" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_colibri_run_with_ngram_drafts_reports_them_and_keeps_the_tokens(olmoe):
+    ids = ",".join(map(str, [7, 8, 9, 10] * 6))
+    runs = [json.loads(run_colibri("run", "--model", olmoe, "--token-ids", ids, "--max-tokens", "16", "--ignore-eos",
+                                   "--json", *extra).stdout) for extra in ((), ("--draft", "ngram"))]
+    assert runs[0]["token_ids"] == runs[1]["token_ids"]
+    assert runs[0]["stats"]["draft_source"] == "" and runs[1]["stats"]["draft_source"] == "ngram"
+    assert runs[1]["stats"]["drafted_tokens"] > 0
+
+
+def test_the_draft_gate_closes_while_drafts_cost_more_per_token_and_backs_off_each_time():
+    from colibri_core.engine.speculative import DraftGate
+
+    gate = DraftGate()
+    gate.observe(drafted=True, tokens=2, seconds=1.0)  # no plain step timed yet: the next one runs plain
+    assert not gate.open()
+    gate.skip()
+    gate.observe(drafted=False, tokens=1, seconds=0.2)
+    assert gate.open()
+    closed = []
+    for _ in range(3):  # drafting at 0.5 s per token against 0.2: closed 4, then 8, then 16 steps
+        gate.observe(drafted=True, tokens=2, seconds=1.0)
+        closed.append(gate.closed)
+        while not gate.open():
+            gate.skip()
+            gate.observe(drafted=False, tokens=1, seconds=0.2)
+    assert closed == [4, 8, 16]
+    gate.observe(drafted=True, tokens=5, seconds=0.1)  # drafts that pay: open, and the back-off starts again
+    assert gate.open() and gate.backoff == DraftGate.START_BACKOFF
+
+
+def test_auto_stops_verifying_drafts_that_lose_and_keeps_the_tokens(olmoe):
+    """--draft auto: a source that always drafts wrong tokens costs a verification per
+    step while on; the gate measures it slower than plain steps and mostly keeps it off."""
+    from colibri_core.engine.speculative import DraftGate, Speculation
+
+    prompt = tiny_models.prompts(1, seed=8)[0]
+    with colibri_core.load(olmoe, history=False) as model:
+        plain = model.generate(token_ids=prompt, max_tokens=60, ignore_eos=True)
+        wrong = ScriptedSource([(prompt, plain.token_ids)], model.lm.vocab_size, wrong_every=1)
+        generation = model.stream(token_ids=prompt, max_tokens=60, ignore_eos=True)
+        now, calls = [0.0], [0]
+
+        def clock():  # read at a step's start, then its end: a drafted step takes 3 s, a plain one 1 s
+            calls[0] += 1
+            if calls[0] % 2 == 0:
+                now[0] += 3.0 if generation.speculation._drafting else 1.0
+            return now[0]
+
+        generation.speculation = Speculation(model.lm, model.backend, wrong.new_drafter(), 4, "wrong", DraftGate(), clock)
+        run = generation.run()
+    assert run.token_ids == plain.token_ids
+    s = run.stats
+    assert s.accepted_tokens == 0 and s.draft_gated_steps > 0
+    assert s.draft_verifications < 12, f"{s.draft_verifications} verifications of 59 steps: the gate stayed open"
