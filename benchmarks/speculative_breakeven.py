@@ -6,8 +6,8 @@ continuation (the run without drafts made it) drafts each token right with proba
 ``p`` (else a random token), so what is measured is the cost side: the verification's
 rows, the union of their experts read from disk, the rejected drafts' extra reads. What
 acceptance a real source gets comes from trained models (``--ngram``: prompt lookup on
-the trained OLMoE-geometry model, on a code-copying prompt). Tokens are checked equal to
-the run without drafts in every row.
+the trained OLMoE-geometry model, on a code-copying prompt; ``--p mtp``: the model's own
+MTP layer, loaded with it). Tokens are checked equal to the run without drafts in every row.
 
     .venv/bin/python benchmarks/speculative_breakeven.py --model /work/models/olmoe-r75-q4q4 \\
         --ram 8G --ram 1.5G --p 0 0.5 0.8 1 --depth 2 4 --tokens 32
@@ -85,7 +85,7 @@ def child(spec: dict) -> dict:
     from colibri_core.cli.bench import prompt_ids
 
     rows = []
-    with colibri_core.load(spec["model"], ram=spec["ram"], direct_io=True, history=False) as model:
+    with colibri_core.load(spec["model"], ram=spec["ram"], direct_io=True, history=False, mtp="mtp" in spec["ps"]) as model:
         if spec.get("copy_heldout"):
             prompt = model.encode(copy_prompt(Path(spec["model"]) / "heldout" / f"{spec['copy_heldout']}.txt"))
         elif spec.get("prompt_file"):
@@ -100,8 +100,10 @@ def child(spec: dict) -> dict:
             for depth in spec["depths"]:
                 for p in spec["ps"]:
                     for gated in (False, True) if spec["gate"] else (False,):
-                        if p == "ngram":
-                            source = "auto" if gated else "ngram"
+                        if p in ("ngram", "mtp"):
+                            if gated and p == "mtp":
+                                continue  # auto gates prompt lookup only
+                            source = "auto" if gated else p
                         else:
                             source = ControlledSource(prompt, plain["token_ids"], p, model.lm.vocab_size, seed=repeat,
                                                       gated=gated)
@@ -157,7 +159,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--ram", action="append", required=True, help="an expert budget (repeat for several)")
     ap.add_argument("--p", nargs="+", default=["0", "0.5", "0.8", "1"],
-                    help="draft accuracies to measure, or 'ngram' for prompt lookup")
+                    help="draft accuracies to measure, 'ngram' for prompt lookup, 'mtp' for the model's MTP layer")
     ap.add_argument("--depth", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=16)
@@ -174,7 +176,7 @@ def main(argv=None) -> None:
     from colibri_core.cli.bench import run_json_child
     from colibri_core.units import parse_size
 
-    ps = [p if p == "ngram" else float(p) for p in a.p]
+    ps = [p if p in ("ngram", "mtp") else float(p) for p in a.p]
     budgets = []
     for ram in a.ram:
         spec = {"model": a.model, "ram": ram, "ps": ps, "depths": a.depth, "tokens": a.tokens,

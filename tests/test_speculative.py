@@ -111,48 +111,61 @@ def test_colibri_run_with_ngram_drafts_reports_them_and_keeps_the_tokens(olmoe):
     assert runs[1]["stats"]["drafted_tokens"] > 0
 
 
-def test_the_draft_gate_closes_while_drafts_cost_more_per_token_and_backs_off_each_time():
+def test_the_draft_gate_verifies_the_depth_its_measurements_say_pays():
     from colibri_core.engine.speculative import DraftGate
 
     gate = DraftGate()
-    gate.observe(drafted=True, tokens=2, seconds=1.0)  # no plain step timed yet: the next one runs plain
-    assert not gate.open()
-    gate.skip()
-    gate.observe(drafted=False, tokens=1, seconds=0.2)
-    assert gate.open()
-    closed = []
-    for _ in range(3):  # drafting at 0.5 s per token against 0.2: closed 4, then 8, then 16 steps
-        gate.observe(drafted=True, tokens=2, seconds=1.0)
-        closed.append(gate.closed)
-        while not gate.open():
-            gate.skip()
-            gate.observe(drafted=False, tokens=1, seconds=0.2)
-    assert closed == [4, 8, 16]
-    gate.observe(drafted=True, tokens=5, seconds=0.1)  # drafts that pay: open, and the back-off starts again
-    assert gate.open() and gate.backoff == DraftGate.START_BACKOFF
+    assert gate.depth(4) == 0  # no plain step timed yet
+    gate.observe(0, 1.0)
+    assert gate.depth(4) == 0  # the prior (half the drafts right, a draft costing half a step) does not pay
+    gate.score(10, 10)  # shadow drafts that were right
+    k = gate.depth(4)
+    assert k >= 2  # right ~90% of the time at the prior cost: several drafts pay
+    gate.observe(k, 1.0 + 1.5 * k)  # but each drafted token cost 1.5 plain steps here
+    assert gate.beta == 1.5 and gate.depth(4) == 0
+    for _ in range(DraftGate.RETRY - 1):
+        gate.observe(0, 1.0)
+        assert gate.depth(4) == 0
+    gate.observe(0, 1.0)
+    assert gate.depth(4) > 0  # a cost measured too high is tried again now and then
+    gate.observe(1, 1.2)  # and it is cheaper now
+    assert gate.depth(4) > 0
+    gate.score(0, 40)  # then the drafts stop being right
+    assert gate.acceptance < 0.2 and gate.depth(4) == 0
 
 
-def test_auto_stops_verifying_drafts_that_lose_and_keeps_the_tokens(olmoe):
-    """--draft auto: a source that always drafts wrong tokens costs a verification per
-    step while on; the gate measures it slower than plain steps and mostly keeps it off."""
+def _timed_generation(model, prompt, source, drafted_s: float):
+    """A generation with ``source`` behind a DraftGate, on a clock where a plain step takes
+    1 s and a step verifying k drafts 1 + drafted_s * k."""
     from colibri_core.engine.speculative import DraftGate, Speculation
 
+    generation = model.stream(token_ids=prompt, max_tokens=60, ignore_eos=True)
+    now, calls = [0.0], [0]
+
+    def clock():  # read at a step's start, then its end
+        calls[0] += 1
+        if calls[0] % 2 == 0:
+            now[0] += 1.0 + drafted_s * generation.speculation._drafting
+        return now[0]
+
+    generation.speculation = Speculation(model.lm, model.backend, source.new_drafter(), 4, "scripted", DraftGate(), clock)
+    return generation.run()
+
+
+def test_auto_never_verifies_drafts_it_scores_wrong_and_keeps_the_tokens(olmoe):
+    """--draft auto: a source that always drafts wrong tokens is scored on shadow drafts
+    and never verified: it costs no forward pass."""
     prompt = tiny_models.prompts(1, seed=8)[0]
     with colibri_core.load(olmoe, history=False) as model:
         plain = model.generate(token_ids=prompt, max_tokens=60, ignore_eos=True)
         wrong = ScriptedSource([(prompt, plain.token_ids)], model.lm.vocab_size, wrong_every=1)
-        generation = model.stream(token_ids=prompt, max_tokens=60, ignore_eos=True)
-        now, calls = [0.0], [0]
-
-        def clock():  # read at a step's start, then its end: a drafted step takes 3 s, a plain one 1 s
-            calls[0] += 1
-            if calls[0] % 2 == 0:
-                now[0] += 3.0 if generation.speculation._drafting else 1.0
-            return now[0]
-
-        generation.speculation = Speculation(model.lm, model.backend, wrong.new_drafter(), 4, "wrong", DraftGate(), clock)
-        run = generation.run()
-    assert run.token_ids == plain.token_ids
+        run = _timed_generation(model, prompt, wrong, drafted_s=0.5)
+        right = ScriptedSource([(prompt, plain.token_ids)], model.lm.vocab_size, wrong_every=10**9)
+        good = _timed_generation(model, prompt, right, drafted_s=0.2)
+    assert run.token_ids == plain.token_ids == good.token_ids
     s = run.stats
-    assert s.accepted_tokens == 0 and s.draft_gated_steps > 0
-    assert s.draft_verifications < 12, f"{s.draft_verifications} verifications of 59 steps: the gate stayed open"
+    assert s.draft_verifications == 0 and s.draft_gated_steps == 58  # every decode step but the last (no room)
+    g = good.stats  # drafts always right and cheap: verified, deep, from the first steps on
+    assert g.accepted_tokens == g.drafted_tokens > 0 and g.draft_gated_steps <= 3
+    assert g.tokens_per_forward > 3
+

@@ -223,6 +223,7 @@ class ExpertTiming:
     top_k_s: float  # a MoE layer's top-k experts for one token (one routed_experts call)
     host_form_s: float  # turning one expert's bytes, once read, into the form the tiers keep
     miss_s: float  # one expert of a layer's misses, read from disk with the others as the store reads them
+    row_cost: float = 1.0  # what a second token costs a weight pass, in first tokens (0: free, 1: as much)
 
     def compute_s(self, *, dense_bytes: int, expert_bytes: int, layers: int, moe_layers: int) -> float:
         """Seconds of computation per decoded token: each MoE layer's top-k experts, and
@@ -277,19 +278,77 @@ def measure_expert_timing(bp: Blueprint, repeats: int = 15, window_s: float = 0.
                                                                       decl.activation))
         return lambda: backend.to_host(backend.routed_experts(x, indices, scale, lambda e: weights))
 
+    x2 = backend.asarray(np.random.default_rng(1).standard_normal((2, hidden), dtype=np.float32))
+    both = np.zeros((2, 1), dtype=np.int64)
+    half = np.full((2, 1), 1.0, dtype=np.float32)
+    if decl.glu:
+        rows2 = lambda: backend.to_host(backend.routed_glu_experts(x2, both, half, lambda e: weights, decl.activation))  # noqa: E731
+    else:
+        rows2 = lambda: backend.to_host(backend.routed_experts(x2, both, half, lambda e: weights))  # noqa: E731
+
     one, top_k = layer(1), layer(k)
-    one(), top_k()  # warm-up: first calls pay for thread pools and caches
+    one(), top_k(), rows2()  # warm-up: first calls pay for thread pools and caches
     times = []
     started = time.perf_counter()
     while len(times) < repeats or time.perf_counter() - started < window_s:
         pair = []
-        for call in (one, top_k):  # interleaved: a burst of load slows both alike
+        for call in (one, top_k, rows2):  # interleaved: a burst of load slows all alike
             t0 = time.perf_counter()
             call()
             pair.append(time.perf_counter() - t0)
         times.append(pair)
-    one_s, top_k_s = np.mean(times, axis=0)
-    return ExpertTiming(float(one_s), float(max(top_k_s, one_s)), host_form_s, miss_s)
+    one_s, top_k_s, two_rows_s = np.mean(times, axis=0)
+    row_cost = float(np.clip(two_rows_s / one_s - 1, 0.0, 1.0)) if one_s > 0 else 1.0
+    return ExpertTiming(float(one_s), float(max(top_k_s, one_s)), host_form_s, miss_s, row_cost)
+
+
+DRAFT_DEPTHS = (1, 2, 3, 4)
+DRAFT_ACCEPTANCES = (0.5, 0.8)  # prompt lookup on repetitive text; MTP layers at int8
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens a verification of ``k`` drafts gives when each is right with probability
+    ``a`` (until the first wrong one), the token after the last kept included."""
+    return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def break_even_acceptance(cost_ratio: float, k: int) -> float | None:
+    """The acceptance at which ``k`` drafts give as many tokens as their verification
+    costs plain steps (``cost_ratio``), or None when no acceptance pays."""
+    if cost_ratio >= k + 1:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens(mid, k) < cost_ratio else (low, mid)
+    return high
+
+
+def draft_projection(*, dense_s: float, experts_s: float, disk_s: float, upload_s: float, prefetch: bool,
+                     row_cost: float, experts: int, top_k: int, acceptance: float | None = None) -> list[dict]:
+    """Speculative decoding projected on this plan: per draft depth k, what a step
+    verifying k drafts costs in plain steps, the acceptance above which it pays, and the
+    speed-up at typical acceptances (and at ``acceptance``). A step of 1 + k rows passes
+    the dense weights once, each row adding ``row_cost`` of a pass; each MoE layer computes
+    and reads the union of the rows' experts (routing taken as uniform: a trained router
+    that repeats itself reads fewer), the misses in proportion."""
+    def step(rows: int) -> float:
+        union = experts * (1 - (1 - top_k / experts) ** rows) / top_k if experts else 1.0  # in one token's top-k
+        per_expert_rows = rows / union
+        compute = dense_s * (1 + row_cost * (rows - 1)) + experts_s * union * (1 + row_cost * (per_expert_rows - 1))
+        transfer = (disk_s + upload_s) * union
+        return max(transfer, compute) if prefetch else transfer + compute
+
+    plain = step(1)
+    out = []
+    for k in DRAFT_DEPTHS:
+        ratio = step(1 + k) / plain if plain > 0 else float(k + 1)
+        row = {"depth": k, "cost_ratio": ratio, "break_even_acceptance": break_even_acceptance(ratio, k),
+               "speedup": {str(a): expected_tokens(a, k) / ratio for a in DRAFT_ACCEPTANCES}}
+        if acceptance is not None:
+            row["speedup"][str(acceptance)] = expected_tokens(acceptance, k) / ratio
+        out.append(row)
+    return out
 
 
 def _miss_seconds(bp: Blueprint, disk) -> float:
@@ -334,7 +393,7 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
               prefetch: bool = False, prefetch_slots: int | None = None, prefetch_window: int | None = None,
               context: int | None = None, disk_bw: float | None = None,
               use_history: bool = True, vram: int | None = None, prompt_tokens: int | None = None,
-              tokens: int | None = None, preload: bool = False) -> PlanReport:
+              tokens: int | None = None, preload: bool = False, draft_acceptance: float | None = None) -> PlanReport:
     """The plan on ``bp.backend`` (its device memory decides the tiers), for a run of a
     ``prompt_tokens`` prompt and ``tokens`` generated tokens from empty caches (filled
     to their slots first with ``preload``). Left out, ``prompt_tokens`` and ``tokens``
@@ -414,6 +473,11 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
     steady_missed = max(0.0, 1 - steady) * lookups
     steady_s = steady_missed * miss_s
     steady_per_token = max(steady_s, compute_s) if prefetch else steady_s + compute_s
+    drafts = None
+    if timing is not None:
+        drafts = draft_projection(dense_s=compute_s - moe_layers * timing.top_k_s, experts_s=moe_layers * timing.top_k_s,
+                                  disk_s=steady_s, upload_s=costs.get("upload", 0.0), prefetch=prefetch,
+                                  row_cost=timing.row_cost, experts=experts, top_k=top_k, acceptance=draft_acceptance)
     tiers = [{"role": t.role, "budget": t.budget, "budget_source": t.budget_source, "expert_bytes": t.expert_bytes,
               "slots_per_layer": t.slots, "pinned_capacity": t.pinned, "pinned_experts": len(p),
               "cache_bytes": t.cache_bytes(moe_layers), "projected_hit_rate": rate, "steady_hit_rate": steady_rate}
@@ -449,6 +513,8 @@ def make_plan(bp: Blueprint, *, ram: int | None, cap: int | None, pin: str = "au
         "projected_decode_tok_s": 1 / per_token if per_token > 0 else None,
         "steady_decode_tok_s": 1 / steady_per_token if steady_per_token > 0 else None,
         "bottleneck": bottleneck,
+        "row_cost": timing.row_cost if timing else None,
+        "draft_projection": drafts,
         "recommended": recommend(bp, placement, hit, bottleneck, history, cap=cap, prefetch=prefetch),
     }
     return PlanReport(data, placement)

@@ -266,11 +266,22 @@ def sampling_options(f):
 def draft_options(f):
     return _apply(f, [
         click.option("--draft", default="off", show_default=True, metavar="SOURCE",
-                     help="Speculative decoding: draft tokens with SOURCE (ngram: prompt lookup; plugins add others) "
-                          "and verify them in one forward pass; off: none. The tokens are the same either way."),
+                     help="Speculative decoding: draft tokens with SOURCE (ngram: prompt lookup; mtp: the model's own "
+                          "multi-token-prediction layer; auto: ngram while it pays; plugins add others) and verify "
+                          "them in one forward pass; off: none. The tokens are the same either way."),
         click.option("--draft-depth", type=int, default=4, show_default=True,
                      help="With --draft: drafted tokens per forward pass, at most (1 to 16)."),
+        click.option("--mtp-int4", is_flag=True,
+                     help="With --draft mtp: load a multi-token-prediction layer stored in 4 bits anyway "
+                          "(refused by default: its drafts are rarely right)."),
     ])
+
+
+def draft_load_options(draft: str, mtp_int4: bool) -> dict:
+    """What ``load`` needs for a draft source: ``--draft mtp`` loads the MTP layers."""
+    if mtp_int4 and draft != "mtp":
+        raise UsageError("--mtp-int4 is for --draft mtp")
+    return {"mtp": draft == "mtp", "mtp_int4": mtp_int4}
 
 
 def check_draft_options(draft: str, draft_depth: int) -> None:
@@ -301,7 +312,7 @@ def check_draft_options(draft: str, draft_depth: int) -> None:
               help="Show progress (loading, the prompt's prefill) on stderr even when it is not a terminal "
                    "(there as plain lines every few seconds).")
 def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, draft,
-        draft_depth, ignore_eos, as_json, quiet, show_progress, **placement):
+        draft_depth, mtp_int4, ignore_eos, as_json, quiet, show_progress, **placement):
     """Generate from PROMPT (or --prompt-file, or --token-ids) with the model in --model.
     PROMPT "-", or no prompt at all with stdin not a terminal, reads the prompt from stdin."""
     from colibri_core.engine.api import check_load_options
@@ -330,7 +341,7 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     check_max_tokens(max_tokens)
     check_draft_options(draft, draft_depth)
-    options = placement_kwargs(**placement)
+    options = placement_kwargs(**placement) | draft_load_options(draft, mtp_int4)
     check_load_options(**{k: options[k] for k in ("cap", "pin", "pin_share", "prefetch_slots", "prefetch_window", "history",
                                              "history_decay")})
     if prompt_source is not None:  # read last: every option above is checked before waiting on stdin

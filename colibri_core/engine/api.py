@@ -262,7 +262,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          prefetch: bool = False, prefetch_slots: int | None = None, prefetch_window: int | str | None = None,
          history: bool | str = True,
          history_decay: float = 1.0, verify: bool = False, compute: str | None = None,
-         compute_options: dict | None = None) -> Model:
+         compute_options: dict | None = None, mtp: bool = False, mtp_int4: bool = False) -> Model:
     """Load a Hugging Face model directory.
 
     ram: RAM budget for weights (bytes or "4G"); dense weights (on a backend computing
@@ -290,6 +290,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     compute: a compute tier (``colibri list-tiers``, role "compute") computing the routed
          experts instead of the backend, e.g. on other machines; compute_options are its
          options. The local store still serves every expert, for the tier to fall back on.
+    mtp: also load the checkpoint's multi-token-prediction layers, for the ``mtp`` draft
+         source (``generate(draft="mtp")``); they must be int8 or better unless mtp_int4.
     """
     check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots,
                        prefetch_window=prefetch_window, history=history, history_decay=history_decay)
@@ -301,7 +303,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     mirror_specs = [m if isinstance(m, MirrorSpec) else MirrorSpec.parse(str(m)) for m in mirrors]
     reserve_math_libraries(backend_obj)  # before the weights take the memory: see math_libraries.py
 
-    bp = inspect_model(model_dir, backend_obj)
+    bp = inspect_model(model_dir, backend_obj, mtp=mtp, mtp_int4=mtp_int4)
     store = None
     try:
         manifest = Manifest.read(bp.checkpoint) if verify or mirror_specs else None
@@ -311,7 +313,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
                                  "write one with colibri doctor --deep --write-manifest")
             bp.checkpoint.integrity = manifest
         moe = bp.moe
-        routing = (RoutingHistory.open(bp.model_dir, bp.family.spec.name, bp.config.get("model_type"), len(moe),
+        main_moe = sum(d.layer < len(bp.lm.layers) for d in moe)  # the history leaves MTP layers out
+        routing = (RoutingHistory.open(bp.model_dir, bp.family.spec.name, bp.config.get("model_type"), main_moe,
                                        bp.experts_per_layer) if history and moe else None)
         policy = PinPolicy(mode=pin, share=pin_share)
         pinning = routing is not None and (pin == "on" or (pin == "auto" and routing.total_tokens >= policy.min_tokens))

@@ -151,6 +151,8 @@ class Generation:
         self.finish_reason = "interrupted"  # until the loop below says otherwise
         report = self.prefill_progress
         layers = max(1, len(lm.layers))
+        spec = self.speculation
+        keep_hidden = spec is not None and spec.wants_hidden  # a drafter reads the hidden states (MTP)
         try:
             logits = None
             for i in range(0, len(prompt), PREFILL_CHUNK):
@@ -160,12 +162,14 @@ class Generation:
                 if report is not None:
                     def after_layer(done, i=i, n=len(chunk)):
                         report(i + n * done // layers, len(prompt))
-                logits = lm.forward(np.asarray(chunk), cache, ops, after_layer=after_layer)
+                hidden = [] if keep_hidden else None
+                logits = lm.forward(np.asarray(chunk), cache, ops, after_layer=after_layer, hidden=hidden)
+                if hidden:
+                    spec.observe(hidden[0])
             if store is not None:
                 store.after_tokens(len(prompt))
             clock.prefilled = time.perf_counter()
             finish = "length"
-            spec = self.speculation
             rows, drafts = [logits], []  # logits to sample in order; the drafted token each row may confirm
             while self.max_tokens > 0:
                 accepted, done = 0, False
@@ -213,7 +217,10 @@ class Generation:
                 if drafts:
                     rows = list(spec.verify(cache, token, drafts))
                 else:
-                    rows = [lm.forward(np.asarray([token]), cache, ops)]
+                    hidden = [] if keep_hidden else None
+                    rows = [lm.forward(np.asarray([token]), cache, ops, hidden=hidden)]
+                    if hidden:
+                        spec.observe(hidden[0])
                 clock.decode_steps += 1
                 if store is not None:
                     store.after_tokens(len(rows))

@@ -438,11 +438,15 @@ class Scheduler:
         """The next chunk of a prompt, alone, exactly as Model.generate runs it."""
         begin = seq.prefilled
         end = min(len(seq.prompt), begin + self.prefill_chunk)
+        spec = seq.speculation
+        hidden = [] if spec is not None and spec.wants_hidden else None
         try:
-            logits = self.lm.forward(np.asarray(seq.prompt[begin:end]), seq.cache, self.ops)
+            logits = self.lm.forward(np.asarray(seq.prompt[begin:end]), seq.cache, self.ops, hidden=hidden)
         except Exception as exc:
             self._retire(seq, "error", exc)
             return
+        if hidden:
+            spec.observe(hidden[0])
         seq.prefilled = end
         self.prefill_tokens += end - begin
         if self.model.store is not None:
@@ -475,15 +479,23 @@ class Scheduler:
             d = spec.drafts(s.prompt + s.handle.token_ids, room) if spec is not None else []
             feed += spec.feed(s.cache, s.next_token, d) if d else [(np.asarray([s.next_token]), s.cache)]
             drafts.append(d)
+        keep = [] if any(s.speculation is not None and s.speculation.wants_hidden for s in seqs) else None
         try:
             if len(feed) == 1:
-                rows = self.lm.forward(feed[0][0], feed[0][1], self.ops)[None]
+                rows = self.lm.forward(feed[0][0], feed[0][1], self.ops, hidden=keep)[None]
             else:
-                rows = self.lm.forward_batch(feed, self.batch_ops, all_logits=True)
+                rows = self.lm.forward_batch(feed, self.batch_ops, all_logits=True, hidden=keep)
         except Exception as exc:
             for s in seqs:
                 self._retire(s, "error", exc)
             return
+        if keep:  # each drafter reading hidden states gets its sequence's rows
+            begin = 0
+            for s, d in zip(seqs, drafts):
+                spec, end = s.speculation, begin + 1 + len(d)
+                if spec is not None and spec.wants_hidden:
+                    spec.verified(keep[0][begin:end]) if d else spec.observe(keep[0][begin:end])
+                begin = end
         if self.model.store is not None:
             self.model.store.after_tokens(len(feed))
         emitted, begin = 0, 0

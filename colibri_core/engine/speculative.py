@@ -22,9 +22,10 @@ states keep each position's state during the verification), else a snapshot take
 before it is restored and the kept tokens are fed again.
 
 Draft sources are plugins (``DraftSpec``, the ``colibri_register_draft_sources`` hook);
-the core's are ``ngram`` (prompt lookup) and ``auto`` (prompt lookup behind a
-``DraftGate``, which turns drafting off while it measures it slower than decoding
-without: a source with ``gated = True`` gets one).
+the core's are ``ngram`` (prompt lookup), ``mtp`` (the checkpoint's multi-token-prediction
+layer) and ``auto`` (prompt lookup behind a ``DraftGate``, which verifies drafts only as
+deep as their measured acceptance and cost say pays: a source with ``gated = True`` gets
+one).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ DEFAULT_DRAFT_DEPTH = 4
 
 
 class Drafter(Protocol):
-    """One sequence's drafter."""
+    """One sequence's drafter. One that sets ``wants_hidden = True`` also gets
+    ``observe(hidden)``: the model's final-normed hidden states (a backend array of rows)
+    of the positions it has just computed and kept, in order, from the prompt's first on
+    (what MTP layers read)."""
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens guessed to follow ``tokens`` (the prompt and what was
@@ -64,7 +68,7 @@ class DraftStats:
     accepted: int = 0  # of those, equal to the token sampled at their position
     verifications: int = 0  # forwards that carried drafts
     replayed: int = 0  # tokens fed again to restore states that cannot rewind
-    gated_steps: int = 0  # steps a DraftGate kept from drafting (it measured drafts slower)
+    gated_steps: int = 0  # steps whose drafts a DraftGate kept from verification (not expected to pay)
 
     @property
     def acceptance(self) -> float:
@@ -72,48 +76,81 @@ class DraftStats:
 
 
 class DraftGate:
-    """Drafting on only while it pays, measured per sequence: the seconds per token of
-    steps with drafts against steps without (moving averages). A drafted step slower
-    per token than the plain ones closes the gate for ``backoff`` steps, which doubles
-    at each failure up to ``MAX_BACKOFF`` (hysteresis: a source that keeps losing is
-    retried ever more rarely) and returns to its start after a drafted step that paid;
-    each opening measures drafts afresh.
-    Before any plain step is timed, the step after a drafted one runs plain to measure."""
+    """Drafting verified only where it is expected to pay, per sequence (``--draft auto``).
 
-    START_BACKOFF, MAX_BACKOFF = 4, 256
-    WEIGHT = 0.3  # of the newest step in the moving averages
+    It keeps two measurements. The drafts' per-token acceptance *a*: while the gate keeps
+    drafts from being verified it still asks for one and scores it against the token the
+    plain step then samples (a shadow draft: it costs the proposal only), and verified
+    drafts count too (a verification that keeps m of k drafts scored m hits of m + 1 tries,
+    or m of m when all were kept). And the verification's cost: a step carrying k drafts
+    costs ``1 + beta * k`` plain steps, beta measured from the drafted steps' times against
+    the plain steps' (moving averages; ``BETA_PRIOR`` before any).
+    A verification of k drafts gives ``(1 - a^(k+1)) / (1 - a)`` tokens on average, so
+    the gate verifies the k that maximises that over its cost, and none (shadow only)
+    when no k beats a plain step by ``MARGIN``. A cost measured too high is tried again
+    every ``RETRY`` shadow steps while the prior cost would pay (the retry's cost replaces
+    the stale one). Measurements decay
+    (``DECAY`` per observation): a source that starts or stops guessing right is followed.
+    """
+
+    BETA_PRIOR = 0.5  # a drafted token's cost, in plain steps, before any is measured
+    A_PRIOR, PRIOR_TRIES = 0.5, 2.0  # the acceptance before any draft is scored, and its weight
+    MARGIN = 1.03  # expected speed-up a verification must promise
+    DECAY = 0.95  # of the acceptance counts, per scored draft
+    WEIGHT = 0.3  # of the newest step in the moving averages of times
+    RETRY = 64  # shadow steps between tries of a cost measured too high
 
     def __init__(self):
-        self.plain: float | None = None  # seconds per token, steps without drafts
-        self.drafted: float | None = None  # seconds per token, steps with drafts
-        self.backoff = self.START_BACKOFF
-        self.closed = 0  # steps left without drafting
+        self.hits, self.tries = self.A_PRIOR * self.PRIOR_TRIES, self.PRIOR_TRIES
+        self.plain: float | None = None  # seconds per plain step
+        self.beta: float | None = None  # a drafted token's measured cost, in plain steps
+        self.since_verified = 0  # shadow steps since the last verification
 
-    def open(self) -> bool:
-        return self.closed == 0
+    @property
+    def acceptance(self) -> float:
+        return self.hits / self.tries
 
-    def skip(self) -> None:
-        """A step the gate kept from drafting. When it opens again, the drafted steps'
-        average starts afresh: what they cost before the pause says little now."""
-        self.closed -= 1
-        if self.closed == 0:
-            self.drafted = None
+    def score(self, hits: int, tries: int) -> None:
+        for _ in range(tries):
+            self.hits, self.tries = self.hits * self.DECAY, self.tries * self.DECAY
+        self.hits, self.tries = self.hits + hits, self.tries + tries
 
-    def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
-        """A step took ``seconds`` for ``tokens`` tokens, with drafts or without."""
-        if tokens <= 0 or seconds <= 0:
-            return
-        rate = seconds / tokens
-        if not drafted:
-            self.plain = rate if self.plain is None else self.plain + self.WEIGHT * (rate - self.plain)
-            return
-        self.drafted = rate if self.drafted is None else self.drafted + self.WEIGHT * (rate - self.drafted)
+    def _best(self, most: int, beta: float) -> tuple[int, float]:
+        a = min(self.acceptance, 0.999)
+        best = (0, 1.0)
+        for k in range(1, most + 1):
+            gain = (1 - a ** (k + 1)) / (1 - a) / (1 + beta * k)
+            if gain > best[1]:
+                best = (k, gain)
+        return best
+
+    def depth(self, most: int) -> int:
+        """How many of ``most`` drafts to verify in the next step (0: none, shadow only)."""
         if self.plain is None:
-            self.closed = 1  # time a plain step first
-        elif self.drafted > self.plain:
-            self.closed, self.backoff = self.backoff, min(2 * self.backoff, self.MAX_BACKOFF)
-        else:
-            self.backoff = self.START_BACKOFF
+            return 0  # time a plain step first
+        beta = self.BETA_PRIOR if self.beta is None else self.beta
+        k, gain = self._best(most, beta)
+        if gain >= self.MARGIN:
+            return k
+        if self.beta is not None and self.since_verified >= self.RETRY:
+            k, gain = self._best(most, min(beta, self.BETA_PRIOR))
+            if gain >= self.MARGIN:
+                return k
+        return 0
+
+    def observe(self, drafted: int, seconds: float) -> None:
+        """A step carrying ``drafted`` verified drafts (0: a plain step) took ``seconds``."""
+        if seconds <= 0:
+            return
+        if not drafted:
+            self.since_verified += 1
+            self.plain = seconds if self.plain is None else self.plain + self.WEIGHT * (seconds - self.plain)
+            return
+        stale, self.since_verified = self.since_verified >= self.RETRY, 0
+        if self.plain is None:
+            return
+        beta = max(0.0, (seconds / self.plain - 1) / drafted)  # a retry's measurement replaces a stale one
+        self.beta = beta if self.beta is None or stale else self.beta + self.WEIGHT * (beta - self.beta)
 
 
 class NgramSource:
@@ -134,6 +171,61 @@ class AutoSource(NgramSource):
     """``auto``: prompt lookup behind a ``DraftGate``."""
 
     gated = True
+
+
+class MTPSource:
+    """The ``mtp`` draft source: the checkpoint's own multi-token-prediction layer
+    (``colibri_core.nn.mtp``), loaded with the model (``load(mtp=True)``; the CLI does it
+    for ``--draft mtp``). Drafts chain the first MTP layer for depth > 1."""
+
+    def __init__(self, model):
+        if not model.lm.mtp:
+            has = model.config.get("num_nextn_predict_layers") or 0
+            raise UsageError(f"{option('draft')} mtp: " + (
+                f"{model.model_dir} was loaded without its multi-token-prediction layers: load it with mtp=True"
+                if has else f"{model.model_dir} has no multi-token-prediction layers (num_nextn_predict_layers is "
+                            "0 or absent); use ngram or auto"))
+        self.layer, self.backend, self.max_len = model.lm.mtp[0], model.backend, model.lm.max_context
+
+    def new_drafter(self) -> "MTPDrafter":
+        return MTPDrafter(self.layer, self.backend, self.max_len)
+
+
+class MTPDrafter:
+    """Runs one sequence's positions through the MTP layer as the main model computes
+    them (its own attention cache), and drafts greedily: position i's hidden state and
+    token i + 1 guess token i + 2; deeper drafts feed the layer's own output back.
+    Positions computed for drafts only are forgotten after each proposal."""
+
+    wants_hidden = True
+
+    def __init__(self, layer, backend, max_len: int):
+        self.layer, self.ops = layer, backend
+        self.cache = layer.new_cache(backend, max_len)
+        self.pending: list = []  # hidden rows of positions not through the layer yet
+        self.lost = False  # positions were never observed (a reused prompt prefix): no drafts
+
+    def observe(self, hidden) -> None:
+        self.pending.append(hidden)
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        ops, start = self.ops, self.cache.length
+        rows = self.pending[0] if len(self.pending) == 1 else ops.concat(self.pending, 0) if self.pending else None
+        count = 0 if rows is None else rows.shape[0]
+        if self.lost or start + count != len(tokens) - 1:  # the last token's hidden state is not computed yet
+            self.lost, self.pending = True, []
+            return []
+        if k <= 0 or count == 0:
+            return []
+        self.pending = []
+        logits, out = self.layer(rows, np.asarray(tokens[start + 1 :], dtype=np.int64), self.cache, ops)
+        kept = self.cache.length
+        drafts = [int(np.argmax(logits))]
+        while len(drafts) < k:
+            logits, out = self.layer(out, np.asarray(drafts[-1:], dtype=np.int64), self.cache, ops)
+            drafts.append(int(np.argmax(logits)))
+        self.cache.rewind(kept)
+        return drafts
 
 
 class NgramDrafter:
@@ -181,27 +273,50 @@ class Speculation:
         self._fed: list[int] = []
         self._snapshot = None
         self._started: float | None = None
-        self._drafting = False
+        self._drafting = 0  # drafts the current step verifies
+        self._shadow: tuple[int, int] | None = None  # (position, draft) kept aside by the gate
+        self.wants_hidden = bool(getattr(drafter, "wants_hidden", False))
+        self._hidden = None  # the verification's rows of hidden states, for the drafter
+
+    def observe(self, hidden) -> None:
+        """Hidden states of positions computed and kept outside a verification (prefill,
+        plain steps): for a drafter that reads them."""
+        if self.wants_hidden:
+            self.drafter.observe(hidden)
+
+    def verified(self, hidden) -> None:
+        """The verification's hidden states, one row per fed token (a batched engine
+        hands over its sequence's rows)."""
+        self._hidden = hidden
 
     def drafts(self, tokens: Sequence[int], room: int) -> list[int]:
         """Drafts to follow ``tokens``: at most ``depth``, and at most ``room`` (what the
         sequence may still generate after the next token, and the context still holds);
-        none while the gate is closed. Starts the step's clock."""
+        with a gate, as many as it expects to pay (none: the first draft is kept aside, to
+        be scored against the token sampled next). Starts the step's clock."""
+        gate = self.gate
+        if gate is not None and self._shadow is not None:
+            at, guess = self._shadow
+            if len(tokens) > at:
+                gate.score(int(tokens[at] == guess), 1)
+            self._shadow = None
         self._started = self.clock()
-        if self.gate is not None and not self.gate.open():
-            self.gate.skip()
-            self.stats.gated_steps += 1
-            self._drafting = False
-            return []
         k = min(self.depth, room)
-        drafts = [int(t) for t in self.drafter.propose(tokens, k)[:k]] if k > 0 else []
-        self._drafting = bool(drafts)
+        use = k if gate is None or k <= 0 else gate.depth(k)
+        ask = use if use > 0 else (1 if gate is not None and k > 0 else 0)
+        drafts = [int(t) for t in self.drafter.propose(tokens, ask)[:ask]] if ask > 0 else []
+        if gate is not None and use == 0:
+            if drafts:
+                self._shadow = (len(tokens), drafts[0])
+                self.stats.gated_steps += 1
+            drafts = []
+        self._drafting = len(drafts)
         return drafts
 
     def step_done(self, tokens: int) -> None:
-        """The step begun by ``drafts`` gave ``tokens`` tokens: the gate learns its time."""
+        """The step begun by ``drafts`` ended (``tokens`` tokens): the gate learns its time."""
         if self.gate is not None and self._started is not None:
-            self.gate.observe(self._drafting, tokens, self.clock() - self._started)
+            self.gate.observe(self._drafting, self.clock() - self._started)
         self._started = None
 
     def feed(self, cache, token: int, drafts: list[int]) -> list[tuple[np.ndarray, object]]:
@@ -217,12 +332,19 @@ class Speculation:
 
     def verify(self, cache, token: int, drafts: list[int]) -> np.ndarray:
         """One sequence's verification on its own: (1 + len(drafts), vocab) logits."""
-        return self.lm.forward_batch(self.feed(cache, token, drafts), self.ops, all_logits=True)
+        hidden = [] if self.wants_hidden else None
+        logits = self.lm.forward_batch(self.feed(cache, token, drafts), self.ops, all_logits=True, hidden=hidden)
+        if hidden:
+            self.verified(hidden[0])
+        return logits
 
     def _count(self, accepted: int) -> None:
-        self.stats.drafted += len(self._fed) - 1
+        drafted = len(self._fed) - 1
+        self.stats.drafted += drafted
         self.stats.accepted += accepted
         self.stats.verifications += 1
+        if self.gate is not None:
+            self.gate.score(accepted, accepted + (accepted < drafted))
 
     def abandon(self, cache, accepted: int) -> None:
         """The sequence ended during the verification, after ``accepted`` drafts: count
@@ -230,12 +352,15 @@ class Speculation:
         self._count(accepted)
         if self._snapshot is None:
             cache.rewind(cache.length)
-        self._snapshot = None
+        self._snapshot = self._hidden = None
 
     def settle(self, cache, accepted: int) -> None:
         """Keep the fed token and the first ``accepted`` drafts; forget the rest."""
         self._count(accepted)
         keep = self._base + 1 + accepted
+        if self._hidden is not None:  # the kept rows' (a replay below computes the same bits)
+            self.drafter.observe(self._hidden[: 1 + accepted])
+            self._hidden = None
         if self._snapshot is None:
             cache.rewind(keep)
         elif keep < cache.length:

@@ -267,7 +267,7 @@ class ExpertStore:
         prefetched for it but not used."""
         self._release(layer)  # (a layer computed by a compute tier asks for nothing)
         used = set(experts.tolist())
-        if self.history is not None:
+        if self.history is not None and layer < self.history.shape[0]:  # (MTP layers are not in it)
             self.history.record(layer, indices)
         predicted = self._predicted[layer]
         if predicted:

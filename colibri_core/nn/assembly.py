@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from colibri_core.errors import UnsupportedModelError
 from colibri_core.nn.hyper import HeadNorm, HyperDecoderLayer, HyperHead, StreamEmbedding
 from colibri_core.nn.layers import CausalLM, DecoderLayer, DividedInput, Embedding, Linear, NormedEmbedding
+from colibri_core.nn.mtp import MTPLayer
 
 if TYPE_CHECKING:
     from colibri_core.nn.weights import Weights
@@ -103,8 +105,18 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     final = norm(f"{names.model}norm")
     if hyper_head is not None:
         final = HeadNorm(hyper_head, final)
-    return CausalLM(embed=embed, layers=layers, norm=final, lm_head=lm_head,
-                    vocab_size=vocab, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
+    lm = CausalLM(embed=embed, layers=layers, norm=final, lm_head=lm_head,
+                  vocab_size=vocab, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
+    if w.mtp_layers:
+        if hyper is not None or post is not None or embed_norm or head_divisor != 1.0:
+            raise UnsupportedModelError(f"{w.config_source}: multi-token-prediction layers are read in DeepSeek-V3's "
+                                        "layout on plain decoder layers; this model's layers are not plain")
+        for i in range(a.num_hidden_layers, a.num_hidden_layers + w.mtp_layers):
+            p = names.layer(i)
+            block = DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p))
+            lm.mtp.append(MTPLayer(i, embed, norm(f"{p}.enorm"), norm(f"{p}.hnorm"), w.linear(f"{p}.eh_proj", hidden, 2 * hidden),
+                                   block, norm(f"{p}.shared_head.norm"), lm_head))
+    return lm
 
 
 def _first_rows(n: int):

@@ -343,6 +343,7 @@ class CausalLM:
         self.vocab_size = vocab_size
         self.max_context = max_context
         self.prefetcher = None  # set when the model is placed with prefetch on
+        self.mtp: list = []  # multi-token-prediction layers (nn.mtp.MTPLayer), built only when asked
         # token id -> why a prompt may not contain it (e.g. the image placeholder of a
         # vision-language checkpoint whose text model is all colibri runs)
         self.refused_tokens = dict(refused_tokens or {})
@@ -368,14 +369,18 @@ class CausalLM:
         return Cache([layer.new_state(backend, self.max_context) for layer in self.layers])
 
     def routed_experts(self) -> list[RoutedExperts]:
-        return [layer.mlp.experts for layer in self.layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]
+        """Every MoE layer's routed experts, the MTP layers' last."""
+        layers = self.layers + [m.block for m in self.mtp]
+        return [layer.mlp.experts for layer in layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]
 
     def forward(self, ids: np.ndarray, cache: Cache, ops, *, all_logits: bool = False, routing: list | None = None,
-                watch=None, after_layer=None):
+                watch=None, after_layer=None, hidden: list | None = None):
         """Run new tokens ``ids`` through the model, extending ``cache``. Returns float32
         logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last.
         ``watch(stage, x)``, when given, sees the activations after every stage;
-        ``after_layer(n)``, when given, is told after each layer how many are done."""
+        ``after_layer(n)``, when given, is told after each layer how many are done;
+        ``hidden``, when a list, gets the final-normed hidden states of every new token
+        (a backend array, (T, hidden)): what multi-token-prediction layers read."""
         ids = np.asarray(ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
         step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher, ids=ids)
@@ -393,6 +398,8 @@ class CausalLM:
         if self.prefetcher is not None:
             self.prefetcher.after_layers(step)
         cache.length += len(ids)
+        if hidden is not None:  # normed apart: the logits' rows stay the very computation they are without
+            hidden.append(self.norm(x, step))
         x = x if all_logits else x[-1:]
         x = self.norm(x, step)
         if watch is not None:
@@ -427,14 +434,15 @@ class CausalLM:
         return None
 
     def forward_batch(self, seqs: list[tuple[np.ndarray, Cache]], ops, *, routing: list | None = None,
-                      all_logits: bool = False) -> np.ndarray:
+                      all_logits: bool = False, hidden: list | None = None) -> np.ndarray:
         """One batched step: ``seqs`` lists (new token ids, cache) of distinct sequences,
         each at its own position. Entries may share a cache: they are consecutive positions
         of one sequence, each computed as a step of its own in this order (a speculative
         verification: every drafted token exactly as a decode step computes it). Extends
         every cache; returns host float32 logits
         (len(seqs), vocab), the row of each sequence's last new token, or with
-        ``all_logits`` every new token's row, sequence after sequence."""
+        ``all_logits`` every new token's row, sequence after sequence. ``hidden``: as in
+        ``forward``, every row's."""
         ids = [np.asarray(i, dtype=np.int64) for i, _ in seqs]
         segments, rows, begin = [], [], 0
         fed: dict[int, int] = {}  # tokens of each cache earlier in ``seqs``
@@ -457,8 +465,14 @@ class CausalLM:
         for seq_ids, (_, cache) in zip(ids, seqs):
             cache.length += len(seq_ids)
         last = np.asarray([b - 1 for _, b in rows], dtype=np.int64)
-        if begin != len(seqs) and not all_logits:  # some sequence brought several tokens: keep each one's last
-            x = ops.take_rows(x, last)
+        if all_logits or begin == len(seqs):
+            x = self.norm(x, step)
+            if hidden is not None:
+                hidden.append(x)
+            return ops.to_host(self.lm_head(x, step))
+        if hidden is not None:
+            hidden.append(self.norm(x, step))
+        x = ops.take_rows(x, last)  # some sequence brought several tokens: keep each one's last
         return ops.to_host(self.lm_head(self.norm(x, step), step))
 
 

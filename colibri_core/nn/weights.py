@@ -118,6 +118,8 @@ class Weights:
     # a family's name -> the checkpoint's, for checkpoints that keep their original
     # (pre-transformers) names: the family asks under transformers' names either way
     aliases: dict[str, str] = field(default_factory=dict)
+    # multi-token-prediction layers to build as well (``build_decoder``; a draft source's)
+    mtp_layers: int = 0
 
     def shape_of(self, info: TensorInfo) -> tuple[int, ...]:
         return self.resolver.logical_shape(info) if self.resolver is not None else info.shape

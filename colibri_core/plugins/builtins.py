@@ -63,5 +63,8 @@ def colibri_register_draft_sources(register):
     register(DraftSpec("ngram", "colibri_core.engine.speculative:NgramSource",
                        "prompt lookup: the longest recent suffix that occurred before, continued as it went on then "
                        "(no weights)"))
+    register(DraftSpec("mtp", "colibri_core.engine.speculative:MTPSource",
+                       "the checkpoint's own multi-token-prediction layer (DeepSeek-V3 / Kimi K2 / GLM layout), "
+                       "loaded int8 or better"))
     register(DraftSpec("auto", "colibri_core.engine.speculative:AutoSource",
-                       "ngram, turned off per sequence while drafted steps measure slower per token than plain ones"))
+                       "ngram, verified per sequence only as deep as its measured acceptance and cost say pays"))

@@ -11,7 +11,7 @@ import colibri_core
 from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.testing import DELETE, copy_model
-from colibri_core.testing.mtp import check_mtp_layer_is_ignored
+from colibri_core.testing.mtp import check_mtp_layer_is_ignored, check_mtp_layer_matches_reference
 
 import test_deepseek_v32_oracle as v32_suite
 import test_deepseek_v3_oracle as v3_suite
@@ -130,3 +130,8 @@ def test_list_families_shows_the_deepseek_model_types():
     families = {f["family"]: f for f in json.loads(out)}
     assert families["deepseek-v3"]["model_types"] == ["deepseek_v3"]
     assert families["deepseek-v32"]["model_types"] == ["deepseek_v32"]
+
+
+def test_mtp_layer_matches_the_torch_reference(tmp_path_factory, tmp_path):
+    fx = fixture(tmp_path_factory, v3_suite.TestDeepseekV3Oracle, "base")
+    check_mtp_layer_matches_reference(fx.path, tmp_path, fx.prompt)

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from colibri_core.cli.modelarg import model_option
-from colibri_core.cli.run import check_draft_options, draft_options, placement_kwargs, placement_options
+from colibri_core.cli.run import (check_draft_options, draft_load_options, draft_options, placement_kwargs,
+                                  placement_options)
 from colibri_core.errors import UsageError
 from colibri_serve.logs import LEVELS
 
@@ -52,7 +53,7 @@ def _check_model_dir(model_dir: str) -> Path:
 @draft_options
 @placement_options
 def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout, insecure_no_key,
-          allowed_hosts, log_level, draft, draft_depth, **placement):
+          allowed_hosts, log_level, draft, draft_depth, mtp_int4, **placement):
     """Serve the model in --model over HTTP with the OpenAI API (/v1/chat/completions,
     /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health,
     /metrics and a web dashboard at /. The APIs answer 503 until the model has loaded."""
@@ -71,7 +72,7 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
 
     path = _check_model_dir(model_dir)
     check_draft_options(draft, draft_depth)
-    options = placement_kwargs(**placement)
+    options = placement_kwargs(**placement) | draft_load_options(draft, mtp_int4)
     open_backend(options["backend"], options["vram"])  # a bad --backend / --vram fails before the port is bound
     body_limit = parse_size(max_body)
     console = _stderr()
@@ -119,7 +120,7 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
 @click.option("--seed", type=int, default=None)
 @draft_options
 @placement_options
-def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, draft, draft_depth, **placement):
+def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, draft, draft_depth, mtp_int4, **placement):
     """Chat with the model in --model in the terminal, on its chat template. Each turn
     reuses the cached prompt of the conversation so far. Commands: /reset, /stats,
     /save FILE, /exit."""
@@ -128,7 +129,7 @@ def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, draft, 
 
     path = _check_model_dir(model_dir)
     check_draft_options(draft, draft_depth)
-    model = load_with_progress(path, quiet=False, **placement_kwargs(**placement))
+    model = load_with_progress(path, quiet=False, **placement_kwargs(**placement), **draft_load_options(draft, mtp_int4))
     with model:
         session = ChatSession(model, system=system, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               top_k=top_k, seed=seed, draft=draft, draft_depth=draft_depth)
