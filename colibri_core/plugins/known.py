@@ -23,6 +23,9 @@ FAMILY_DISTRIBUTIONS: dict[str, str] = {
     "glm5_next": "colibri-glm",
     "inkling_text": "colibri-inkling",
     "inkling_mm_model": "colibri-inkling",
+    "mixtral": "colibri-mistral",
+    "granitemoe": "colibri-ibm",
+    "granitemoeshared": "colibri-ibm",
     "gpt_oss": "colibri-gpt-oss",
 }
 
