@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from colibri_core.cli.constrain import constraint_from_options, constraint_options
 from colibri_core.cli.modelarg import model_option
 from colibri_core.errors import UsageError
 
@@ -151,7 +152,9 @@ def drafts_summary(s) -> str:
     if s.draft_replayed_tokens:
         parts.append(f"{s.draft_replayed_tokens} tokens fed again")
     if s.draft_gated_steps:
-        parts.append(f"{s.draft_gated_steps} steps without (drafts measured slower)")
+        parts.append(f"{s.draft_gated_steps} steps without (not expected to pay)")
+    if s.draft_forced_tokens:
+        parts.append(f"{s.draft_forced_tokens} forced by the constraint")
     parts.append(f"{s.tokens_per_forward:.2f} tokens per forward pass")
     return "; ".join(parts)
 
@@ -304,17 +307,25 @@ def check_draft_options(draft: str, draft_depth: int) -> None:
 @click.option("--system", default=None, help="System message (with --chat).")
 @sampling_options
 @draft_options
+@constraint_options
 @placement_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens.")
+@click.option("--save-state", default=None, metavar="FILE",
+              help="After the run, save the sequence's state (caches, token ids, sampler) to FILE, for --resume.")
+@click.option("--resume", "resume_file", default=None, metavar="FILE",
+              help="Continue the sequence saved in FILE (by --save-state) instead of a prompt, without computing it "
+                   "again; sampling options and --ignore-eos not given are the saved ones.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or statistics.")
 @click.option("--progress", "show_progress", is_flag=True,
               help="Show progress (loading, the prompt's prefill) on stderr even when it is not a terminal "
                    "(there as plain lines every few seconds).")
 def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, temperature, top_p, top_k, seed, draft,
-        draft_depth, mtp_int4, ignore_eos, as_json, quiet, show_progress, **placement):
+        draft_depth, mtp_int4, json_schema, regex, grammar, ignore_eos, save_state, resume_file, as_json, quiet,
+        show_progress, **placement):
     """Generate from PROMPT (or --prompt-file, or --token-ids) with the model in --model.
-    PROMPT "-", or no prompt at all with stdin not a terminal, reads the prompt from stdin."""
+    PROMPT "-", or no prompt at all with stdin not a terminal, reads the prompt from stdin.
+    --resume FILE continues a sequence saved with --save-state instead."""
     from colibri_core.engine.api import check_load_options
     from colibri_core.engine.sampling import SamplingParams, check_max_tokens
     from colibri_core.model.tokenizer import check_text
@@ -323,8 +334,11 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
     given = [prompt is not None, prompt_file is not None, token_ids is not None]
     if sum(given) > 1:
         raise UsageError("give a PROMPT, --prompt-file or --token-ids (exactly one)")
+    check_state_options(save_state, resume_file, draft, any(given) or chat or system is not None)
     prompt_source = prompt_file if prompt_file is not None else "-" if prompt == "-" else None
-    if not any(given):
+    if resume_file is not None:
+        pass  # no prompt: the saved sequence continues
+    elif not any(given):
         if not stdin_is_piped():
             raise UsageError("give a PROMPT, --prompt-file or --token-ids (exactly one), or pipe the prompt on stdin")
         prompt_source = "-"
@@ -341,11 +355,19 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
     SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     check_max_tokens(max_tokens)
     check_draft_options(draft, draft_depth)
+    constraint = constraint_from_options(json_schema, regex, grammar)
+    if constraint is not None and resume_file is not None:
+        raise UsageError("--json-schema, --regex and --grammar do not combine with --resume yet")
     options = placement_kwargs(**placement) | draft_load_options(draft, mtp_int4)
     check_load_options(**{k: options[k] for k in ("cap", "pin", "pin_share", "prefetch_slots", "prefetch_window", "history",
                                              "history_decay")})
     if prompt_source is not None:  # read last: every option above is checked before waiting on stdin
         prompt = read_prompt(prompt_source)
+    saved = None
+    if resume_file is not None:  # the whole file is checked (but for the model's identity) before loading
+        from colibri_core.engine.state import read_state
+
+        saved = read_state(resume_file)
 
     model = load_with_progress(model_dir, quiet=quiet or as_json, show_progress=show_progress, **options)
     from colibri_core.cli import progress
@@ -354,8 +376,11 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
     prefill = progress.PrefillBar(console, progress.wanted(console, asked=show_progress, quiet=quiet or as_json))
     with model:
         kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                      ignore_eos=ignore_eos, prefill_progress=prefill, draft=draft, draft_depth=draft_depth)
-        if ids is not None:
+                      ignore_eos=ignore_eos, prefill_progress=prefill, draft=draft, draft_depth=draft_depth,
+                      keep_state=save_state is not None, constraint=constraint)
+        if saved is not None:
+            generation = model.resume_stream(saved, **resume_kwargs(kwargs))
+        elif ids is not None:
             generation = model.stream(token_ids=ids, **kwargs)
         elif chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
@@ -379,10 +404,57 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
             raise
         finally:
             prefill.close()
+        result = generation.result()
+        out = result.as_dict()
+        if save_state is not None:
+            if result.state is None:
+                raise UsageError(f"--save-state {save_state}: {result.state_error}")
+            size = result.state.save(save_state)
+            out["saved_state"] = {"path": save_state, "positions": result.state.positions, "bytes": size}
+            if not (quiet or as_json):
+                from colibri_core.units import format_bytes
+
+                _stderr_console().print(f"saved state: {save_state} ({result.state.positions} positions, "
+                                        f"{format_bytes(size)})")
         if as_json:
-            click.echo(json.dumps(generation.result().as_dict()))
+            click.echo(json.dumps(out))
         elif not quiet:
-            _stderr_console().print(stats_table(generation.result().stats, model))
+            _stderr_console().print(stats_table(result.stats, model))
+
+
+def check_state_options(save_state, resume_file, draft: str, prompt_given: bool):
+    """--save-state and --resume, checked before the model loads: a prompt beside --resume,
+    drafts beside --save-state, a place that cannot take the file are one line (the saved
+    file itself is read and checked after the other options, still before loading)."""
+    import os
+
+    if save_state is not None:
+        if draft != "off":
+            raise UsageError("--save-state cannot be combined with --draft: a verification ends with drafted positions "
+                             "in the caches")
+        parent = os.path.dirname(os.path.abspath(save_state))
+        if os.path.isdir(save_state):
+            raise UsageError(f"--save-state {save_state}: is a directory")
+        if not os.path.isdir(parent):
+            raise UsageError(f"--save-state {save_state}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise UsageError(f"--save-state {save_state}: directory {parent} is not writable")
+    if resume_file is not None and prompt_given:
+        raise UsageError("--resume continues a saved sequence: give no PROMPT, --prompt-file, --token-ids, --chat "
+                         "or --system")
+
+
+def resume_kwargs(kwargs: dict) -> dict:
+    """``Model.resume_stream``'s arguments from ``run``'s: the sampling options and
+    --ignore-eos only where given on the command line (the saved ones otherwise)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    out = {k: kwargs[k] for k in ("max_tokens", "draft", "draft_depth", "keep_state")}
+    for name in ("temperature", "top_p", "top_k", "seed", "ignore_eos"):
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            out[name] = kwargs[name]
+    return out
 
 
 @click.command("demo")

@@ -38,6 +38,7 @@ from colibri_core.formats.base import QuantTensor
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.plugins.registry import Entry, import_object
 from colibri_core.engine.sampling import SamplingParams, check_max_tokens
+from colibri_core.engine.state import SequenceState, bind, check_saveable, load_state, resumed_sampler
 from colibri_core.engine.speculative import (DEFAULT_DRAFT_DEPTH, DraftGate, Speculation, check_depth,
                                              open_draft_source)
 from colibri_core.model.tokenizer import Tokenizer
@@ -133,7 +134,7 @@ class Model:
                presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
                ignore_eos: bool = False, return_logits: bool = False,
                prefill_progress: Callable[[int, int], None] | None = None, draft: Any = None,
-               draft_depth: int = DEFAULT_DRAFT_DEPTH) -> Generation:
+               draft_depth: int = DEFAULT_DRAFT_DEPTH, keep_state: bool = False, constraint: Any = None) -> Generation:
         """Start generating; iterate the returned Generation for TokenEvents, then call
         its ``result()`` for the token ids, text and statistics. ``prefill_progress(done,
         total)`` is told how many prompt tokens are through the model, layer by layer.
@@ -141,15 +142,79 @@ class Model:
         ``draft``: a draft source for speculative decoding, by name (``"ngram"``; None or
         ``"off"``: none) or as an object (``colibri_core.engine.speculative.DraftSource``),
         up to ``draft_depth`` drafted tokens per forward pass; the tokens are the same
-        with or without."""
+        with or without. ``keep_state``: the result's ``state`` is the sequence's state
+        (a ``SequenceState``: ``state.save(path)``, then ``resume``), see docs/state.md.
+        ``constraint``: what the output must fit (``colibri_core.engine.constraints.ConstraintSpec``:
+        a JSON Schema, a regex, a Lark or GBNF grammar); the grammar's end stops it (docs/structured.md)."""
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                   frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                   logit_bias=logit_bias, logprobs=logprobs)
         check_max_tokens(max_tokens)
         ids = self._prompt_ids(prompt, token_ids, messages)
         stop = frozenset() if ignore_eos else frozenset(self.eos_ids)
+        if keep_state:
+            self._check_keep_state(draft, constraint)
         speculation = self.speculation(draft, draft_depth)
-        return Generation(self, ids, max_tokens, sampling, stop, return_logits, prefill_progress, speculation)
+        return Generation(self, ids, max_tokens, sampling, stop, return_logits, prefill_progress, speculation,
+                          keep_state=keep_state, constraint=self.constraint(constraint))
+
+    def constraint(self, constraint: Any):
+        """``constraint`` (a ``ConstraintSpec``, or one already compiled for this model)
+        compiled for this model; None stays None."""
+        from colibri_core.engine.constraints import CompiledConstraint, ConstraintSpec, for_model
+
+        if constraint is None or isinstance(constraint, CompiledConstraint):
+            return constraint
+        if not isinstance(constraint, ConstraintSpec):
+            raise UsageError(f"{option('constraint')}: a colibri_core.engine.constraints.ConstraintSpec, got "
+                             f"{type(constraint).__name__}")
+        return for_model(self, constraint)
+
+    # -- saved sequences (colibri_core.engine.state, docs/state.md) ------------------------
+    def _check_keep_state(self, draft: Any, constraint: Any = None) -> None:
+        if draft is not None and draft != "off":
+            raise UsageError(f"{option('keep_state', keyword=True)} cannot be combined with drafts ({option('draft')}): "
+                             "a verification ends with drafted positions in the caches")
+        if constraint is not None:
+            raise UsageError(f"{option('keep_state', keyword=True)} cannot be combined with a constraint: a saved "
+                             "state does not hold the constraint's progress, so a resumed run would be unconstrained")
+        check_saveable(self.lm.new_cache(self.backend))
+
+    def load_state(self, path: str | Path) -> SequenceState:
+        """Read a saved state and check it against this model (identity, context, vocabulary,
+        every layer's kind and shapes); a one-line error naming the file otherwise."""
+        state = load_state(path)
+        bind(state, self)
+        return state
+
+    def resume_stream(self, state: str | Path | SequenceState, *, max_tokens: int = 128, ignore_eos: bool | None = None,
+                      return_logits: bool = False, draft: Any = None, draft_depth: int = DEFAULT_DRAFT_DEPTH, keep_state: bool = False,
+                      **sampling) -> Generation:
+        """Continue a saved sequence (a path, or a ``SequenceState``) for up to ``max_tokens``
+        more tokens, without computing its prompt again: the saved caches hold every token
+        but the last, which is fed first. The sampling parameters and ``ignore_eos`` are the
+        saved ones unless given (``temperature``, ``top_p``, ``top_k``, ``seed``, the
+        penalties, ``logit_bias``, ``logprobs``); the sampler's random generator continues
+        where it stopped unless another ``seed`` is given. The result's ``token_ids`` are
+        the new tokens."""
+        saved = load_state(state)
+        check_max_tokens(max_tokens)
+        unknown = set(sampling) - set(SamplingParams().as_dict())
+        if unknown:
+            raise UsageError(f"resume: unknown keyword {sorted(unknown)[0]!r}")
+        if keep_state:
+            self._check_keep_state(draft)
+        cache = bind(saved, self)
+        params, sampler = resumed_sampler(saved, sampling)
+        ignore = saved.ignore_eos if ignore_eos is None else ignore_eos
+        stop = frozenset() if ignore else frozenset(self.eos_ids)
+        speculation = self.speculation(draft, draft_depth)
+        return Generation(self, list(saved.token_ids), max_tokens, params, stop, return_logits, None, speculation,
+                          keep_state=keep_state, resume=(saved, cache, sampler))
+
+    def resume(self, state: str | Path | SequenceState, **kwargs) -> GenerationResult:
+        """Continue a saved sequence to completion. Same arguments as ``resume_stream``."""
+        return self.resume_stream(state, **kwargs).run()
 
     def speculation(self, draft: Any, depth: int = DEFAULT_DRAFT_DEPTH) -> Speculation | None:
         """A new sequence's drafting with the draft source ``draft``: a name (None or
@@ -414,4 +479,5 @@ def _drives(bp: Blueprint, mirrors: list[MirrorSpec], direct_io: bool, manifest,
     return drives
 
 
-__all__ = ["Blueprint", "GenerationResult", "LoadProgress", "Model", "TokenEvent", "inspect_model", "load", "open_backend"]
+__all__ = ["Blueprint", "GenerationResult", "LoadProgress", "Model", "SequenceState", "TokenEvent", "inspect_model", "load",
+           "open_backend"]

@@ -15,9 +15,10 @@ from typing import Callable
 import numpy as np
 
 from colibri_core import interrupts
-from colibri_core.errors import NonFiniteError, UsageError
+from colibri_core.errors import ColibriError, NonFiniteError, UsageError
 from colibri_core.engine.sampling import Sampler, SamplingParams, TokenLogprob, check_max_tokens
 from colibri_core.engine.speculative import Speculation
+from colibri_core.engine.state import capture
 
 PREFILL_CHUNK = 256  # prompt tokens per forward pass; bounds activation memory
 RESERVE_AHEAD = 1024  # decode positions a sequence's caches are sized for before it starts
@@ -73,8 +74,10 @@ class GenerationStats:
     draft_acceptance: float = 0.0  # accepted_tokens / drafted_tokens
     draft_verifications: int = 0  # forward passes that carried drafts
     draft_replayed_tokens: int = 0  # tokens fed again where a state could not rewind
-    draft_gated_steps: int = 0  # steps --draft auto kept from drafting (measured slower with drafts)
+    draft_gated_steps: int = 0  # steps whose drafts --draft auto kept from verification (not expected to pay)
+    draft_forced_tokens: int = 0  # of the drafted, tokens a constraint allowed alone (engine.constraints)
     tokens_per_forward: float = 0.0  # tokens after the first per forward pass after the first token
+    resumed_tokens: int = 0  # positions restored from a saved state (colibri_core.engine.state), not computed
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -96,6 +99,10 @@ class GenerationResult:
     finish_reason: str  # "stop" (eos), "length" (max tokens), "context" (context full) or "interrupted"
     logits: list[np.ndarray] | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the sampling parameters ask for them
+    # with keep_state: the sequence's state to save (colibri_core.engine.state.SequenceState),
+    # or None and state_error saying why there is none
+    state: object | None = None
+    state_error: str | None = None
 
     def as_dict(self) -> dict:
         out = {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
@@ -121,12 +128,21 @@ class Generation:
     prefill_progress: Callable[[int, int], None] | None = None
     # drafts verified in batched forwards (colibri_core.engine.speculative); None: none
     speculation: Speculation | None = None
+    # keep the sequence's state at the end, for ``result().state`` (colibri_core.engine.state)
+    keep_state: bool = False
+    # what the output must fit: a CompiledConstraint (colibri_core.engine.constraints); None: anything
+    constraint: object | None = None
+    # continue a saved sequence: (SequenceState, its cache, its sampler) from engine.state;
+    # prompt_ids are then its token ids, all but the last already in the cache
+    resume: tuple | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
     _text: list[str] = field(default_factory=list)
     _logits: list[np.ndarray] = field(default_factory=list)
     _logprobs: list[TokenLogprob] = field(default_factory=list)
+    _state: object | None = None
+    _state_error: str | None = None
 
     def __iter__(self):
         model = self.model
@@ -134,16 +150,19 @@ class Generation:
         prompt = list(self.prompt_ids)
         if not prompt:
             raise UsageError("the prompt is empty: give text or at least one token id")
-        lm.check_prompt(prompt)
-        if len(prompt) >= lm.max_context:
-            raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {lm.max_context}")
+        saved = self.resume
+        if saved is None:
+            lm.check_prompt(prompt)
+            if len(prompt) >= lm.max_context:
+                raise UsageError(f"the prompt has {len(prompt)} tokens; the context holds {lm.max_context}")
         check_max_tokens(self.max_tokens)
         self.sampling.check_vocab(lm.vocab_size)
 
-        sampler = Sampler(self.sampling)
+        sampler = Sampler(self.sampling) if saved is None else saved[2]
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
         clock = _Clock(before=store_stats())
-        cache = lm.new_cache(ops)
+        cache = lm.new_cache(ops) if saved is None else saved[1]
+        self.resume = None  # the cache is this generation's now: resuming it again would continue from here
         # room for the reply up front, so that no cache grows (and copies itself) mid-decode;
         # at most RESERVE_AHEAD positions past the prompt: a reply that stops early wastes little
         cache.reserve(len(prompt) + min(self.max_tokens, RESERVE_AHEAD))
@@ -153,9 +172,19 @@ class Generation:
         layers = max(1, len(lm.layers))
         spec = self.speculation
         keep_hidden = spec is not None and spec.wants_hidden  # a drafter reads the hidden states (MTP)
+        matcher = self.constraint.new() if self.constraint is not None else None
+        fed = len(prompt)  # prompt tokens computed here (resuming: the last one)
+        stopped_by = None  # the stop token that ended the generation
         try:
             logits = None
-            for i in range(0, len(prompt), PREFILL_CHUNK):
+            if saved is not None:  # the saved caches hold every id but the last: feed it, as the decode step would
+                fed = 1 if self.max_tokens > 0 else 0
+                if fed:
+                    hidden = [] if keep_hidden else None
+                    logits = lm.forward(np.asarray(prompt[-1:]), cache, ops, hidden=hidden)
+                    if hidden:
+                        spec.observe(hidden[0])
+            for i in range(0, len(prompt) if saved is None else 0, PREFILL_CHUNK):
                 interrupts.check()
                 chunk = prompt[i : i + PREFILL_CHUNK]
                 after_layer = None
@@ -175,7 +204,7 @@ class Generation:
                 accepted, done = 0, False
                 for i, row in enumerate(rows):
                     check_logits(row, lm, ops, prompt + self.token_ids, model)
-                    token, logprob = sampler.sample(row)
+                    token, logprob = sampler.sample(row if matcher is None else matcher.mask(row))
                     now = time.perf_counter()
                     if clock.first is None:
                         clock.first = now
@@ -192,6 +221,11 @@ class Generation:
                     if logprob is not None:
                         self._logprobs.append(logprob)
                     yield TokenEvent(token, text, row if self.return_logits else None, logprob)
+                    if matcher is not None:
+                        matcher.advance(token)
+                        if matcher.finished:  # the output is complete
+                            finish, done = "stop", True
+                            break
                     if len(self.token_ids) >= self.max_tokens:
                         done = True
                         break
@@ -213,7 +247,7 @@ class Generation:
                 interrupts.check()
                 if spec is not None:  # room: tokens still to generate after the next one, and context
                     room = min(self.max_tokens - len(self.token_ids) - 1, lm.max_context - cache.length - 1)
-                    drafts = spec.drafts(prompt + self.token_ids, room)
+                    drafts = spec.drafts(prompt + self.token_ids, room, matcher.forced() if matcher is not None else None)
                 if drafts:
                     rows = list(spec.verify(cache, token, drafts))
                 else:
@@ -225,16 +259,33 @@ class Generation:
                 if store is not None:
                     store.after_tokens(len(rows))
             self.finish_reason = finish
+            if finish == "stop" and token in self.stop_ids:
+                stopped_by = token  # the stop token is part of a kept state: sampled, not fed
         except KeyboardInterrupt:
             interrupts.clear()  # delivered: nothing left for check() to raise
             raise
         finally:  # also when interrupted (Ctrl-C, or the caller stopped iterating): stats of what was made
-            self._record_stats(clock, store_stats(), len(prompt), cache)
+            self._record_stats(clock, store_stats(), fed, cache)
+            if saved is not None:
+                self.stats.resumed_tokens = len(prompt) - 1
+            if self.keep_state:
+                self._keep(cache, sampler, prompt, saved, stopped_by)
         if decoder is not None:
             tail = decoder.flush()
             if tail:
                 self._text.append(tail)
                 yield TokenEvent(-1, tail)
+
+    def _keep(self, cache, sampler, prompt: list[int], saved, stop_token) -> None:
+        """Keep the sequence's state (engine.state), or why it cannot be kept."""
+        ids = prompt + self.token_ids + ([stop_token] if stop_token is not None else [])
+        first = len(prompt) if saved is None else saved[0].prompt_tokens
+        try:
+            if len(ids) == len(prompt) and saved is None:
+                raise ValueError("no token was sampled")
+            self._state = capture(self.model, cache, ids, first, self.sampling, not self.stop_ids, sampler)
+        except (ValueError, ColibriError) as exc:
+            self._state, self._state_error = None, f"the sequence's state cannot be kept: {exc}"
 
     def _record_stats(self, clock: "_Clock", after: dict, prompt_tokens: int, cache) -> None:
         model, store = self.model, self.model.store
@@ -289,7 +340,7 @@ class Generation:
             s.draft_source = self.speculation.name
             s.drafted_tokens, s.accepted_tokens, s.draft_acceptance = d.drafted, d.accepted, d.acceptance
             s.draft_verifications, s.draft_replayed_tokens = d.verifications, d.replayed
-            s.draft_gated_steps = d.gated_steps
+            s.draft_gated_steps, s.draft_forced_tokens = d.gated_steps, d.forced
         s.cache_slots = model.placement.slots
         s.device_cache_slots = model.placement.device.slots if model.placement.device is not None else 0
 
@@ -302,7 +353,8 @@ class Generation:
         text = "".join(self._text) if self.model.tokenizer is not None else None
         return GenerationResult(list(self.token_ids), text, self.stats, self.finish_reason or "length",
                                 self._logits if self.return_logits else None,
-                                list(self._logprobs) if self.sampling.logprobs is not None else None)
+                                list(self._logprobs) if self.sampling.logprobs is not None else None,
+                                self._state, self._state_error)
 
 
 def _counter_delta(after: dict, before: dict) -> dict:

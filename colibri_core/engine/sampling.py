@@ -90,6 +90,29 @@ class SamplingParams:
         """Whether a bias or a penalty changes the logits before they are sampled from."""
         return bool(self.logit_bias) or self.frequency_penalty != 0 or self.presence_penalty != 0
 
+    def as_dict(self) -> dict:
+        """The parameters as JSON (``from_dict`` reads them back, checked)."""
+        bias = sorted((self.logit_bias or {}).items())
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
+                "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
+                "logit_bias": [[t, b] for t, b in bias] or None, "logprobs": self.logprobs}
+
+    @classmethod
+    def from_dict(cls, d: dict, **overrides) -> "SamplingParams":
+        """Parameters from ``as_dict``, with ``overrides`` (keyword: value) replacing some;
+        a UsageError (as the keywords' checks) or ValueError (a malformed dict)."""
+        keys = set(cls().as_dict())
+        if not isinstance(d, dict) or set(d) != keys:
+            raise ValueError(f"the sampling parameters must hold exactly {sorted(keys)}")
+        bias = d["logit_bias"]
+        if bias is not None and not (isinstance(bias, list) and all(isinstance(p, list) and len(p) == 2 for p in bias)):
+            raise ValueError("logit_bias must be [token id, bias] pairs")
+        values = {**d, "logit_bias": None if bias is None else {t: b for t, b in bias}}
+        unknown = set(overrides) - keys
+        if unknown:
+            raise TypeError(f"unknown sampling parameters {sorted(unknown)}")
+        return cls(**{**values, **overrides})
+
     def check_vocab(self, vocab_size: int) -> None:
         """Refuse a logit bias for a token the model does not have."""
         outside = [t for t in (self.logit_bias or ()) if t >= vocab_size]
@@ -126,6 +149,46 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         return self.sample(logits)[0]
+
+    # -- a saved sequence (colibri_core.engine.state) ----------------------------------
+    def state(self) -> dict:
+        """What the next draw depends on besides the parameters, as JSON: the random
+        generator's state (PCG64's 128-bit integers as hex strings) and the counts the
+        penalties use."""
+        st = self.rng.bit_generator.state
+        if st.get("bit_generator") != "PCG64":
+            raise ColibriError(f"cannot save a sampler drawing with {st.get('bit_generator')!r} (only PCG64)")
+        return {"rng": {"bit_generator": "PCG64", "state": f"{st['state']['state']:x}", "inc": f"{st['state']['inc']:x}",
+                        "has_uint32": int(st["has_uint32"]), "uinteger": int(st["uinteger"])},
+                "counts": [[int(t), int(n)] for t, n in sorted(self.counts.items())]}
+
+    def restore(self, state: dict, *, rng: bool = True) -> None:
+        """Continue from ``state()`` (the generator's too unless ``rng`` is False); a
+        ValueError says what is malformed."""
+        if not isinstance(state, dict) or set(state) != {"rng", "counts"}:
+            raise ValueError("the sampler state must hold exactly 'rng' and 'counts'")
+        counts = state["counts"]
+        if not isinstance(counts, list) or not all(
+                isinstance(c, list) and len(c) == 2 and all(_is_int(x) and x >= 0 for x in c) for c in counts):
+            raise ValueError("the sampler's counts must be [token id, count] pairs of integers >= 0")
+        r = state["rng"]
+        keys = {"bit_generator", "state", "inc", "has_uint32", "uinteger"}
+        if not isinstance(r, dict) or set(r) != keys or r["bit_generator"] != "PCG64":
+            raise ValueError(f"the random generator state must be PCG64's {sorted(keys)}")
+        try:
+            value = {"bit_generator": "PCG64", "state": {"state": int(r["state"], 16), "inc": int(r["inc"], 16)},
+                     "has_uint32": int(r["has_uint32"]), "uinteger": int(r["uinteger"])}
+            if not (0 <= value["state"]["state"] < 2**128 and 0 <= value["state"]["inc"] < 2**128
+                    and value["has_uint32"] in (0, 1) and 0 <= value["uinteger"] < 2**32):
+                raise ValueError("out of range")
+            generator = np.random.default_rng()
+            if rng:
+                generator.bit_generator.state = value
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the random generator state is malformed ({exc})") from None
+        self.counts = {int(t): int(n) for t, n in counts}
+        if rng:
+            self.rng = generator
 
     def sample(self, logits: np.ndarray) -> tuple[int, TokenLogprob | None]:
         """The next token, and its log-probability (with the most likely tokens') when

@@ -11,6 +11,48 @@ from __future__ import annotations
 from colibri_core.compute.backend import ITEMSIZE
 
 
+# -- saved states (colibri_core.engine.state) ---------------------------------------------
+# Every state kind says what it holds with ``export_state() -> (meta, arrays)`` (meta: a few
+# JSON integers, arrays: the backend arrays of the positions in use, by name) and takes it
+# back into a fresh state of the same layer with ``import_state(meta, arrays)`` (host numpy
+# arrays), which checks everything against the layer first and raises ValueError saying
+# what does not fit. ``state_kind`` names the kind in the file.
+
+
+def saved_length(meta, limit: int) -> int:
+    """The ``length`` of a saved state's meta: the only key, an integer in [0, limit]."""
+    if not isinstance(meta, dict) or set(meta) != {"length"}:
+        raise ValueError(f"its meta must be {{'length': N}}, got {meta!r}")
+    n = meta["length"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= limit:
+        raise ValueError(f"length {n!r} is not an integer from 0 to {limit}")
+    return n
+
+
+def check_saved_arrays(arrays: dict, expected: dict) -> None:
+    """The saved arrays are exactly ``expected`` (name -> shape): no other, none missing,
+    each of its shape and a float dtype."""
+    missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
+    if missing or extra:
+        raise ValueError(f"arrays {sorted(arrays)} where this model's layer holds {sorted(expected)}")
+    for name, shape in expected.items():
+        a = arrays[name]
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"array {name!r} has shape {list(a.shape)} where this model's layer holds {list(shape)}")
+        if a.dtype.kind != "f":
+            raise ValueError(f"array {name!r} is {a.dtype}, not a float dtype")
+
+
+def to_backend(backend, host, dtype: str):
+    """A saved host array on ``backend`` as ``dtype`` (float32 goes bit for bit), from a
+    copy: a backend may keep the host array it is given, and the saved one may be used again."""
+    import numpy as np
+
+    if host.size == 0:  # an empty stream (NoPE MLA's rotary keys): not every backend uploads nothing
+        return backend.zeros(tuple(host.shape), dtype)
+    return backend.asarray(np.array(host, dtype=np.float32, order="C"), dtype)
+
+
 class _KVArrays:
     """What both attention caches hold: keys and values in two backend arrays ``_k`` and
     ``_v``, stored (heads, positions, dim) in the backend's cache dtype."""
@@ -87,6 +129,24 @@ class KVCache(_KVArrays):
         their rows stay where they are and the next append overwrites them."""
         self.length = min(self.length, n)
 
+    state_kind = "kv"
+
+    def export_state(self) -> tuple[dict, dict]:
+        """The positions in use: keys and values (heads, length, dim)."""
+        n = self.length
+        return {"length": n}, ({"k": self._k[:, :n], "v": self._v[:, :n]} if n else {})
+
+    def import_state(self, meta: dict, arrays: dict) -> None:
+        n = saved_length(meta, self.max_len)
+        h, dk, dv = self.shape
+        check_saved_arrays(arrays, {"k": (h, n, dk), "v": (h, n, dv)} if n else {})
+        if n:
+            self._grow(n)
+            dtype = self.backend.cache_dtype
+            self._k[:, :n] = to_backend(self.backend, arrays["k"], dtype)
+            self._v[:, :n] = to_backend(self.backend, arrays["v"], dtype)
+        self.length = n
+
 
 class SlidingKVCache(_KVArrays):
     """Keys and values of a sliding-window attention layer: only the last ``window - 1``
@@ -160,6 +220,24 @@ class SlidingKVCache(_KVArrays):
     def snapshot_bytes(self) -> int:
         """What one ``snapshot`` holds at most: the window's positions."""
         return (self.window - 1) * self.bytes_per_token()
+
+    state_kind = "sliding_kv"
+
+    def export_state(self) -> tuple[dict, dict]:
+        """What the next step reads: the last min(length, window - 1) keys and values."""
+        snap = self.snapshot()
+        return {"length": self.length}, ({} if snap["k"] is None else {"k": snap["k"], "v": snap["v"]})
+
+    def import_state(self, meta: dict, arrays: dict) -> None:
+        n = saved_length(meta, 1 << 62)
+        keep = min(n, self.window - 1)
+        h, dk, dv = self.shape
+        check_saved_arrays(arrays, {"k": (h, keep, dk), "v": (h, keep, dv)} if keep else {})
+        if keep:
+            dtype = self.backend.cache_dtype
+            self._k = to_backend(self.backend, arrays["k"], dtype)
+            self._v = to_backend(self.backend, arrays["v"], dtype)
+        self.kept, self.offset, self.length = keep, 0, n
 
     def bytes_for(self, tokens: int) -> int:
         """What the layer holds while decoding after ``tokens`` positions: at most the window."""
@@ -244,6 +322,17 @@ class RecurrentState:
             snapshot = self.arrays
         dst.arrays = {name: a * 1.0 for name, a in snapshot.items()}
         dst.length = n
+
+    state_kind = "recurrent"
+
+    def export_state(self) -> tuple[dict, dict]:
+        return {"length": self.length}, dict(self.arrays)
+
+    def import_state(self, meta: dict, arrays: dict) -> None:
+        n = saved_length(meta, 1 << 62)
+        check_saved_arrays(arrays, {name: tuple(a.shape) for name, a in self.arrays.items()})
+        self.arrays = {name: to_backend(self.backend, arrays[name], "float32") for name in self.arrays}
+        self.length, self._kept = n, None
 
 
 class Cache:

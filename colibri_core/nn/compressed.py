@@ -40,6 +40,7 @@ import numpy as np
 
 from colibri_core.compute.backend import ITEMSIZE
 from colibri_core.compute.host import top_k_indices
+from colibri_core.nn.cache import check_saved_arrays, saved_length, to_backend
 from colibri_core.nn.layers import Linear, RMSNorm, Step, rope_tables
 from colibri_core.nn.mla import _Rows
 from colibri_core.nn.rope import RoPE
@@ -325,6 +326,62 @@ class CompressedAttentionState:
     @property
     def nbytes(self) -> int:
         return self.rows.nbytes + sum(p.nbytes for p in self._parts())
+
+    state_kind = "compressed_attention"
+
+    def _named_parts(self) -> dict:
+        return {name: p for name, p in (("compressor", self.compressed), ("indexer", self.index)) if p is not None}
+
+    def export_state(self) -> tuple[dict, dict]:
+        """What later steps read: the window's last rows and, per compressor, its entries,
+        the rows of the window not closed yet and the previous window's first series."""
+        n = self.rows.length
+        out = {}
+        if self.rows._data is not None and min(self.rows.kept, self.rows.window - 1):
+            out["window"] = self.rows.last()
+        for prefix, part in self._named_parts().items():
+            if part.count:
+                out[f"{prefix}.entries"] = part.all_entries()
+            for name in ("pending_kv", "pending_gate", "prior_kv", "prior_gate"):
+                a = getattr(part, name)
+                if a is not None and a.shape[0]:
+                    out[f"{prefix}.{name}"] = a
+        return {"length": n}, out
+
+    def _saved_shapes(self, n: int) -> dict:
+        """The arrays a state of ``n`` positions holds (see ``export_state``)."""
+        shapes = {}
+        keep = min(n, self.rows.window - 1)
+        if keep:
+            shapes["window"] = (keep, self.rows.dim)
+        for prefix, part in self._named_parts().items():
+            count, pending = n // part.rate, n % part.rate
+            if count:
+                shapes[f"{prefix}.entries"] = (count, part.dim)
+            if pending:
+                shapes[f"{prefix}.pending_kv"] = shapes[f"{prefix}.pending_gate"] = (pending, part.width)
+            if count and part.width != part.dim:  # overlapping windows: the last closed one's first series
+                shapes[f"{prefix}.prior_kv"] = shapes[f"{prefix}.prior_gate"] = (part.rate, part.dim)
+        return shapes
+
+    def import_state(self, meta: dict, arrays: dict) -> None:
+        n = saved_length(meta, 1 << 62)
+        check_saved_arrays(arrays, self._saved_shapes(n))
+        backend = self.backend
+        rows = self.rows
+        window = arrays.get("window")
+        rows._data = None if window is None else to_backend(backend, window, backend.cache_dtype)
+        rows.kept = 0 if window is None else int(window.shape[0])
+        rows.offset, rows.length = 0, n
+        for prefix, part in self._named_parts().items():
+            count = n // part.rate
+            if count:
+                part.entries._grow(count)
+                part.entries._data[:count] = to_backend(backend, arrays[f"{prefix}.entries"], backend.cache_dtype)
+            part.entries.length = count
+            for name in ("pending_kv", "pending_gate", "prior_kv", "prior_gate"):
+                a = arrays.get(f"{prefix}.{name}")
+                setattr(part, name, None if a is None else to_backend(backend, a, backend.activation_dtype))
 
     def bytes_per_token(self) -> int:
         """Per position: a window row (while the sequence is shorter than the window: an

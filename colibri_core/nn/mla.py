@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from colibri_core.compute.backend import ITEMSIZE
+from colibri_core.nn.cache import check_saved_arrays, saved_length, to_backend
 from colibri_core.nn.layers import Linear, RMSNorm, Step, rope_tables
 from colibri_core.nn.rope import RoPE, rope_parameters
 
@@ -105,6 +106,29 @@ class MLACache:
     def append_index(self, keys):
         """Add (T, index_dim) indexer keys; return all of them."""
         return self.index_keys.append(keys)
+
+    state_kind = "mla"
+
+    def _streams(self) -> dict:
+        return {"latent": self.latent, "k_rot": self.k_rot, **({"index_keys": self.index_keys} if self.index_keys else {})}
+
+    def export_state(self) -> tuple[dict, dict]:
+        """The positions in use of each stream (latents, rotary keys, DSA indexer keys)."""
+        n = self.length
+        lengths = {name: rows.length for name, rows in self._streams().items()}
+        if set(lengths.values()) != {n}:
+            raise ValueError(f"its streams hold different numbers of positions: {lengths}")
+        return {"length": n}, ({name: rows._data[:n] for name, rows in self._streams().items()} if n else {})
+
+    def import_state(self, meta: dict, arrays: dict) -> None:
+        n = saved_length(meta, self.latent.max_len)
+        streams = self._streams()
+        check_saved_arrays(arrays, {name: (n, rows.dim) for name, rows in streams.items()} if n else {})
+        for name, rows in streams.items():
+            if n:
+                rows._grow(n)
+                rows._data[:n] = to_backend(rows.backend, arrays[name], rows.backend.cache_dtype)
+            rows.length = n
 
     @property
     def nbytes(self) -> int:

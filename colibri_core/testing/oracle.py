@@ -264,6 +264,38 @@ class FamilyOracleSuite:
                 assert 0 < stats.accepted_tokens < stats.drafted_tokens, label
                 assert stats.tokens_per_forward > 1.5, label
 
+    def test_saved_state_resumes_exactly(self, backend, case_name, tmp_path_factory, tmp_path):
+        """A sequence saved after k of N tokens (colibri_core.engine.state) and resumed by
+        a fresh load of the model for N - k more gives the uninterrupted run's tokens and
+        bit-identical logits, greedy and seeded sampling (the sampler's generator and
+        penalty counts are saved too), without computing the prompt again; the file holds
+        the positions in use only, not the room the caches reserved."""
+        fx = self._fixture(case_name, tmp_path_factory)
+        total, first = 8, 3
+        samplings = ({}, {"temperature": 0.8, "top_k": 12, "seed": 5, "frequency_penalty": 0.5})
+        runs = []
+        with colibri_core.load(fx.path, backend=backend, history=False) as model:
+            for n, sampling in enumerate(samplings):
+                whole = model.generate(token_ids=fx.prompt, max_tokens=total, ignore_eos=True, return_logits=True,
+                                       **sampling)
+                part = model.generate(token_ids=fx.prompt, max_tokens=first, ignore_eos=True, keep_state=True,
+                                      **sampling)
+                state = part.state
+                assert state is not None, part.state_error
+                assert part.token_ids == whole.token_ids[:first]
+                assert state.token_ids == tuple(fx.prompt + part.token_ids) and state.positions == len(state.token_ids) - 1
+                bound = model.lm.new_cache(model.backend).bytes_for(state.positions)
+                assert state.nbytes <= bound, f"the state holds {state.nbytes} bytes, more than {state.positions} positions take"
+                state.save(tmp_path / f"state-{n}")
+                runs.append((sampling, whole))
+        for n, (sampling, whole) in enumerate(runs):
+            with colibri_core.load(fx.path, backend=backend, history=False) as fresh:  # a new model object
+                rest = fresh.resume(tmp_path / f"state-{n}", max_tokens=total - first, return_logits=True)
+            label = f"saved after {first} of {total} tokens, {sampling or 'greedy'}"
+            assert rest.stats.prompt_tokens == 1 and rest.stats.resumed_tokens == len(fx.prompt) + first - 1, label
+            assert rest.token_ids == whole.token_ids[first:], label
+            assert_same_logits(rest.logits, whole.logits[first:], label)
+
     def test_teacher_forced_logits_match_transformers(self, backend, case_name, tmp_path_factory):
         fx = self._fixture(case_name, tmp_path_factory)
         with colibri_core.load(fx.path, cap=1, history=False, backend=backend) as model:
