@@ -198,7 +198,7 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     name = f"{stamp}-speculative-{Path(a.model).name}"
     for n in range(2, 100):  # never overwrite an earlier run's record
-        if not (out / f"{name}.json").exists():
+        if not (out / f"{name}.json").exists() and not (out / f"{name}.md").exists():
             break
         name = f"{stamp}-speculative-{Path(a.model).name}-{n}"
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))

@@ -69,6 +69,8 @@ class Request:
     stop_ids: frozenset[int] = frozenset()  # token ids that end the request (not emitted)
     draft: Any = None  # a draft source for speculative decoding, by name or object (None / "off": none)
     draft_depth: int = DEFAULT_DRAFT_DEPTH
+    # what the output must fit (colibri_core.engine.constraints: a CompiledConstraint); None: anything
+    constraint: Any = None
 
 
 class Handle:
@@ -172,6 +174,7 @@ class _Seq:
     next_token: int | None = None  # sampled and emitted, to be fed at the next decode step
     prefix: _Prefix | None = None
     speculation: Speculation | None = None  # drafting, when the request asks for it
+    constraint: Any = None  # the request's constraint's matcher for this sequence
 
     @property
     def request(self) -> Request:
@@ -404,6 +407,8 @@ class Scheduler:
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
         seq = _Seq(handle, cache, reserved, Sampler(request.sampling), decoder, list(request.prompt_ids),
                    speculation=model.speculation(request.draft, request.draft_depth))
+        if request.constraint is not None:
+            seq.constraint = request.constraint.new()
         if seq.speculation is not None:  # counted as OpenAI counts a prediction's tokens
             handle.usage.update(accepted_prediction_tokens=0, rejected_prediction_tokens=0)
         if self.prefix_reuse:
@@ -476,7 +481,8 @@ class Scheduler:
         for s in seqs:
             spec = s.speculation
             room = min(s.request.max_tokens - len(s.handle.token_ids) - 1, self.lm.max_context - s.cache.length - 1)
-            d = spec.drafts(s.prompt + s.handle.token_ids, room) if spec is not None else []
+            forced = s.constraint.forced() if spec is not None and s.constraint is not None else None
+            d = spec.drafts(s.prompt + s.handle.token_ids, room, forced) if spec is not None else []
             feed += spec.feed(s.cache, s.next_token, d) if d else [(np.asarray([s.next_token]), s.cache)]
             drafts.append(d)
         keep = [] if any(s.speculation is not None and s.speculation.wants_hidden for s in seqs) else None
@@ -544,7 +550,8 @@ class Scheduler:
                 return self._retire(seq, "length")
             # NaN or degenerate logits end this sequence with an error naming the faulty layer
             check_logits(logits, self.lm, self.ops, seq.prompt + handle.token_ids, self.model)
-            token, logprob = seq.sampler.sample(logits)
+            constraint = seq.constraint
+            token, logprob = seq.sampler.sample(logits if constraint is None else constraint.mask(logits))
             if handle.ttft_s is None:
                 handle.ttft_s = time.perf_counter() - handle.submitted
                 self._ttft.append(handle.ttft_s)
@@ -556,6 +563,10 @@ class Scheduler:
             self.tokens_total += 1
             text = seq.decoder.add(token) if seq.decoder is not None else ""
             handle._emit(TokenEvent(token, text, logprob=logprob))
+            if constraint is not None:
+                constraint.advance(token)
+                if constraint.finished:  # the output is complete
+                    return self._retire(seq, "stop")
             if len(handle.token_ids) >= request.max_tokens:
                 return self._retire(seq, "length")
             if (seq.cache.length if length is None else length) >= self.lm.max_context:

@@ -69,6 +69,7 @@ class DraftStats:
     verifications: int = 0  # forwards that carried drafts
     replayed: int = 0  # tokens fed again to restore states that cannot rewind
     gated_steps: int = 0  # steps whose drafts a DraftGate kept from verification (not expected to pay)
+    forced: int = 0  # of the drafted, tokens a constraint forced (colibri_core.engine.constraints)
 
     @property
     def acceptance(self) -> float:
@@ -289,11 +290,20 @@ class Speculation:
         hands over its sequence's rows)."""
         self._hidden = hidden
 
-    def drafts(self, tokens: Sequence[int], room: int) -> list[int]:
+    def drafts(self, tokens: Sequence[int], room: int, forced: Sequence[int] | None = None) -> list[int]:
         """Drafts to follow ``tokens``: at most ``depth``, and at most ``room`` (what the
         sequence may still generate after the next token, and the context still holds);
         with a gate, as many as it expects to pay (none: the first draft is kept aside, to
-        be scored against the token sampled next). Starts the step's clock."""
+        be scored against the token sampled next). ``forced``: tokens a constraint allows
+        alone from here (``Constraint.forced``): drafted instead of the source's, as
+        sampling can pick nothing else (they still are verified and sampled). Starts the
+        step's clock."""
+        if forced:
+            self._started = self.clock()
+            drafts = [int(t) for t in forced[: min(self.depth, room)]]
+            self._drafting = len(drafts)
+            self.stats.forced += len(drafts)
+            return drafts
         gate = self.gate
         if gate is not None and self._shadow is not None:
             at, guess = self._shadow

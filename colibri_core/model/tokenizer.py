@@ -73,6 +73,10 @@ class Tokenizer:
             self._max_chars_per_token = max_chars_per_token(json.loads(self._tok.to_str()))
         return self._max_chars_per_token
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json's text (what llguidance reads)."""
+        return self._tok.to_str()
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

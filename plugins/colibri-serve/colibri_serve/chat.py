@@ -39,7 +39,7 @@ class Turn:
 class ChatSession:
     def __init__(self, model, *, system: str | None = None, max_tokens: int = 512, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, draft: str | None = None,
-                 draft_depth: int = 4):
+                 draft_depth: int = 4, constraint=None):
         from colibri_core.engine.sampling import SamplingParams
         from colibri_serve.service import new_scheduler
 
@@ -49,6 +49,8 @@ class ChatSession:
         self.system = system
         self.max_tokens = max_tokens
         self.draft, self.draft_depth = draft, draft_depth  # speculative decoding (colibri_core.engine.speculative)
+        # what every reply must fit (a ConstraintSpec, docs/structured.md), compiled once
+        self.constraint = model.constraint(constraint)
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         self.scheduler = new_scheduler(model, slots=1, max_queue=1)
         self.scheduler.start()
@@ -72,7 +74,8 @@ class ChatSession:
         started = time.perf_counter()
         handle = self.scheduler.submit(Request(prompt_ids=ids, max_tokens=min(self.max_tokens, model.lm.max_context - len(ids)),
                                                sampling=self.sampling, stop_ids=frozenset(model.eos_ids),
-                                               draft=self.draft, draft_depth=self.draft_depth))
+                                               draft=self.draft, draft_depth=self.draft_depth,
+                                               constraint=self.constraint))
         pieces: list[str] = []
         first = last = None
         try:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from colibri_core.cli.constrain import constraint_from_options, constraint_options
 from colibri_core.cli.modelarg import model_option
 from colibri_core.cli.run import (check_draft_options, draft_load_options, draft_options, placement_kwargs,
                                   placement_options)
@@ -119,8 +120,10 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
 @click.option("--top-k", type=int, default=0, show_default=True)
 @click.option("--seed", type=int, default=None)
 @draft_options
+@constraint_options
 @placement_options
-def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, draft, draft_depth, mtp_int4, **placement):
+def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, draft, draft_depth, mtp_int4, json_schema, regex,
+         grammar, **placement):
     """Chat with the model in --model in the terminal, on its chat template. Each turn
     reuses the cached prompt of the conversation so far. Commands: /reset, /stats,
     /save FILE, /exit."""
@@ -129,10 +132,11 @@ def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, draft, 
 
     path = _check_model_dir(model_dir)
     check_draft_options(draft, draft_depth)
+    constraint = constraint_from_options(json_schema, regex, grammar)
     model = load_with_progress(path, quiet=False, **placement_kwargs(**placement), **draft_load_options(draft, mtp_int4))
     with model:
         session = ChatSession(model, system=system, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              top_k=top_k, seed=seed, draft=draft, draft_depth=draft_depth)
+                              top_k=top_k, seed=seed, draft=draft, draft_depth=draft_depth, constraint=constraint)
         try:
             run_chat(session)
         finally:

@@ -38,16 +38,29 @@ def chat_logprobs(logprobs: bool | None, top_logprobs: int | None) -> int | None
     return (top_logprobs or 0) if logprobs else None
 
 
-def check_response_format(response_format: dict[str, Any] | None) -> None:
-    """Plain text is what colibri writes; structured output it cannot promise yet."""
+def response_constraint(response_format: dict[str, Any] | None):
+    """OpenAI's ``response_format`` as what the reply must fit: None for plain text, else a
+    ``ConstraintSpec`` (``json_object``: any JSON object; ``json_schema``: its ``schema``)."""
+    from colibri_core.engine.constraints import ConstraintSpec
+
     if response_format is None:
-        return
+        return None
+    if not isinstance(response_format, dict):
+        raise ApiError("bad_request", "response_format must be an object", param="response_format")
     kind = response_format.get("type")
     if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise ApiError("bad_request", f"response_format: type {kind!r} (structured output) is not supported by "
-                                      "colibri serve; ask for JSON in the prompt instead", param="response_format")
+        return None
+    if kind == "json_object":
+        return ConstraintSpec.json_object()
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+            raise ApiError("bad_request", "response_format.json_schema must be an object with a 'schema' object",
+                           param="response_format")
+        name = spec.get("name")
+        label = f"response_format.json_schema {name!r}" if isinstance(name, str) and name else "response_format.json_schema"
+        # no schema: any JSON value (OpenAI requires one; a missing one is taken as "anything JSON")
+        return ConstraintSpec.json_schema(spec.get("schema", {}), name=label)
     raise ApiError("bad_request", f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                    param="response_format")
 

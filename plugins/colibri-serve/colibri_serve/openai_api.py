@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -11,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from colibri_serve.jsonbody import JsonRoute
-from colibri_serve.logprobs import LogprobWriter, chat_logprobs, check_response_format, logit_bias
+from colibri_serve.logprobs import LogprobWriter, chat_logprobs, logit_bias, response_constraint
 from colibri_serve.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, stop_list, text_field, unsupported
 from colibri_serve.service import ApiError, Job, Service, started
 
@@ -99,14 +100,16 @@ def _penalties(body, service: Service) -> dict:
                 logit_bias=logit_bias(body.logit_bias, service.vocab_size))
 
 
-def _usage(job: Job) -> dict:
+def _usage(job: Job, *more: Job) -> dict:
+    """OpenAI's usage of a reply; of several choices (``more``), the prompt once and every
+    choice's completion tokens."""
     prompt = job.usage.get("prompt_tokens", len(job.prompt_ids))
-    completion = job.usage.get("completion_tokens", len(job.token_ids))
+    completion = sum(j.usage.get("completion_tokens", len(j.token_ids)) for j in (job, *more))
     out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
            "prompt_tokens_details": {"cached_tokens": job.usage.get("cached_tokens", 0)}}
     if "accepted_prediction_tokens" in job.usage:  # drafted tokens (serve --draft), in OpenAI's fields for them
-        out["completion_tokens_details"] = {k: job.usage[k] for k in ("accepted_prediction_tokens",
-                                                                      "rejected_prediction_tokens")}
+        out["completion_tokens_details"] = {k: sum(j.usage.get(k, 0) for j in (job, *more))
+                                            for k in ("accepted_prediction_tokens", "rejected_prediction_tokens")}
     return out
 
 
@@ -132,6 +135,21 @@ def _sse(data) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+MAX_CHOICES = 8  # choices (n) of one chat completion: each a sequence of the batched engine
+
+# sampling fields other servers take (vLLM, llama.cpp) that colibri does not implement:
+# refused by name rather than accepted and ignored
+UNSUPPORTED_SAMPLING = ("min_p", "repetition_penalty", "typical_p", "top_a", "tfs_z", "mirostat", "min_tokens",
+                        "guided_json", "guided_regex", "guided_grammar", "guided_choice", "grammar", "json_schema")
+
+
+def refuse_unknown_sampling(body) -> None:
+    for name in UNSUPPORTED_SAMPLING:
+        if (body.model_extra or {}).get(name) is not None:
+            raise unsupported(name, f"{name}" + (" (use response_format)" if "guided" in name or "json" in name
+                                                 or name == "grammar" else ""))
+
+
 def router(service: Service) -> APIRouter:
     api = APIRouter(route_class=JsonRoute)
 
@@ -148,9 +166,13 @@ def router(service: Service) -> APIRouter:
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         service.check_model(body.model)
-        if body.n not in (None, 1):
-            raise unsupported("n", "more than one choice")
-        check_response_format(body.response_format)
+        refuse_unknown_sampling(body)
+        n = body.n if body.n is not None else 1
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+            raise ApiError("bad_request", f"n must be an integer from 1 to {MAX_CHOICES}, got {n!r}", param="n")
+        if n > 1 and body.stream:
+            raise unsupported("n", "more than one choice in a streamed reply")
+        constraint = response_constraint(body.response_format)
         top_logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
         service.require_ready()
         tools = _tools(body)
@@ -159,25 +181,38 @@ def router(service: Service) -> APIRouter:
         ids = await service.tokenize(service.chat_ids, template_messages(body.messages), tools)
         service.check_prompt(ids, "messages")
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        job = Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools,
-                  logprobs=top_logprobs, **penalties,
-                  **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
+        def new_job(i: int) -> Job:  # choice i: its own sequence; with a seed, seed + i (each choice its own draw)
+            seed = body.seed + i if body.seed is not None and i else body.seed
+            return Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools,
+                       logprobs=top_logprobs, constraint=constraint, **penalties,
+                       **service.sampling(body.temperature, body.top_p, body.top_k, seed))
+
+        job = new_job(0)
         writer = LogprobWriter(service.token_bytes) if top_logprobs is not None else None
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "created": created, "model": service.model_name}
         if not body.stream:
-            content = await service.run(job, request.is_disconnected)
-            message: dict[str, Any] = {"role": "assistant", "content": content if content or not job.parsed.tool_calls else None}
-            if job.parsed.tool_calls:
-                message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
-                                         for c in job.parsed.tool_calls]
-            logprobs = writer.chat(job.token_logprobs) if writer is not None else None
-            reply = {**head, "object": "chat.completion", "choices": [{"index": 0, "message": message, "logprobs": logprobs,
-                                                                       "finish_reason": FINISH[job.finish_reason]}],
-                     "usage": _usage(job)}
-            if body.return_token_ids:
-                reply["choices"][0]["token_ids"] = job.token_ids
-            return reply
+            jobs = [job] + [new_job(i) for i in range(1, n)]  # the batched engine runs them side by side
+            try:
+                async with asyncio.TaskGroup() as group:  # one choice failing cancels the others
+                    tasks = [group.create_task(service.run(j, request.is_disconnected)) for j in jobs]
+            except* ApiError as failed:
+                raise failed.exceptions[0] from None
+            contents = [t.result() for t in tasks]
+            choices = []
+            for i, (j, content) in enumerate(zip(jobs, contents)):
+                message: dict[str, Any] = {"role": "assistant", "content": content if content or not j.parsed.tool_calls else None}
+                if j.parsed.tool_calls:
+                    message["tool_calls"] = [{"id": c.id, "type": "function",
+                                              "function": {"name": c.name, "arguments": c.arguments_json}}
+                                             for c in j.parsed.tool_calls]
+                choice = {"index": i, "message": message,
+                          "logprobs": writer.chat(j.token_logprobs) if writer is not None else None,
+                          "finish_reason": FINISH[j.finish_reason]}
+                if body.return_token_ids:
+                    choice["token_ids"] = j.token_ids
+                choices.append(choice)
+            return {**head, "object": "chat.completion", "choices": choices, "usage": _usage(*jobs)}
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         gen = service.stream(job, request.is_disconnected)
@@ -227,6 +262,7 @@ def router(service: Service) -> APIRouter:
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         service.check_model(body.model)
+        refuse_unknown_sampling(body)
         for param, bad in (("n", body.n not in (None, 1)), ("best_of", body.best_of not in (None, 1)), ("echo", body.echo),
                            ("suffix", body.suffix is not None)):
             if bad:

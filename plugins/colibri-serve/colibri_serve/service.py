@@ -97,6 +97,7 @@ class Job:
     logprobs: int | None = None  # None: none; N: each token's logprob and the N most likely tokens'
     stops: list[str] = field(default_factory=list)
     tools: list[dict] | None = None  # OpenAI-style definitions; None: tool calls are not parsed
+    constraint: Any = None  # what the reply must fit (colibri_core.engine.constraints.ConstraintSpec); None: anything
     # results
     finish_reason: str | None = None  # stop | length | stop_sequence | tool_calls | cancelled
     stop_sequence: str | None = None
@@ -142,6 +143,7 @@ class Service:
         self._tokenizer = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="colibri-tokenize")
         self._tokenizing = 0  # requests whose prompt is being tokenized or waits for a thread
         self._lock = threading.Lock()
+        self._constraints: dict = {}  # compiled constraints, oldest first (Service.compiled)
         self._faults: dict[str, str] = {}  # weight file -> why its last read failed
         self._file_sizes: dict[str, int] = {}  # weight file -> its size when loaded
 
@@ -318,6 +320,30 @@ class Service:
         room = self.max_context - prompt_len
         return room if asked is None else min(asked, room)
 
+    def compiled(self, spec):
+        """A constraint compiled for the model, the last few kept (a schema takes milliseconds
+        to compile, and clients repeat theirs); a bad one is a 400 naming it."""
+        import json as _json
+
+        from colibri_core.engine.constraints import for_model
+        from colibri_core.errors import UsageError
+
+        key = (spec.kind, _json.dumps(spec.source, sort_keys=True))
+        with self._lock:
+            hit = self._constraints.pop(key, None)
+            if hit is not None:
+                self._constraints[key] = hit
+                return hit
+        try:
+            compiled = for_model(self.model, spec)
+        except UsageError as exc:
+            raise ApiError("bad_request", str(exc), param="response_format") from None
+        with self._lock:
+            self._constraints[key] = compiled
+            while len(self._constraints) > 32:
+                self._constraints.pop(next(iter(self._constraints)))
+        return compiled
+
     # -- generation ------------------------------------------------------------------
     async def stream(self, job: Job, disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
         """Run ``job``; yields "" once it is queued, then the reply's content as it
@@ -347,7 +373,8 @@ class Service:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         request = Request(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens, sampling=sampling,
-                          stop_ids=frozenset(model.eos_ids), draft=self.draft, draft_depth=self.draft_depth)
+                          stop_ids=frozenset(model.eos_ids), draft=self.draft, draft_depth=self.draft_depth,
+                          constraint=self.compiled(job.constraint) if job.constraint is not None else None)
         started = time.perf_counter()
         try:
             handle = self.scheduler.submit(request, on_event=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))

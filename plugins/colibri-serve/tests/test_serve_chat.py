@@ -51,6 +51,23 @@ def test_chat_commands_and_bad_input(random_model, tmp_path):
     assert "error:" in stdout and "/reset" in stdout
 
 
+def test_chat_replies_fit_a_regex_or_a_schema_and_bad_ones_are_refused_before_loading(random_model, tmp_path):
+    stdout = chat(random_model, "Once upon a time\n/save " + str(tmp_path / "r.json") + "\n/exit\n", "--regex", "[0-9]{3}",
+                  "--temperature", "1", "--seed", "4")
+    reply = json.loads((tmp_path / "r.json").read_text())["messages"][1]["content"]
+    assert len(reply) == 3 and reply.isdigit() and reply in stdout
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                  "additionalProperties": False}))
+    chat(random_model, "Hi\n/save " + str(tmp_path / "j.json") + "\n/exit\n", "--json-schema", schema)
+    assert json.loads(json.loads((tmp_path / "j.json").read_text())["messages"][1]["content"]) in ({"ok": True}, {"ok": False})
+    for args, message in ((("--regex", "[0-9"), "error: --regex: "), (("--grammar", str(schema)), "name a .lark or .gbnf file"),
+                          (("--regex", "a", "--json-schema", str(schema)), "give at most one of --json-schema, --regex")):
+        out = subprocess.run([sys.executable, "-m", "colibri_core", "chat", "--model", str(random_model), *args],
+                             input="", capture_output=True, text=True, env=colibri_env(), timeout=120)
+        assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
 class Terminal:
     """``colibri chat`` on a pseudo-terminal, typed at as a person types."""
 

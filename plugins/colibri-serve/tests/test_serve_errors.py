@@ -67,7 +67,7 @@ def test_400_context_length_exceeded_and_bad_requests(scripted_server):
     with pytest.raises(openai.BadRequestError):
         oai(scripted_server).chat.completions.create(model="scripted", messages=[])
     with pytest.raises(openai.BadRequestError) as e:
-        oai(scripted_server).chat.completions.create(model="scripted", messages=USER, n=2)
+        oai(scripted_server).chat.completions.create(model="scripted", messages=USER, n=2, stream=True)
     assert "not supported" in e.value.body["message"]
     with pytest.raises(anthropic.BadRequestError):
         ant(scripted_server).messages.create(model="scripted", max_tokens=0, messages=USER)

@@ -2,8 +2,8 @@
 a live ``colibri serve`` (random demo model): the numbers are the Python API's for the
 same request, in OpenAI's shapes (chat ``choices[].logprobs.content[]``, the legacy
 completions' ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``),
-streamed or not. Fields colibri cannot honour (structured output, Anthropic's thinking)
-are a 400 naming them."""
+streamed or not. Fields colibri cannot honour (Anthropic's thinking, a response_format
+that is not a schema) are a 400 naming them."""
 
 import json
 
@@ -131,9 +131,13 @@ def test_logit_bias_and_penalties_change_the_tokens_as_the_python_api(random_ser
     ("/v1/chat/completions", {"logit_bias": {"5": 101}}, "logit_bias"),
     ("/v1/chat/completions", {"logit_bias": {"5": "1"}}, "logit_bias"),
     ("/v1/chat/completions", {"logit_bias": {"5": 10**400}}, "logit_bias"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
+     "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": "x"}}, "response_format"),
     ("/v1/chat/completions", {"response_format": {"type": "yaml"}}, "response_format"),
+    ("/v1/chat/completions", {"min_p": 0.1}, "min_p"),
+    ("/v1/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
+    ("/v1/completions", {"repetition_penalty": 1.1}, "repetition_penalty"),
     ("/v1/completions", {"logprobs": 6}, "logprobs"),
     ("/v1/completions", {"logit_bias": {"99999": 1}}, "logit_bias"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
