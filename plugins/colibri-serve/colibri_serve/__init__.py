@@ -12,7 +12,8 @@ __version__ = "0.1.0"
 
 @hookimpl
 def colibri_register_commands(cli):
-    from colibri_serve.cli import chat, serve
+    from colibri_serve.cli import chat, serve, web
 
     cli.add_command(serve)
     cli.add_command(chat)
+    cli.add_command(web)

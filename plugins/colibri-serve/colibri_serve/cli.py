@@ -30,34 +30,73 @@ def _check_model_dir(model_dir: str) -> Path:
     return path
 
 
+def serve_options(f):
+    """The options of ``serve``, which ``web`` shares."""
+    for option in reversed([
+        model_option(),
+        click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise)."),
+        click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True),
+        click.option("--api-key", envvar="COLIBRI_API_KEY", default=None,
+                     help="Require this key (Authorization: Bearer KEY or x-api-key). Default: env COLIBRI_API_KEY."),
+        click.option("--slots", type=click.IntRange(1, 1024), default=4, show_default=True, help="Requests decoded together."),
+        click.option("--max-queue", type=click.IntRange(0, 100000), default=64, show_default=True,
+                     help="Requests that may wait for a slot; more get 429 with Retry-After."),
+        click.option("--served-model-name", default=None,
+                     help="The model's name in the APIs (default: the repo id, or the directory's name)."),
+        click.option("--max-body", default="4M", show_default=True, help="Largest request body accepted (413 above it)."),
+        click.option("--header-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
+                     help="Seconds a connection may take to send a request's headers before it is closed."),
+        click.option("--insecure-no-key", is_flag=True,
+                     help="Serve a --host other than loopback without an API key (anyone who can reach the port uses the model)."),
+        click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+                     help="Also answer requests whose Host header gives NAME (repeatable; * for any), e.g. behind a proxy."),
+        click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False), envvar="COLIBRI_LOG_LEVEL", default="info",
+                     show_default=True, help="The log's level: info shows the model loaded line and one line per request. "
+                     "Default: env COLIBRI_LOG_LEVEL."),
+        draft_options,
+        placement_options,
+    ]):
+        f = option(f)
+    return f
+
+
 @click.command("serve")
-@model_option()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--api-key", envvar="COLIBRI_API_KEY", default=None,
-              help="Require this key (Authorization: Bearer KEY or x-api-key). Default: env COLIBRI_API_KEY.")
-@click.option("--slots", type=click.IntRange(1, 1024), default=4, show_default=True, help="Requests decoded together.")
-@click.option("--max-queue", type=click.IntRange(0, 100000), default=64, show_default=True,
-              help="Requests that may wait for a slot; more get 429 with Retry-After.")
-@click.option("--served-model-name", default=None,
-              help="The model's name in the APIs (default: the repo id, or the directory's name).")
-@click.option("--max-body", default="4M", show_default=True, help="Largest request body accepted (413 above it).")
-@click.option("--header-timeout", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True,
-              help="Seconds a connection may take to send a request's headers before it is closed.")
-@click.option("--insecure-no-key", is_flag=True,
-              help="Serve a --host other than loopback without an API key (anyone who can reach the port uses the model).")
-@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
-              help="Also answer requests whose Host header gives NAME (repeatable; * for any), e.g. behind a proxy.")
-@click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False), envvar="COLIBRI_LOG_LEVEL", default="info",
-              show_default=True, help="The log's level: info shows the model loaded line and one line per request. "
-              "Default: env COLIBRI_LOG_LEVEL.")
-@draft_options
-@placement_options
+@serve_options
 def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout, insecure_no_key,
           allowed_hosts, log_level, draft, draft_depth, mtp_int4, **placement):
     """Serve the model in --model over HTTP with the OpenAI API (/v1/chat/completions,
     /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health,
-    /metrics and a web dashboard at /. The APIs answer 503 until the model has loaded."""
+    /metrics, a web dashboard at / and a chat page at /chat. The APIs answer 503 until
+    the model has loaded."""
+    run_server(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout,
+               insecure_no_key, allowed_hosts, log_level, draft, draft_depth, mtp_int4, **placement)
+
+
+def open_chat_page(where: str, api_key: str | None) -> None:
+    """``colibri web``: the chat page in the browser, the key in the URL's fragment (the
+    page keeps it for its tab and takes it out of the address bar; a fragment is never
+    sent to a server)."""
+    import webbrowser
+    from urllib.parse import quote
+
+    url = f"http://{where}/chat" + (f"#key={quote(api_key, safe='')}" if api_key else "")
+    _stderr().print(f"colibri web: the chat page is {url}")
+    if not webbrowser.open(url):
+        _stderr().print("colibri web: no browser could be started here: open the address above")
+
+
+@click.command("web")
+@serve_options
+def web(**options):
+    """colibri serve, and its chat page (/chat) opened in the browser: the same options
+    as serve."""
+    run_server(**options, on_listening=open_chat_page)
+
+
+def run_server(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout,
+               insecure_no_key, allowed_hosts, log_level, draft, draft_depth, mtp_int4, on_listening=None, **placement):
+    """What ``serve`` does; ``on_listening(address, api_key)`` is called once the port is
+    bound, while the model loads."""
     import uvicorn
 
     from colibri_core.engine.api import load, open_backend
@@ -98,6 +137,8 @@ def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, m
     where = service.address = address(host, sock.getsockname()[1])
     console.print(f"colibri serve: loading {path} as {name!r}; listening on http://{where} (503 until loaded)")
     service.start_loading(on_failure=failed)
+    if on_listening is not None:
+        on_listening(where, api_key)
     try:
         server.run(sockets=[sock])
     finally:

@@ -22,7 +22,11 @@ from colibri_serve.service import Service
 # the page's files: route -> (file in colibri_serve/static, media type)
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/static/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
-          "/static/dashboard.css": ("dashboard.css", "text/css; charset=utf-8")}
+          "/static/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
+          # the chat page: a plain client of the server's own OpenAI API
+          "/chat": ("chat.html", "text/html; charset=utf-8"),
+          "/static/chat.js": ("chat.js", "text/javascript; charset=utf-8"),
+          "/static/chat.css": ("chat.css", "text/css; charset=utf-8")}
 # the page loads nothing from elsewhere, and may not be framed
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                            "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
