@@ -88,6 +88,16 @@ class ExpertMap(BaseModel):
     capacity: Capacity
 
 
+class TierBar(BaseModel):
+    """One tier's bar: what it holds against its budget, and the lookups it served."""
+
+    tier: str = Field(description="device, ram or disk")
+    bytes: int | None = Field(description="Expert bytes the tier holds now (null for the disk)")
+    budget: int | None = Field(description="The tier's expert budget in bytes (null for the disk)")
+    served: int = Field(description="Routed-expert lookups it served since loading (the RAM tier's include "
+                                    "experts read ahead)")
+
+
 class Dashboard(BaseModel):
     model: str
     time: float = Field(description="Unix time of the snapshot")
@@ -96,6 +106,8 @@ class Dashboard(BaseModel):
     reads: int = Field(description="Expert reads from disk")
     bytes_read: int = Field(description="Expert bytes read from disk")
     experts: ExpertMap | None = Field(description="null for a model without routed experts")
+    tier_bars: list[TierBar] = Field(description="Device (on a backend with one), RAM and disk: bytes held, budget and "
+                                                 "lookups served; empty for a model without routed experts")
 
 
 def snapshot(service: Service) -> dict:
@@ -117,7 +129,27 @@ def snapshot(service: Service) -> dict:
                     "disk": stats.get("misses", 0)},
         "reads": stats.get("reads", 0), "bytes_read": sum((stats.get("bytes_by_drive") or {}).values()),
         "experts": experts,
+        "tier_bars": tier_bars(service.model, stats) if store is not None else [],
     }
+
+
+def tier_bars(model, stats: dict) -> list[dict]:
+    """The dashboard's tier bars: each resident tier's experts (counted in every tier
+    holding them) times its expert size, against its budget less what its pinned set and
+    LRU slots cannot use; the lookups each tier served."""
+    store, placement = model.store, model.placement
+    bars = []
+    for name, tier, plan, served in (
+            ("device", store.device, placement.device, stats.get("hits_device", 0)),
+            ("ram", store.ram, placement, stats.get("hits_pinned", 0) + stats.get("hits_lru", 0)
+             + stats.get("hits_prefetched", 0))):
+        if tier is None or plan is None:
+            continue
+        held = sum(len(tier.cached(layer)) + len(tier.pinned_experts(layer)) for layer in range(len(store.layouts)))
+        capacity = (plan.slots * placement.moe_layers + plan.pinned) * plan.expert_bytes
+        bars.append({"tier": name, "bytes": held * plan.expert_bytes, "budget": capacity, "served": served})
+    bars.append({"tier": "disk", "bytes": None, "budget": None, "served": stats.get("misses", 0)})
+    return bars
 
 
 def _static(name: str, media_type: str):

@@ -86,6 +86,14 @@ def test_the_json_describes_the_model_and_the_store(dash_server, random_model):
     assert sum(looked.values()) <= layers * routed  # a lookup per unique expert of a pass, a count per token
     assert m["heat_max"] == max(max(row) for row in m["heat"]) > 0
     assert routed > sum(before["experts"]["heat"][0])
+    # tier bars: the RAM tier holds its pinned and LRU experts, within its room; the lookups split
+    bars = {b["tier"]: b for b in data["tier_bars"]}
+    assert list(bars) == ["ram", "disk"]  # no device tier on the CPU backend
+    ram = bars["ram"]
+    held = m["counts"]["ram_pinned"] + m["counts"]["ram_lru"]
+    assert ram["bytes"] > 0 and ram["bytes"] % held == 0 and ram["bytes"] <= ram["budget"]
+    assert ram["served"] == looked["ram_pinned"] + looked["ram_lru"] + looked["prefetched"]
+    assert bars["disk"]["served"] == looked["disk"] and bars["disk"]["bytes"] is None
 
 
 def test_the_key_guards_the_data_not_the_page(dash_server):
@@ -283,6 +291,15 @@ def test_the_page_draws_the_live_heat_map(dash_server, tmp_path):
     assert re.search(rf'id="queue">{s["queue_depth"]} / {s["max_queue"]}<', dom)
     assert f'{m["layers"]} layers × {m["experts"]} experts' in dom
     assert re.search(r'id="tok-s">\d+\.\d<', dom) and "data-updated=" in dom
+    # the tier bars: filled to bytes / budget, the disk's to its share of lookups
+    bars = {b["tier"]: b for b in shown["tier_bars"]}
+    served = sum(b["served"] for b in bars.values())
+    ram = re.search(r'id="tier-ram" data-fill="([0-9.]+)" data-served="([0-9.]+)"', dom)
+    disk = re.search(r'id="tier-disk" data-fill="([0-9.]+)" data-served="([0-9.]+)"', dom)
+    assert ram and disk, dom[-3000:]
+    assert float(ram.group(1)) == pytest.approx(bars["ram"]["bytes"] / bars["ram"]["budget"], abs=1e-4)
+    assert float(ram.group(2)) == pytest.approx(bars["ram"]["served"] / served, abs=1e-4)
+    assert float(disk.group(1)) == float(disk.group(2)) == pytest.approx(bars["disk"]["served"] / served, abs=1e-4)
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium (/usr/bin/chromium, Debian package chromium) is not installed")

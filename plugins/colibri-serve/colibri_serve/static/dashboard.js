@@ -147,6 +147,7 @@ function render(data) {
     return tr;
   }));
   $("reads").textContent = `${data.reads} reads from disk, ${fmtBytes(data.bytes_read)}`;
+  drawTierBars(data.tier_bars || []);
   rates.push([data.time, s.decode_tok_s]);
   while (rates.length && rates[0][0] < data.time - 120) rates.shift();
   drawSpark();
@@ -157,6 +158,35 @@ function render(data) {
   }
   last = data;
   document.body.dataset.updated = String(data.time);
+}
+
+// one bar per tier: filled to bytes / budget (the disk's, to its share of lookups);
+// data-fill and data-served carry the two fractions (tests/test_serve_dashboard.py)
+function drawTierBars(bars) {
+  const served = bars.reduce((n, b) => n + b.served, 0);
+  $("tier-bars").replaceChildren(...bars.map((b) => {
+    const row = document.createElement("div");
+    row.className = "tier-bar";
+    row.id = "tier-" + b.tier;
+    const share = served ? b.served / served : 0;
+    const fill = b.budget ? Math.min(1, b.bytes / b.budget) : share;
+    row.dataset.fill = fill.toFixed(4);
+    row.dataset.served = share.toFixed(4);
+    const label = document.createElement("span");
+    label.className = "name";
+    label.textContent = b.tier === "ram" ? "RAM" : b.tier;
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    const inner = document.createElement("i");
+    inner.style.width = (100 * fill).toFixed(1) + "%";
+    bar.append(inner);
+    const text = document.createElement("span");
+    text.className = "text";
+    text.textContent = (b.budget ? `${fmtBytes(b.bytes)} of ${fmtBytes(b.budget)}, ` : "") +
+      `serves ${(100 * share).toFixed(1)} % of lookups`;
+    row.append(label, bar, text);
+    return row;
+  }));
 }
 
 function hover(event) {
