@@ -169,3 +169,27 @@ def test_auto_never_verifies_drafts_it_scores_wrong_and_keeps_the_tokens(olmoe):
     assert g.accepted_tokens == g.drafted_tokens > 0 and g.draft_gated_steps <= 3
     assert g.tokens_per_forward > 3
 
+
+
+def test_a_costly_drafter_proposes_shadow_drafts_rarely_once_they_lose(olmoe):
+    """An MTP-like drafter (costly: a proposal runs a layer) whose drafts are wrong is asked
+    for a shadow draft every step only while its acceptance is unknown, then every
+    SHADOW_EVERY steps; the tokens are those without drafts."""
+    from colibri_core.engine.speculative import DraftGate
+
+    prompt = tiny_models.prompts(1, seed=8)[0]
+    with colibri_core.load(olmoe, history=False) as model:
+        plain = model.generate(token_ids=prompt, max_tokens=60, ignore_eos=True)
+
+        class Costly(ScriptedSource):
+            costly = True
+            asked = 0
+
+            def propose(self, tokens, k):
+                Costly.asked += 1
+                return super().propose(tokens, k)
+
+        run = _timed_generation(model, prompt, Costly([(prompt, plain.token_ids)], model.lm.vocab_size, wrong_every=1),
+                                drafted_s=0.5)
+    assert run.token_ids == plain.token_ids and run.stats.draft_verifications == 0
+    assert 58 // DraftGate.SHADOW_EVERY <= Costly.asked <= 58 // DraftGate.SHADOW_EVERY + 6, Costly.asked

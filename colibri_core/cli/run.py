@@ -270,8 +270,9 @@ def draft_options(f):
     return _apply(f, [
         click.option("--draft", default="off", show_default=True, metavar="SOURCE",
                      help="Speculative decoding: draft tokens with SOURCE (ngram: prompt lookup; mtp: the model's own "
-                          "multi-token-prediction layer; auto: ngram while it pays; plugins add others) and verify "
-                          "them in one forward pass; off: none. The tokens are the same either way."),
+                          "multi-token-prediction layer; auto: the MTP layer if the model has one, else ngram, while "
+                          "it pays; plugins add others) and verify them in one forward pass; off: none. The tokens "
+                          "are the same either way."),
         click.option("--draft-depth", type=int, default=4, show_default=True,
                      help="With --draft: drafted tokens per forward pass, at most (1 to 16)."),
         click.option("--mtp-int4", is_flag=True,
@@ -281,10 +282,11 @@ def draft_options(f):
 
 
 def draft_load_options(draft: str, mtp_int4: bool) -> dict:
-    """What ``load`` needs for a draft source: ``--draft mtp`` loads the MTP layers."""
-    if mtp_int4 and draft != "mtp":
-        raise UsageError("--mtp-int4 is for --draft mtp")
-    return {"mtp": draft == "mtp", "mtp_int4": mtp_int4}
+    """What ``load`` needs for a draft source: ``--draft mtp`` loads the MTP layers,
+    ``--draft auto`` those the checkpoint has in a usable form."""
+    if mtp_int4 and draft not in ("mtp", "auto"):
+        raise UsageError("--mtp-int4 is for --draft mtp or auto")
+    return {"mtp": True if draft == "mtp" else "if-usable" if draft == "auto" else False, "mtp_int4": mtp_int4}
 
 
 def check_draft_options(draft: str, draft_depth: int) -> None:

@@ -230,7 +230,8 @@ class Model:
             source = self._draft_sources.get(draft)
             if source is None:
                 source = self._draft_sources[draft] = open_draft_source(draft, self)
-            name = draft
+            inner = getattr(source, "name", draft)  # auto says which source it picked
+            name = draft if inner == draft else f"{draft} ({inner})"
         else:
             source, name = draft, getattr(draft, "name", type(draft).__name__)
         gate = DraftGate() if getattr(source, "gated", False) else None
@@ -327,7 +328,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          prefetch: bool = False, prefetch_slots: int | None = None, prefetch_window: int | str | None = None,
          history: bool | str = True,
          history_decay: float = 1.0, verify: bool = False, compute: str | None = None,
-         compute_options: dict | None = None, mtp: bool = False, mtp_int4: bool = False) -> Model:
+         compute_options: dict | None = None, mtp: bool | str = False, mtp_int4: bool = False) -> Model:
     """Load a Hugging Face model directory.
 
     ram: RAM budget for weights (bytes or "4G"); dense weights (on a backend computing
@@ -357,6 +358,8 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          options. The local store still serves every expert, for the tier to fall back on.
     mtp: also load the checkpoint's multi-token-prediction layers, for the ``mtp`` draft
          source (``generate(draft="mtp")``); they must be int8 or better unless mtp_int4.
+         "if-usable": load them where the checkpoint has a usable one (int8 or better, a
+         layout its family reads), else go on without (what ``--draft auto`` asks).
     """
     check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots,
                        prefetch_window=prefetch_window, history=history, history_decay=history_decay)

@@ -100,6 +100,7 @@ class DraftGate:
     DECAY = 0.95  # of the acceptance counts, per scored draft
     WEIGHT = 0.3  # of the newest step in the moving averages of times
     RETRY = 64  # shadow steps between tries of a cost measured too high
+    SHADOW_EVERY = 8  # a costly drafter's shadow drafts, once its cost is measured: every 8th plain step
 
     def __init__(self):
         self.hits, self.tries = self.A_PRIOR * self.PRIOR_TRIES, self.PRIOR_TRIES
@@ -139,6 +140,12 @@ class DraftGate:
                 return k
         return 0
 
+    def shadow_due(self) -> bool:
+        """Whether a costly drafter (``costly = True``: MTP) should propose a shadow draft
+        this step: every step while its drafts look right at least as often as the prior
+        and no verification has been timed, else every ``SHADOW_EVERY`` steps."""
+        return (self.beta is None and self.acceptance >= self.A_PRIOR) or self.since_verified % self.SHADOW_EVERY == 0
+
     def observe(self, drafted: int, seconds: float) -> None:
         """A step carrying ``drafted`` verified drafts (0: a plain step) took ``seconds``."""
         if seconds <= 0:
@@ -168,10 +175,19 @@ class NgramSource:
         return NgramDrafter(self.min_n, self.max_n)
 
 
-class AutoSource(NgramSource):
-    """``auto``: prompt lookup behind a ``DraftGate``."""
+class AutoSource:
+    """``auto``: the best source the model has, behind a ``DraftGate``: its MTP layer when
+    it was loaded with one (``load(mtp=True)``; the CLI's ``--draft auto`` loads it where
+    the checkpoint has a usable one), else prompt lookup."""
 
     gated = True
+
+    def __init__(self, model):
+        self.inner = MTPSource(model) if model.lm.mtp else NgramSource(model)
+        self.name = "mtp" if model.lm.mtp else "ngram"
+
+    def new_drafter(self):
+        return self.inner.new_drafter()
 
 
 class MTPSource:
@@ -199,6 +215,7 @@ class MTPDrafter:
     Positions computed for drafts only are forgotten after each proposal."""
 
     wants_hidden = True
+    costly = True  # a proposal runs the layer and an LM head: a DraftGate asks for shadow drafts rarely
 
     def __init__(self, layer, backend, max_len: int):
         self.layer, self.ops = layer, backend
@@ -277,6 +294,7 @@ class Speculation:
         self._drafting = 0  # drafts the current step verifies
         self._shadow: tuple[int, int] | None = None  # (position, draft) kept aside by the gate
         self.wants_hidden = bool(getattr(drafter, "wants_hidden", False))
+        self._costly = bool(getattr(drafter, "costly", False))
         self._hidden = None  # the verification's rows of hidden states, for the drafter
 
     def observe(self, hidden) -> None:
@@ -313,7 +331,8 @@ class Speculation:
         self._started = self.clock()
         k = min(self.depth, room)
         use = k if gate is None or k <= 0 else gate.depth(k)
-        ask = use if use > 0 else (1 if gate is not None and k > 0 else 0)
+        shadow = gate is not None and k > 0 and (not self._costly or gate.shadow_due())
+        ask = use if use > 0 else (1 if shadow else 0)
         drafts = [int(t) for t in self.drafter.propose(tokens, ask)[:ask]] if ask > 0 else []
         if gate is not None and use == 0:
             if drafts:

@@ -130,11 +130,17 @@ def _numel(shape) -> int:
     return n
 
 
-def inspect_model(model_dir: str | Path, backend=None, *, mtp: bool = False, mtp_int4: bool = False) -> Blueprint:
+def inspect_model(model_dir: str | Path, backend=None, *, mtp: bool | str = False, mtp_int4: bool = False) -> Blueprint:
     """``backend``: a backend object, or the name of an installed one (default: the CPU);
     sizes are as that backend will hold the weights. ``mtp``: build the checkpoint's
     multi-token-prediction layers too (``lm.mtp``, for ``--draft mtp``); their weights
-    must be int8 or better unless ``mtp_int4``."""
+    must be int8 or better unless ``mtp_int4``; ``"if-usable"``: where the checkpoint has
+    a usable one, else without."""
+    if mtp == "if-usable":
+        try:
+            return inspect_model(model_dir, backend, mtp=True, mtp_int4=mtp_int4)
+        except (UsageError, UnsupportedModelError, ModelFormatError):
+            return inspect_model(model_dir, backend)
     registry = get_registry()
     if backend is None or isinstance(backend, str):
         backend = create_backend(registry, backend or DEFAULT_BACKEND)

@@ -67,4 +67,5 @@ def colibri_register_draft_sources(register):
                        "the checkpoint's own multi-token-prediction layer (DeepSeek-V3 / Kimi K2 / GLM layout), "
                        "loaded int8 or better"))
     register(DraftSpec("auto", "colibri_core.engine.speculative:AutoSource",
-                       "ngram, verified per sequence only as deep as its measured acceptance and cost say pays"))
+                       "the model's MTP layer when loaded with it, else ngram; verified per sequence only as deep as its "
+                       "measured acceptance and cost say pays"))

@@ -118,3 +118,16 @@ def test_convert_keeps_the_mtp_layer_int8_and_load_refuses_it_in_4_bits(trained,
         colibri_core.load(four, history=False, mtp=True)
     with colibri_core.load(four, history=False, mtp=True, mtp_int4=True) as model:
         assert model.generate(token_ids=[1, 2, 3], max_tokens=4, ignore_eos=True, draft="mtp").stats.drafted_tokens
+
+
+def test_auto_drafts_with_the_mtp_layer_where_the_model_has_one(trained):
+    with colibri_core.load(trained, history=False, mtp="if-usable") as model:
+        assert len(model.lm.mtp) == 1
+        prompt = held_out(trained, "python", 40)
+        off = model.generate(token_ids=prompt, max_tokens=32, ignore_eos=True)
+        auto = model.generate(token_ids=prompt, max_tokens=32, ignore_eos=True, draft="auto", draft_depth=2)
+    assert auto.token_ids == off.token_ids and auto.stats.draft_source == "auto (mtp)"
+    assert auto.stats.drafted_tokens + auto.stats.draft_gated_steps > 0  # verified, or scored in the shadow
+    with colibri_core.load(colibri_trained.path("olmoe"), history=False, mtp="if-usable") as model:
+        assert not model.lm.mtp  # none in the checkpoint: loaded without, auto is prompt lookup
+        assert model.generate(token_ids=[5, 6, 7], max_tokens=4, draft="auto").stats.draft_source == "auto (ngram)"
