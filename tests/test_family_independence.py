@@ -36,7 +36,7 @@ def imported_roots(source: Path) -> set[str]:
 
 def test_every_family_is_found():
     assert {f.name for f in FAMILIES} >= {"colibri-olmoe", "colibri-qwen", "colibri-deepseek", "colibri-kimi", "colibri-glm",
-                                          "colibri-inkling", "colibri-mistral", "colibri-ibm"}
+                                          "colibri-inkling", "colibri-mistral", "colibri-ibm", "colibri-baidu"}
     assert all(packages(f) for f in FAMILIES)
 
 

@@ -52,6 +52,34 @@ def sigmoid_grouped_top_k(logits: np.ndarray, bias: np.ndarray | None, k: int, n
     return indices, weights.astype(np.float32)
 
 
+def softmax_grouped_top_k(logits: np.ndarray, k: int, n_group: int, topk_group: int, scaling: float,
+                          bias: np.ndarray | None = None, renormalise: bool = False,
+                          norm_min: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """``SoftmaxGroupedTopKRouter`` on host float32 logits: probabilities softmax(logits)
+    over all experts; ``bias`` (ERNIE 4.5's e_score_correction_bias) is added to them
+    for choosing only; with ``n_group`` > 1 (DeepSeek-V2's ``group_limited_greedy``)
+    experts form equal groups scored by their best probability and the experts outside
+    the ``topk_group`` best groups are set to 0 before the top k are taken (``n_group``
+    1: the top k of all experts). The chosen (unbiased) probabilities are divided by
+    max(their sum, ``norm_min``) when ``renormalise``, then multiplied by ``scaling``."""
+    probs = softmax(logits.astype(np.float32, copy=False)).astype(np.float32, copy=False)
+    choice = probs if bias is None else probs + np.asarray(bias, dtype=np.float32).reshape(-1)
+    if n_group > 1:
+        t, n = probs.shape
+        group_scores = choice.reshape(t, n_group, n // n_group).max(axis=-1)
+        groups = top_k_indices(group_scores, topk_group)
+        keep = np.zeros((t, n_group), dtype=bool)
+        np.put_along_axis(keep, groups, True, axis=-1)
+        choice = np.where(np.repeat(keep, n // n_group, axis=-1), choice, np.float32(0.0))
+    indices = top_k_indices(choice, k)
+    weights = np.take_along_axis(probs, indices, axis=-1)
+    if renormalise:
+        weights = weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(norm_min))
+    if scaling != 1.0:
+        weights = weights * np.float32(scaling)
+    return indices, weights.astype(np.float32)
+
+
 def expert_groups(indices: np.ndarray, weights: np.ndarray):
     """(expert, token rows, their weights) for each expert the tokens use, in ascending
     expert order: the fixed reduction order of ``routed_experts``."""

@@ -1,5 +1,7 @@
 """Routers beyond softmax top-k: the sigmoid, group-limited router of DeepSeek-V3
-(``topk_method: noaux_tc``), also used by Kimi K2 and the GLM-4.5+ MoE models."""
+(``topk_method: noaux_tc``), also used by Kimi K2 and the GLM-4.5+ MoE models; the
+softmax routers of DeepSeek-V2 (group-limited, scaled) and ERNIE 4.5 (a choice bias);
+DeepSeek-V4's."""
 
 from __future__ import annotations
 
@@ -43,6 +45,58 @@ class SigmoidGroupedTopKRouter:
         bias = self._host_bias
         return step.ops.sigmoid_grouped_top_k(x, self.gate.weight.value, bias, self.top_k, self.n_group, self.topk_group,
                                               self.norm_topk_prob, self.routed_scaling_factor)
+
+
+class SoftmaxGroupedTopKRouter:
+    """Softmax routers beyond ``SoftmaxTopKRouter``: probabilities over all experts, then
+
+    - DeepSeek-V2 (``topk_method`` ``greedy`` or ``group_limited_greedy``): with
+      ``n_group`` > 1 only the experts of the ``topk_group`` groups with the highest best
+      probability compete for the ``top_k`` slots; the chosen probabilities are not
+      renormalised, only multiplied by ``routed_scaling_factor``;
+    - ERNIE 4.5: ``bias`` (its e_score_correction_bias) added to the probabilities for
+      choosing only; the chosen ones divided by max(their sum, ``norm_min``)
+      (``renormalise``).
+
+    Without a bias and groups it is the backend's ``softmax_top_k``, scaled on the host;
+    otherwise the backend computes the logits (at the router's precision) and the host
+    chooses (``colibri_core.compute.host.softmax_grouped_top_k``, the reference): one
+    synchronisation per call, as every router.
+    """
+
+    def __init__(self, gate: Linear, top_k: int, *, n_group: int = 1, topk_group: int = 1,
+                 routed_scaling_factor: float = 1.0, bias: Param | None = None, renormalise: bool = False,
+                 norm_min: float = 0.0):
+        n_experts = gate.out_features
+        if n_group < 1 or n_experts % n_group:
+            raise ValueError(f"{n_experts} experts cannot form {n_group} equal groups")
+        if not 1 <= topk_group <= n_group:
+            raise ValueError(f"topk_group {topk_group} must be within 1..n_group ({n_group})")
+        if not 1 <= top_k <= topk_group * (n_experts // n_group):
+            raise ValueError(f"top_k {top_k} exceeds the {topk_group * (n_experts // n_group)} experts of {topk_group} groups")
+        self.gate, self.top_k, self.bias = gate, top_k, bias
+        gate.weight.role = "router"  # routing decisions stay at the stored precision
+        self.n_group, self.topk_group, self.routed_scaling_factor = n_group, topk_group, routed_scaling_factor
+        self.renormalise, self.norm_min = renormalise, norm_min
+        self._host_bias: np.ndarray | None = None  # the bias on the host, copied at the first call
+
+    def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        from colibri_core.compute import host
+
+        ops = step.ops
+        plain = not self.renormalise or self.norm_min * self.gate.out_features <= 1.0
+        if self.n_group == 1 and self.bias is None and plain:
+            # the top k of softmax probabilities: each is >= 1 / n_experts, so their sum
+            # never falls below norm_min (a tiny floor against division by zero)
+            indices, weights = ops.softmax_top_k(x, self.gate.weight.value, self.top_k, self.renormalise, None)
+            if self.routed_scaling_factor != 1.0:
+                weights = (weights * np.float32(self.routed_scaling_factor)).astype(np.float32)
+            return indices, weights
+        if self.bias is not None and self._host_bias is None:  # once: choosing experts happens on the host
+            self._host_bias = ops.to_host(self.bias.value).astype(np.float32).reshape(-1)
+        logits = ops.to_host(ops.linear(x, self.gate.weight.value)).astype(np.float32, copy=False)
+        return host.softmax_grouped_top_k(logits, self.top_k, self.n_group, self.topk_group, self.routed_scaling_factor,
+                                          self._host_bias, self.renormalise, self.norm_min)
 
 
 class ScoredTopKRouter:

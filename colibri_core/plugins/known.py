@@ -7,6 +7,7 @@ from __future__ import annotations
 
 FAMILY_DISTRIBUTIONS: dict[str, str] = {
     "olmoe": "colibri-olmoe",
+    "deepseek_v2": "colibri-deepseek",
     "deepseek_v3": "colibri-deepseek",
     "deepseek_v32": "colibri-deepseek",
     "deepseek_v4": "colibri-deepseek",
@@ -17,6 +18,7 @@ FAMILY_DISTRIBUTIONS: dict[str, str] = {
     "qwen3_moe": "colibri-qwen",
     "qwen3_next": "colibri-qwen",
     "qwen3_5_moe": "colibri-qwen",
+    "qwen3_vl_moe": "colibri-qwen",
     "glm4_moe": "colibri-glm",
     "glm4_moe_lite": "colibri-glm",
     "glm_moe_dsa": "colibri-glm",
@@ -26,6 +28,7 @@ FAMILY_DISTRIBUTIONS: dict[str, str] = {
     "mixtral": "colibri-mistral",
     "granitemoe": "colibri-ibm",
     "granitemoeshared": "colibri-ibm",
+    "ernie4_5_moe": "colibri-baidu",
     "gpt_oss": "colibri-gpt-oss",
 }
 

@@ -68,3 +68,13 @@ def v4_buffers(seed: int = 7, bias_scale: float = 0.3):
                 buffer.copy_(torch.randn(buffer.shape, generator=g) * bias_scale)
 
     return prepare
+
+
+def v2(**overrides):
+    """A tiny DeepSeek-V2: V3's sizes, V2's router (greedy unless overridden), no
+    renormalisation; ``q_lora_rank=None`` is V2-Lite's attention."""
+    from transformers import DeepseekV2Config
+
+    kwargs = v3_kwargs(**{"topk_method": "greedy", "n_group": None, "topk_group": None, "routed_scaling_factor": 1.0,
+                          "n_shared_experts": 2, **overrides})
+    return lambda: DeepseekV2Config(**kwargs)

@@ -1,5 +1,5 @@
 """The Qwen MoE families on colibri's shared blocks (transformers: models/qwen2_moe,
-qwen3_moe, qwen3_next and qwen3_5_moe, modeling_*.py)."""
+qwen3_moe, qwen3_next, qwen3_5_moe and qwen3_vl_moe, modeling_*.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.family import Family
-from colibri_core.nn import Attention, GatedDeltaNet, GatedRMSNorm, Linear, build_rope, rope_parameters
+from colibri_core.nn import (Attention, GatedDeltaNet, GatedRMSNorm, Linear, RoutedExperts, SoftmaxTopKRouter, SparseMoE,
+                             build_rope, rope_parameters)
 from colibri_core.nn.assembly import Names, build_decoder
 from colibri_core.model.builders import softmax_moe
 from colibri_core.nn.deltanet import conv_weight_2d, neg_exp
@@ -212,7 +213,34 @@ class Qwen3Next(Qwen3Moe):
                 Linear(w.param(f"{p}.in_proj_ba.weight", (len(ba), a.hidden_size), lambda m: m[ba]))]
 
 
-class Qwen3_5Moe(Qwen3Next):
+class VisionLanguageText:
+    """Mixed into a Qwen family that runs the text model of a vision-language checkpoint:
+    the config under ``text_config`` (``ignored`` keys dropped), the LM head tied or not
+    as the top-level config says, and prompts holding the image or video placeholder
+    (``media_tokens``: kind -> the id when the config names none) refused."""
+
+    ignored: tuple[str, ...] = ()
+    media_tokens: tuple[tuple[str, int], ...] = ()
+
+    def text_config(self, config, source):
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise ModelFormatError(f"{source}: a {self.name} config needs a 'text_config' object")
+        return {k: v for k, v in text.items() if k not in self.ignored}, f"{source} (text_config)"
+
+    def tied(self, config, a):  # the vision-language config decides, at its top level
+        tied = config.get("tie_word_embeddings", False)
+        if not isinstance(tied, bool):
+            raise ModelFormatError(f"config.json: field 'tie_word_embeddings' must be bool, got {tied!r}")
+        return tied
+
+    def refused_tokens(self, config):
+        why = "{} input is not supported: colibri runs the text model of this " + self.name + " checkpoint"
+        ids = {kind: config.get(f"{kind}_token_id", default) for kind, default in self.media_tokens}
+        return {i: why.format(kind) for kind, i in ids.items() if isinstance(i, int) and not isinstance(i, bool)}
+
+
+class Qwen3_5Moe(VisionLanguageText, Qwen3Next):
     """The text model of the Qwen3.5/3.6 MoE vision-language checkpoint: config under
     ``text_config``, weights under ``model.language_model.*``. The vision tower and the MTP
     head are not loaded; prompts holding image or video placeholders are refused."""
@@ -222,28 +250,65 @@ class Qwen3_5Moe(Qwen3Next):
     # every layer is MoE and top-k weights are always renormalised (the text config has
     # no mlp_only_layers, decoder_sparse_step, norm_topk_prob or intermediate_size)
     ignored = ("mlp_only_layers", "decoder_sparse_step", "norm_topk_prob", "intermediate_size")
-
-    def text_config(self, config, source):
-        text = config.get("text_config")
-        if not isinstance(text, dict):
-            raise ModelFormatError(f"{source}: a qwen3_5_moe config needs a 'text_config' object")
-        return {k: v for k, v in text.items() if k not in self.ignored}, f"{source} (text_config)"
-
-    def tied(self, config, a):  # the vision-language config decides, at its top level
-        tied = config.get("tie_word_embeddings", False)
-        if not isinstance(tied, bool):
-            raise ModelFormatError(f"config.json: field 'tie_word_embeddings' must be bool, got {tied!r}")
-        return tied
+    media_tokens = (("image", 248056), ("video", 248057))
 
     def delta_projections(self, a, w, p):
         hv, key_dim, value_dim = a.linear_num_value_heads, a.linear_num_key_heads * a.linear_key_head_dim, a.linear_num_value_heads * a.linear_value_head_dim
         return [w.linear(f"{p}.in_proj_qkv", 2 * key_dim + value_dim, a.hidden_size), w.linear(f"{p}.in_proj_z", value_dim, a.hidden_size),
                 w.linear(f"{p}.in_proj_b", hv, a.hidden_size), w.linear(f"{p}.in_proj_a", hv, a.hidden_size)]
 
-    def refused_tokens(self, config):
-        why = "{} input is not supported: colibri runs the text model of this qwen3_5_moe checkpoint"
-        ids = {kind: config.get(f"{kind}_token_id", default) for kind, default in (("image", 248056), ("video", 248057))}
-        return {i: why.format(kind) for kind, i in ids.items() if isinstance(i, int) and not isinstance(i, bool)}
+
+class Qwen3VLMoe(VisionLanguageText, Qwen3Moe):
+    """The text model of Qwen3-VL's MoE checkpoints (``qwen3_vl_moe``; transformers:
+    models/qwen3_vl_moe): Qwen3-MoE layers (per-head q/k norm, dense ``mlp_only_layers`` /
+    ``decoder_sparse_step``) under ``model.language_model.*``, config under ``text_config``.
+
+    Its rope is interleaved MRoPE: each frequency of the rotary half takes the time,
+    height or width position (``mrope_section``); a text token's three positions are all
+    its index, so for text the rotation is plain RoPE over ``rope_theta`` and the
+    sections change nothing. The router always renormalises its top-k weights (the
+    model reads no ``norm_topk_prob``). The vision tower and DeepStack are not loaded;
+    prompts holding image or video placeholders are refused. Experts are fused: published
+    checkpoints store ``experts.gate_up_proj`` as (experts, hidden, 2 x inter) and
+    ``experts.down_proj`` as (experts, inter, hidden), transformers 5 saves them as it
+    keeps them in memory, (experts, 2 x inter, hidden) and (experts, hidden, inter);
+    both load: a layer's experts read in the layout both tensors' shapes fit,
+    transformers 5's tried first."""
+
+    name = "qwen3_vl_moe"
+    names = Names(model="model.language_model.")
+    media_tokens = (("image", 151655), ("video", 151656))
+    ROPE_THETA = 500000.0  # transformers' default_theta for a text config spelling none
+
+    def text_config(self, config, source):
+        text, source = super().text_config(config, source)
+        text = {"rope_theta": self.ROPE_THETA, **text, "norm_topk_prob": True}  # whatever the config says
+        if "num_experts" not in text and "num_local_experts" in text:  # transformers 5 writes the alias
+            text["num_experts"] = text["num_local_experts"]
+        return text, source
+
+    def mlp(self, a, w, i, p):
+        if not a.is_moe(i):
+            return super().mlp(a, w, i, p)
+        p = f"{p}.mlp"
+        hidden, inner, n = a.hidden_size, a.moe_intermediate_size, a.num_experts
+        router = SoftmaxTopKRouter(w.linear(f"{p}.gate", n, hidden), a.num_experts_per_tok, a.norm_topk_prob)
+        return SparseMoE(router, self.experts(w, i, f"{p}.experts", n, hidden, inner))
+
+    @staticmethod
+    def experts(w, layer, e, n, hidden, inner):
+        try:  # transformers 5's layout (or per-expert tensors)
+            return w.swiglu_experts(layer, e, n, hidden, inner)
+        except ModelFormatError as error:
+            if not w.has(f"{e}.gate_up_proj"):
+                raise
+            first = error
+        try:  # the published layout: each expert's matrices stored (in, out)
+            matrices = {"gate_up": (f"{e}.gate_up_proj", (hidden, 2 * inner)), "down": (f"{e}.down_proj", (inner, hidden))}
+            return RoutedExperts(w.expert_layer(layer, n, matrices, transforms={"gate_up": np.transpose, "down": np.transpose}))
+        except ModelFormatError:
+            raise ModelFormatError(f"{first} (nor the published layout: gate_up_proj {[n, hidden, 2 * inner]}, "
+                                   f"down_proj {[n, inner, hidden]})") from None
 
 
 def regroup_rows(groups: int, sizes: tuple[int, ...]) -> np.ndarray:

@@ -1,5 +1,5 @@
 """A fresh virtual environment: install colibri-core and colibri-qwen from this checkout,
-see the four Qwen model types listed, uninstall colibri-qwen, see them gone."""
+see the five Qwen model types listed, uninstall colibri-qwen, see them gone."""
 
 from pathlib import Path
 
@@ -8,11 +8,11 @@ import pytest
 from colibri_core.testing.venv import fresh_venv
 
 REPO = Path(__file__).resolve().parents[3]
-MODEL_TYPES = {"qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe"}
+MODEL_TYPES = {"qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_vl_moe"}
 
 
 @pytest.mark.slow  # a fresh venv: pip installs the distributions
-def test_fresh_venv_lists_the_four_model_types_and_uninstall_removes_them(tmp_path):
+def test_fresh_venv_lists_the_model_types_and_uninstall_removes_them(tmp_path):
     venv = fresh_venv(REPO, tmp_path, "colibri-qwen")
     rows = venv.families()
     assert {t for row in rows for t in row["model_types"]} == MODEL_TYPES

@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from transformers import Qwen2MoeConfig, Qwen3_5MoeConfig, Qwen3MoeConfig, Qwen3NextConfig
+from transformers import Qwen2MoeConfig, Qwen3_5MoeConfig, Qwen3MoeConfig, Qwen3NextConfig, Qwen3VLMoeConfig
 
 import colibri_core
 from colibri_core.errors import UnsupportedModelError
@@ -157,6 +157,91 @@ class TestQwen3_5MoeOracle(HybridSuite, FusedLayoutCheck):
                 model.generate(token_ids=[5, 100, 7], max_tokens=2)
             with pytest.raises(UnsupportedModelError, match="image input"):
                 model.logits([100])
+            assert len(model.generate(token_ids=[5, 99, 7], max_tokens=2).token_ids) == 2
+
+
+
+def qwen3_vl_config(**text):
+    """A tiny Qwen3-VL MoE: the text model under test, a one-block vision tower (never
+    run: the prompts are text). moe_intermediate_size 24: 2 x 24 != hidden 32, so the
+    published and in-memory expert layouts cannot be mistaken for each other."""
+    text = {**COMMON, "moe_intermediate_size": 24, "intermediate_size": 48, "num_hidden_layers": 3, "head_dim": 16,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                "mrope_interleaved": True}, **text}
+    top = {k: text.pop(k) for k in ("tie_word_embeddings", "image_token_id", "video_token_id") if k in text}
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=text["hidden_size"],
+                  deepstack_visual_indexes=[0])
+    return lambda: Qwen3VLMoeConfig(text_config=text, vision_config=vision, **top)
+
+
+class TestQwen3VLMoeOracle(FamilyOracleSuite):
+    """Text-only prompts: transformers' generate builds the (text, t, h, w) position ids
+    itself, equal for text, so its interleaved MRoPE rotates as plain RoPE."""
+
+    model_class = "Qwen3VLMoeForConditionalGeneration"
+    cases = {
+        "dense_layer": OracleCase(qwen3_vl_config(mlp_only_layers=[1]), prompt=prompt(40)),
+        "sharded_bias_sparse_step_yarn": OracleCase(
+            qwen3_vl_config(num_hidden_layers=4, attention_bias=True, decoder_sparse_step=2, num_experts=16,
+                            num_experts_per_tok=4,
+                            rope_parameters={**yarn(), "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+            seed=1, max_shard_size="40KB", prompt=prompt(50, 5)),
+        "top1_tied_mha": OracleCase(
+            qwen3_vl_config(num_experts_per_tok=1, tie_word_embeddings=True, num_key_value_heads=4, mlp_only_layers=[0]),
+            seed=2),
+    }
+
+    def test_published_expert_layout_matches_transformers(self, backend, tmp_path_factory):
+        """A case rewritten with the experts as the Hub's checkpoints store them
+        (``gate_up_proj`` (E, hidden, 2 x inter), ``down_proj`` (E, inter, hidden)):
+        transformers reads it to the same logits, and so does colibri."""
+        import torch
+        import transformers
+        from colibri_core.io.checkpoint import Checkpoint
+
+        fx = self._fixture("sharded_bias_sparse_step_yarn", tmp_path_factory)
+        published = tmp_path_factory.mktemp("qwen3_vl_published") / "model"
+        published.mkdir()
+        with Checkpoint(fx.path) as ck:
+            tensors = {name: ck.read(name) for name in ck.tensors}
+        transposed = {n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+        assert len(transposed) == 4  # the two MoE layers of four
+        tensors = {n: np.ascontiguousarray(t.transpose(0, 2, 1)) if n in transposed else t for n, t in tensors.items()}
+        write_safetensors(published / "model.safetensors", tensors, {"format": "pt"})
+        shutil.copy(fx.path / "config.json", published / "config.json")
+        reference = transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(
+            published, dtype=torch.float32, attn_implementation="eager").eval()
+        with torch.no_grad():
+            full = reference(torch.tensor([fx.prompt + fx.tokens[:-1]])).logits[0].numpy()
+        worst = float(np.abs(full - fx.full_logits).max())
+        assert worst < self.tolerance, f"transformers reads the published layout differently: {worst:.2e}"
+        with colibri_core.load(published, cap=1, history=False, backend=backend) as model:
+            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
+            forced = model.logits(fx.prompt + fx.tokens[:-1])
+            bound = self.bound(model)
+        assert result.token_ids == fx.tokens
+        worst = max(float(np.abs(np.stack(result.logits) - fx.step_logits).max()), float(np.abs(forced - fx.full_logits).max()))
+        assert worst < bound, f"logits differ by {worst:.2e}"
+
+    def test_only_the_text_model_is_loaded(self, tmp_path_factory):
+        fx = self._fixture("dense_layer", tmp_path_factory)
+        with colibri_core.load(fx.path, history=False) as model:
+            infos = model.checkpoint.tensors
+            assert any(n.startswith("model.visual.") for n in infos)
+            text = [i for n, i in infos.items() if n.startswith("model.language_model.") or n == "lm_head.weight"]
+            assert model.placement.dense_bytes == 4 * sum(i.numel for i in text if ".mlp.experts." not in i.name)
+
+    def test_media_placeholders_in_prompt_are_refused(self, tmp_path_factory):
+        case = OracleCase(qwen3_vl_config(image_token_id=100, video_token_id=101), new_tokens=2)
+        from colibri_core.testing.oracle import build_oracle
+
+        path = tmp_path_factory.mktemp("qwen3_vl_media")
+        build_oracle(case, self.model_class, path)
+        with colibri_core.load(path, history=False) as model:
+            with pytest.raises(UnsupportedModelError, match="image input is not supported.*qwen3_vl_moe"):
+                model.generate(token_ids=[5, 100, 7], max_tokens=2)
+            with pytest.raises(UnsupportedModelError, match="video input"):
+                model.logits([101])
             assert len(model.generate(token_ids=[5, 99, 7], max_tokens=2).token_ids) == 2
 
 
