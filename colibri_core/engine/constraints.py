@@ -18,7 +18,6 @@ and transformers at import.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,34 +153,21 @@ def grammar_tokenizer(tokenizer_json: str, vocab_size: int, eos_ids) -> Any:
 
 
 class Constraint:
-    """One sequence's matcher (see the module docstring). After each token it starts
-    computing the next mask on a thread (``advance``), so that the mask is ready, or nearly,
-    when the forward pass that runs meanwhile has produced the logits to apply it to
-    (llguidance drops the GIL while it computes)."""
+    """One sequence's matcher (see the module docstring). The mask is computed when the
+    logits are there, on the sampling thread: computed ahead on a worker thread while
+    the forward pass ran, it measured slower (the worker waits for the interpreter lock
+    the forward pass holds between its kernels; docs/benchmarks.md)."""
 
     def __init__(self, matcher, vocab_size: int, name: str):
         self.matcher, self.vocab_size, self.name = matcher, vocab_size, name
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
-        self._pending = None  # the next mask's computation, when started ahead
         self._ninf = np.float32(-np.inf)
-        self._stopped = matcher.is_stopped()
-
-    def _compute(self) -> None:
-        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-
-    def _settle(self) -> None:
-        """Wait for a mask computed ahead (the matcher takes one call at a time)."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
 
     def allowed(self) -> np.ndarray:
         """A bool array over the vocabulary: the tokens the grammar allows next."""
-        if self._pending is not None:
-            self._settle()
-        else:
-            self._compute()
-        self._check()
+        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if self.matcher.is_error():
+            raise RuntimeError(f"{self.name}: {self.matcher.get_error()}")
         return np.unpackbits(self._bits.view(np.uint8), count=self.vocab_size, bitorder="little").view(bool)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
@@ -189,42 +175,16 @@ class Constraint:
         return np.where(self.allowed(), logits, self._ninf)
 
     def advance(self, token: int) -> None:
-        """The sampled ``token`` (one the mask allowed) moves the matcher on; the next
-        mask starts computing."""
-        self._settle()
+        """The sampled ``token`` (one the mask allowed) moves the matcher on."""
         if not self.matcher.consume_token(int(token)):
             raise RuntimeError(f"{self.name}: the grammar refused token {token} after allowing it: "
                                f"{self.matcher.get_error()}")
-        self._stopped = self.matcher.is_stopped()
-        if not self._stopped:
-            self._pending = _mask_pool().submit(self._compute)
 
     def forced(self) -> list[int]:
         """Tokens that are the grammar's only way on from here (fast-forward)."""
-        self._settle()
         return [int(t) for t in self.matcher.compute_ff_tokens()]
 
     @property
     def finished(self) -> bool:
         """The grammar can take no further token: the output is complete."""
-        return self._stopped
-
-    def _check(self) -> None:
-        if self.matcher.is_error():
-            raise RuntimeError(f"{self.name}: {self.matcher.get_error()}")
-
-
-_POOL = None
-_POOL_LOCK = threading.Lock()
-
-
-def _mask_pool():
-    """The threads that compute masks ahead (shared by every sequence: at most one
-    computation per sequence is ever pending)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="colibri-mask")
-        return _POOL
+        return self.matcher.is_stopped()
