@@ -85,6 +85,14 @@ class ModelArgs:
     def validate(self, source: str) -> None:
         """Cross-field checks; subclasses extend."""
 
+    def default_head_dim(self, source: str) -> None:
+        """``head_dim`` as hidden_size / num_attention_heads where the config gives none."""
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by "
+                                       f"num_attention_heads {self.num_attention_heads} (and no head_dim is given)")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
     def require_multiple(self, source: str, field: str, of: str) -> None:
         """Field ``field`` a multiple of field ``of`` (query heads of KV heads)."""
         value, base = getattr(self, field), getattr(self, of)

@@ -198,6 +198,31 @@ class FamilyOracleSuite:
     def _fixture(self, case_name: str, tmp_path_factory) -> OracleFixture:
         return self.oracle(case_name, tmp_path_factory)
 
+    def check_rewritten(self, fx: OracleFixture, path: Path, backend: str, what: str, check_model=None) -> None:
+        """``fx``'s checkpoint rewritten in another layout at ``path``: transformers reads
+        it to the same logits (a layout mistake shows as O(1)), and colibri, streaming one
+        cached expert per layer, gives its tokens and logits, stepwise and teacher-forced.
+        ``check_model(model)``: more checks on the loaded model."""
+        import torch
+        import transformers
+
+        reference = getattr(transformers, self.model_class).from_pretrained(path, dtype=torch.float32,
+                                                                          attn_implementation="eager").eval()
+        with torch.no_grad():
+            full = reference(torch.tensor([fx.prompt + fx.tokens[:-1]])).logits[0].numpy()
+        worst = float(np.abs(full - fx.full_logits).max())
+        assert worst < self.tolerance, f"transformers reads {what} differently: {worst:.2e}"
+        with colibri_core.load(path, cap=1, history=False, backend=backend) as model:
+            if check_model is not None:
+                check_model(model)
+            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
+            forced = model.logits(fx.prompt + fx.tokens[:-1])
+            bound = self.bound(model)
+        assert result.token_ids == fx.tokens
+        worst = max(float(np.abs(np.stack(result.logits) - fx.step_logits).max()),
+                    float(np.abs(forced - fx.full_logits).max()))
+        assert worst < bound, f"logits differ by {worst:.2e}"
+
     def bound(self, model, tolerance: float | None = None) -> float:
         """The largest logits difference allowed on the model's backend."""
         return max(self.tolerance if tolerance is None else tolerance, model.backend.logits_tolerance)
@@ -418,24 +443,26 @@ class FusedLayoutCheck:
         (``experts.gate_up_proj`` / ``experts.down_proj``, the layout some published
         checkpoints use): transformers loads them to the same logits, and colibri, streaming
         one cached expert per layer, gives its tokens and logits."""
-        import torch
-        import transformers
-
         fx = self._fixture(self.fused_case, tmp_path_factory)
         fused = tmp_path_factory.mktemp("fused") / "model"
         assert fuse_experts(fx.path, fused) > 0
-        reference = getattr(transformers, self.model_class).from_pretrained(fused, dtype=torch.float32,
-                                                                          attn_implementation="eager").eval()
-        with torch.no_grad():
-            full = reference(torch.tensor([fx.prompt + fx.tokens[:-1]])).logits[0].numpy()
-        worst = float(np.abs(full - fx.full_logits).max())  # a layout mistake shows as O(1)
-        assert worst < self.tolerance, f"transformers reads the fused checkpoint differently: {worst:.2e}"
-        with colibri_core.load(fused, cap=1, history=False, backend=backend) as model:
-            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
-            bound = self.bound(model)
-        assert result.token_ids == fx.tokens
-        worst = float(np.abs(np.stack(result.logits) - fx.step_logits).max())
-        assert worst < bound, f"logits differ by {worst:.2e}"
+        self.check_rewritten(fx, fused, backend, "the fused checkpoint")
+
+
+def save_in_memory_layout(model_class: str, src: Path, dst: Path) -> set[str]:
+    """The model saved at ``src`` written to ``dst`` under the tensor names and layout
+    transformers keeps it in memory (its state dict: fused experts where it fuses them),
+    one safetensors file; returns the names."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    model = getattr(transformers, model_class).from_pretrained(src, dtype=torch.float32)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    dst.mkdir(parents=True)
+    save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(src / "config.json", dst / "config.json")
+    return set(state)
 
 
 def fuse_experts(src: Path, dst: Path) -> int:

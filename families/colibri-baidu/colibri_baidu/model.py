@@ -57,11 +57,7 @@ class Ernie4_5MoeArgs(ModelArgs):
 
     def validate(self, source):
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by "
-                                       f"num_attention_heads {self.num_attention_heads} (and no head_dim is given)")
-            self.head_dim = self.hidden_size // self.num_attention_heads
+        self.default_head_dim(source)
         if self.head_dim % 2:
             raise ModelFormatError(f"{source}: head_dim {self.head_dim} must be even (RoPE rotates pairs)")
         self.require_multiple(source, "num_attention_heads", "num_key_value_heads")

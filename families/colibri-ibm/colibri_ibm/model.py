@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from colibri_core.errors import ModelFormatError, UnsupportedModelError
+from colibri_core.errors import UnsupportedModelError
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.model.family import Family
 from colibri_core.nn import Attention, Embedding, Linear, RoutedExperts, SoftmaxTopKRouter, SparseMoE, SwiGLU, build_rope
@@ -50,11 +50,7 @@ class GraniteMoeArgs(ModelArgs):
 
     def validate(self, source):
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by "
-                                       f"num_attention_heads {self.num_attention_heads} (and no head_dim is given)")
-            self.head_dim = self.hidden_size // self.num_attention_heads
+        self.default_head_dim(source)
         self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
         self.require_at_most(source, "num_experts_per_tok", "num_local_experts")
         if self.hidden_act != "silu":

@@ -9,7 +9,6 @@ case in the layout transformers keeps in memory (``router``, ``experts.gate_up_p
 from 1, so that dropping one changes the tokens.
 """
 
-import shutil
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from transformers import GraniteMoeConfig, GraniteMoeSharedConfig
 import colibri_core
 from colibri_core.errors import UnsupportedModelError
 from colibri_core.testing import DELETE, copy_model
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, save_in_memory_layout
 from colibri_core.testing.oracle_cases import prompt, yarn
 
 MUP = dict(embedding_multiplier=4.0, attention_multiplier=0.25, residual_multiplier=0.5, logits_scaling=3.0)
@@ -39,30 +38,12 @@ class InMemoryLayout:
     in_memory_case = ""
 
     def test_in_memory_layout_matches_transformers(self, backend, tmp_path_factory):
-        import torch
-        import transformers
-        from safetensors.torch import save_file
-
         fx = self._fixture(self.in_memory_case, tmp_path_factory)
-        cls = getattr(transformers, self.model_class)
         target = tmp_path_factory.mktemp("in-memory") / "model"
-        target.mkdir()
-        state = {k: v.contiguous() for k, v in cls.from_pretrained(fx.path, dtype=torch.float32).state_dict().items()}
-        assert "model.layers.0.block_sparse_moe.experts.gate_up_proj" in state
-        assert "model.layers.0.block_sparse_moe.router.weight" in state
-        save_file(state, target / "model.safetensors", metadata={"format": "pt"})
-        shutil.copy(fx.path / "config.json", target / "config.json")
-        reference = cls.from_pretrained(target, dtype=torch.float32, attn_implementation="eager").eval()
-        with torch.no_grad():
-            full = reference(torch.tensor([fx.prompt + fx.tokens[:-1]])).logits[0].numpy()
-        worst = float(np.abs(full - fx.full_logits).max())
-        assert worst < self.tolerance, f"transformers reads the in-memory layout differently: {worst:.2e}"
-        with colibri_core.load(target, cap=1, history=False, backend=backend) as model:
-            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
-            bound = self.bound(model)
-        assert result.token_ids == fx.tokens
-        worst = float(np.abs(np.stack(result.logits) - fx.step_logits).max())
-        assert worst < bound, f"logits differ by {worst:.2e}"
+        names = save_in_memory_layout(self.model_class, fx.path, target)
+        assert "model.layers.0.block_sparse_moe.experts.gate_up_proj" in names
+        assert "model.layers.0.block_sparse_moe.router.weight" in names
+        self.check_rewritten(fx, target, backend, "the in-memory layout")
 
 
 class TestGraniteMoeOracle(FamilyOracleSuite, InMemoryLayout):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri_core.errors import ModelFormatError, UnsupportedModelError
+from colibri_core.errors import UnsupportedModelError
 from colibri_core.model.builders import softmax_moe
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.model.family import Family
@@ -44,11 +44,7 @@ class MixtralArgs(ModelArgs):
     hidden_act: str = "silu"
 
     def validate(self, source):
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by "
-                                       f"num_attention_heads {self.num_attention_heads} (and no head_dim is given)")
-            self.head_dim = self.hidden_size // self.num_attention_heads
+        self.default_head_dim(source)
         self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
         self.require_at_most(source, "num_experts_per_tok", "num_local_experts")
         if self.hidden_act != "silu":

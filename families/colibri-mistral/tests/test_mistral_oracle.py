@@ -8,7 +8,6 @@ test rewrites a case in the layout transformers keeps in memory (``mlp.gate``,
 """
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from transformers import MixtralConfig
 import colibri_core
 from colibri_core.errors import UnsupportedModelError
 from colibri_core.testing import DELETE, copy_model
-from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase
+from colibri_core.testing.oracle import FamilyOracleSuite, OracleCase, save_in_memory_layout
 from colibri_core.testing.oracle_cases import prompt, yarn
 
 
@@ -52,30 +51,15 @@ class TestMixtralOracle(FamilyOracleSuite):
         fused ``mlp.experts.gate_up_proj`` / ``down_proj``): transformers reads it to the
         same logits, and colibri, streaming one cached expert per layer, gives its tokens
         and logits."""
-        import torch
-        from safetensors.torch import save_file
-        from transformers import MixtralForCausalLM
-
         fx = self._fixture("sliding_window_sharded", tmp_path_factory)
         fused = tmp_path_factory.mktemp("in-memory") / "model"
-        fused.mkdir()
-        source = MixtralForCausalLM.from_pretrained(fx.path, dtype=torch.float32)
-        state = {k: v.contiguous() for k, v in source.state_dict().items()}
-        assert "model.layers.0.mlp.experts.gate_up_proj" in state and not any("block_sparse_moe" in k for k in state)
-        save_file(state, fused / "model.safetensors", metadata={"format": "pt"})
-        shutil.copy(fx.path / "config.json", fused / "config.json")
-        reference = MixtralForCausalLM.from_pretrained(fused, dtype=torch.float32, attn_implementation="eager").eval()
-        with torch.no_grad():
-            full = reference(torch.tensor([fx.prompt + fx.tokens[:-1]])).logits[0].numpy()
-        worst = float(np.abs(full - fx.full_logits).max())
-        assert worst < self.tolerance, f"transformers reads the in-memory layout differently: {worst:.2e}"
-        with colibri_core.load(fused, cap=1, history=False, backend=backend) as model:
+        names = save_in_memory_layout(self.model_class, fx.path, fused)
+        assert "model.layers.0.mlp.experts.gate_up_proj" in names and not any("block_sparse_moe" in k for k in names)
+
+        def reads_the_in_memory_names(model):
             assert model.lm.layers[0].mlp.router.gate.weight.name == "model.layers.0.mlp.gate.weight"
-            result = model.generate(token_ids=fx.prompt, max_tokens=len(fx.tokens), ignore_eos=True, return_logits=True)
-            bound = self.bound(model)
-        assert result.token_ids == fx.tokens
-        worst = float(np.abs(np.stack(result.logits) - fx.step_logits).max())
-        assert worst < bound, f"logits differ by {worst:.2e}"
+
+        self.check_rewritten(fx, fused, backend, "the in-memory layout", reads_the_in_memory_names)
 
     def test_sliding_window_bounds_the_cache(self, tmp_path_factory):
         """With ``sliding_window`` every layer's cache keeps only the window."""

@@ -44,10 +44,7 @@ class QwenArgs(ModelArgs):
 
     def validate(self, source):
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ModelFormatError(f"{source}: hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
-            self.head_dim = self.hidden_size // self.num_attention_heads
+        self.default_head_dim(source)
         self.require_multiple(source, "num_attention_heads", "num_key_value_heads")
         self.require_at_most(source, "num_experts_per_tok", "num_experts")
         if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_hidden_layers for i in self.mlp_only_layers):
