@@ -31,6 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from benchmarks.hostinfo import write_record  # noqa: E402
 from benchmarks.trace_streaming import git_head, machine  # noqa: E402
 
 SCHEMA = {
@@ -149,15 +150,7 @@ def main(argv=None) -> None:
     d = report["decode"]
     lines += ["", f"Decode, trained OLMoE-geometry model resident, {a.tokens} tokens x {a.repeats} (medians): "
                   f"{d['off_tok_s']:.1f} tok/s without, {d['schema_tok_s']:.1f} with a schema: {d['ratio']:.3f}x."]
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"{report['date']}-constraint-cost"
-    for n in range(2, 100):  # never overwrite an earlier run's record
-        if not (out / f"{name}.json").exists() and not (out / f"{name}.md").exists():
-            break
-        name = f"{report['date']}-constraint-cost-{n}"
-    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
-    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    write_record(Path(a.out), f"{report['date']}-constraint-cost", report, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

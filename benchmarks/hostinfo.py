@@ -1,4 +1,5 @@
-"""What the benchmarks' reports say about the machine they ran on (standard library only)."""
+"""What the benchmarks' reports say about the machine they ran on, and where they keep
+themselves (standard library only)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,19 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "?"
+
+
+def write_record(out: Path, stem: str, report: dict, markdown: str) -> Path:
+    """Write a run's record as ``out/STEM.json`` and ``STEM.md``, or ``STEM-2``, ``-3``...:
+    never over an earlier run's (either file). Returns the Markdown's path."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    name = stem
+    for n in range(2, 1000):
+        if not (out / f"{name}.json").exists() and not (out / f"{name}.md").exists():
+            break
+        name = f"{stem}-{n}"
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{name}.md").write_text(markdown)
+    return out / f"{name}.md"

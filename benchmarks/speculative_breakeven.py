@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.hostinfo import write_record  # noqa: E402
 from benchmarks.trace_streaming import git_head, machine  # noqa: E402
 
 
@@ -194,15 +195,7 @@ def main(argv=None) -> None:
     report = {"date": stamp, "command": " ".join(["benchmarks/speculative_breakeven.py", *(argv or sys.argv[1:])]),
               "machine": machine(), "commit": git_head(), "cgroup": a.cgroup, "tokens": a.tokens, "temperature": a.temperature,
               "repeats": a.repeats, "budgets": budgets, "summary": [r for b in budgets for r in summarise(b)]}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"{stamp}-speculative-{Path(a.model).name}"
-    for n in range(2, 100):  # never overwrite an earlier run's record
-        if not (out / f"{name}.json").exists() and not (out / f"{name}.md").exists():
-            break
-        name = f"{stamp}-speculative-{Path(a.model).name}-{n}"
-    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
-    (out / f"{name}.md").write_text(markdown(report))
+    write_record(Path(a.out), f"{stamp}-speculative-{Path(a.model).name}", report, markdown(report))
     print(markdown(report))
 
 

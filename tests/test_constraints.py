@@ -92,7 +92,7 @@ def test_colibri_run_takes_a_grammar_file_and_refuses_bad_flags_before_loading(t
     schema = tmp_path / "bad.json"
     schema.write_text("{nope")
     for args, message in ((("--json-schema", str(schema)), f"error: --json-schema {schema}: not JSON"),
-                          (("--json-schema", str(tmp_path / "missing.json")), "cannot read it: No such file"),
+                          (("--json-schema", str(tmp_path / "missing.json")), "missing.json: --json-schema file not found"),
                           (("--grammar", str(schema)), "name a .lark or .gbnf file"),
                           (("--regex", "(", ), "error: --regex: ")):
         bad = run_colibri("run", "--model", model_dir, *args, "hello")

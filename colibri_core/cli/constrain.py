@@ -48,14 +48,7 @@ def constraint_from_options(json_schema: str | None, regex: str | None, grammar:
 
 
 def _read(path: str, flag: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(GRAMMAR_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from None
-    if len(data) > GRAMMAR_BYTES:
-        raise UsageError(f"{flag} {path}: larger than {GRAMMAR_BYTES} bytes")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{flag} {path}: not UTF-8 (byte {exc.start})") from None
+    """The schema or grammar file's text (a regular file, UTF-8, at most GRAMMAR_BYTES)."""
+    from colibri_core.io import smallfile
+
+    return smallfile.read_text(path, GRAMMAR_BYTES, f"{flag} file").removeprefix("\ufeff")

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from colibri_core.errors import UnsupportedModelError
 from colibri_core.nn.hyper import HeadNorm, HyperDecoderLayer, HyperHead, StreamEmbedding
-from colibri_core.nn.layers import CausalLM, DecoderLayer, DividedInput, Embedding, Linear, NormedEmbedding
+from colibri_core.nn.layers import (CausalLM, DecoderLayer, DividedInput, Embedding, Linear, NormedEmbedding,
+                                    ScaledEmbedding)
 from colibri_core.nn.mtp import MTPLayer
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
                   offset_norms: bool = False, refused_tokens: dict[int, str] | None = None,
                   embedded_as: dict[int, int] | None = None, post: Callable[[int, str], tuple] | None = None,
                   embed_norm: bool = False, head_divisor: float = 1.0, head_rows: int | None = None,
-                  hyper: Callable[[int, str], tuple] | None = None, hyper_head: HyperHead | None = None) -> CausalLM:
+                  hyper: Callable[[int, str], tuple] | None = None, hyper_head: HyperHead | None = None,
+                  embed_scale: float = 1.0, head_bias: bool = False) -> CausalLM:
     """Embeddings, ``a.num_hidden_layers`` layers x + mixer(norm(x)), h + mlp(norm(h)),
     the final norm and the LM head (``lm_head``, or the embeddings when
     ``a.tie_word_embeddings``). ``offset_norms``: the RMSNorms scale by (1 + w).
@@ -66,11 +68,16 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     ``head_rows``: only the LM head's first rows give logits (a head padded beyond the
     vocabulary); ``hyper(i, prefix)``: (attn_hc, ffn_hc), the ``nn.hyper.HyperConnection``
     sites of layer i, whose residual is then ``hyper_head.n`` streams (``HyperDecoderLayer``,
-    embeddings entering as N copies, ``hyper_head`` collapsing them before the final norm)."""
+    embeddings entering as N copies, ``hyper_head`` collapsing them before the final norm);
+    ``embed_scale``: the embeddings times it (Granite's embedding_multiplier; the table a
+    tied head shares stays as stored); ``head_bias``: the LM head (tied or not) adds
+    ``lm_head.bias`` (ERNIE 4.5's use_bias)."""
     if (hyper is None) != (hyper_head is None):
         raise ValueError("build_decoder takes hyper and hyper_head together")
-    if hyper is not None and (post is not None or embed_norm):
-        raise ValueError("build_decoder: hyper-connections do not combine with post or embed_norm")
+    if hyper is not None and (post is not None or embed_norm or embed_scale != 1.0):
+        raise ValueError("build_decoder: hyper-connections do not combine with post, embed_norm or embed_scale")
+    if embed_norm and embed_scale != 1.0:
+        raise ValueError("build_decoder takes embed_norm or embed_scale, not both")
     hidden = a.hidden_size
 
     def norm(prefix: str):
@@ -91,15 +98,19 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
         embed = StreamEmbedding(table, hyper_head.n, embedded_as)
     elif embed_norm:
         embed = NormedEmbedding(table, norm(f"{names.model}embed_tokens.embed_norm"), embedded_as)
+    elif embed_scale != 1.0:
+        embed = ScaledEmbedding(table, embed_scale, embedded_as)
     else:
         embed = Embedding(table, embedded_as)
     vocab = a.vocab_size
+    if head_bias and head_rows is not None:
+        raise ValueError("build_decoder takes head_rows or head_bias, not both")
     if a.tie_word_embeddings:
-        lm_head = Linear(embed.weight)
+        lm_head = Linear(embed.weight, w.param(f"{names.lm_head}.bias", (vocab,)) if head_bias else None)
     elif head_rows is not None and head_rows < vocab:
         lm_head, vocab = Linear(w.param(f"{names.lm_head}.weight", (vocab, hidden), _first_rows(head_rows))), head_rows
     else:
-        lm_head = w.linear(names.lm_head, vocab, hidden)
+        lm_head = w.linear(names.lm_head, vocab, hidden, bias=head_bias)
     if head_divisor != 1.0:
         lm_head = DividedInput(lm_head, head_divisor)
     final = norm(f"{names.model}norm")

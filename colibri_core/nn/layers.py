@@ -323,6 +323,18 @@ class NormedEmbedding(Embedding):
         return self.norm(super().__call__(ids, step), step)
 
 
+class ScaledEmbedding(Embedding):
+    """Embedding rows times a constant (Granite's ``embedding_multiplier``); the table
+    itself, which a tied LM head shares, is left as stored."""
+
+    def __init__(self, weight: Param, scale: float, embedded_as: dict[int, int] | None = None):
+        super().__init__(weight, embedded_as)
+        self.scale = float(scale)
+
+    def __call__(self, ids: np.ndarray, step: Step):
+        return super().__call__(ids, step) * self.scale
+
+
 class DividedInput:
     """``block`` applied to x / divisor (Inkling's muP output: the final hidden states
     divided by ``logits_mup_width_multiplier`` before the LM head)."""

@@ -133,7 +133,4 @@ class Ernie4_5Moe(Family):
             shared = swiglu(f"{p}.shared_experts", inner * a.moe_num_shared_experts) if a.moe_num_shared_experts else None
             return SparseMoE(router, w.swiglu_experts(i, f"{p}.experts", n, hidden, inner), shared=shared)
 
-        lm = build_decoder(a, w, attention, mlp)
-        if bias:  # with use_bias the LM head (tied or not) has a bias too
-            lm.lm_head = Linear(lm.lm_head.weight, w.param("lm_head.bias", (a.vocab_size,)))
-        return lm
+        return build_decoder(a, w, attention, mlp, head_bias=bias)  # use_bias: the LM head (tied or not) too

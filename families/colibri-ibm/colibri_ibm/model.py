@@ -20,7 +20,7 @@ import numpy as np
 from colibri_core.errors import UnsupportedModelError
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.model.family import Family
-from colibri_core.nn import Attention, Embedding, Linear, RoutedExperts, SoftmaxTopKRouter, SparseMoE, SwiGLU, build_rope
+from colibri_core.nn import Attention, Linear, RoutedExperts, SoftmaxTopKRouter, SparseMoE, SwiGLU, build_rope
 from colibri_core.nn.assembly import build_decoder
 
 
@@ -56,18 +56,6 @@ class GraniteMoeArgs(ModelArgs):
         if self.hidden_act != "silu":
             raise UnsupportedModelError(f"{source}: hidden_act {self.hidden_act!r} is not supported by the "
                                         "granitemoe families (only 'silu')")
-
-
-class ScaledEmbedding(Embedding):
-    """Embedding rows times a constant (Granite's ``embedding_multiplier``); the table
-    itself, which a tied LM head shares, is left as stored."""
-
-    def __init__(self, weight, scale: float):
-        super().__init__(weight)
-        self.scale = float(scale)
-
-    def __call__(self, ids, step):
-        return super().__call__(ids, step) * self.scale
 
 
 class Scaled:
@@ -130,8 +118,5 @@ class GraniteMoe(Family):
             return SwiGLU(gate, up, w.linear(f"{s}.output_linear", hidden, inner))
 
         post = (Scaled(a.residual_multiplier),) * 2 if a.residual_multiplier != 1.0 else None
-        lm = build_decoder(a, w, attention, moe, post=(lambda i, p: post) if post else None,
-                           head_divisor=a.logits_scaling)
-        if a.embedding_multiplier != 1.0:
-            lm.embed = ScaledEmbedding(lm.embed.weight, a.embedding_multiplier)
-        return lm
+        return build_decoder(a, w, attention, moe, post=(lambda i, p: post) if post else None,
+                             head_divisor=a.logits_scaling, embed_scale=a.embedding_multiplier)
