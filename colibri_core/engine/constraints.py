@@ -9,8 +9,8 @@ further token stops (``finished``: finish reason "stop"). The grammar allows the
 end-of-sequence tokens only where the output is complete.
 
 Why llguidance over xgrammar: llguidance is a self-contained wheel (no dependencies; its
-Rust core reads the tokenizer.json colibri already has), computes a mask in ~13 µs
-median on an 8k vocabulary (docs/benchmarks.md), and takes JSON Schema, regular
+Rust core reads the tokenizer.json colibri already has), computes a mask in ~11 µs
+median on an 8k vocabulary, ~21 µs on 150k (docs/benchmarks.md), and takes JSON Schema, regular
 expressions, Lark and (converted) GBNF grammars; xgrammar's wheel requires torch, triton
 and transformers at import.
 """

@@ -11,6 +11,7 @@ import colibri_core
 from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.testing import DELETE, copy_model
+from colibri_core.testing.backends import backend_params, matrix_beyond_cpu
 from colibri_core.testing.mtp import check_mtp_layer_is_ignored, check_mtp_layer_matches_reference
 
 import test_deepseek_v32_oracle as v32_suite
@@ -132,6 +133,7 @@ def test_list_families_shows_the_deepseek_model_types():
     assert families["deepseek-v32"]["model_types"] == ["deepseek_v32"]
 
 
-def test_mtp_layer_matches_the_torch_reference(tmp_path_factory, tmp_path):
+@pytest.mark.parametrize("backend", matrix_beyond_cpu(backend_params()))
+def test_mtp_layer_matches_the_torch_reference(backend, tmp_path_factory, tmp_path):
     fx = fixture(tmp_path_factory, v3_suite.TestDeepseekV3Oracle, "base")
-    check_mtp_layer_matches_reference(fx.path, tmp_path, fx.prompt)
+    check_mtp_layer_matches_reference(fx.path, tmp_path, fx.prompt, backend)

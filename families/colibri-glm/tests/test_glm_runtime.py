@@ -14,6 +14,7 @@ import pytest
 import colibri_core
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.testing import DELETE, copy_model
+from colibri_core.testing.backends import backend_params, matrix_beyond_cpu
 from colibri_core.testing.mtp import check_mtp_layer_is_ignored, check_mtp_layer_matches_reference
 
 import test_glm4_moe_lite_oracle as lite_suite
@@ -74,9 +75,10 @@ def test_mtp_layers_are_ignored(tmp_path_factory, tmp_path):
     check_mtp_layer_is_ignored(fx.path, tmp_path, fx.prompt, {"self_attn.q_proj.weight": (64, 32)})
 
 
-def test_mtp_layer_matches_the_torch_reference(tmp_path_factory, tmp_path):
+@pytest.mark.parametrize("backend", matrix_beyond_cpu(backend_params()))
+def test_mtp_layer_matches_the_torch_reference(backend, tmp_path_factory, tmp_path):
     fx = fixture(tmp_path_factory, MOE)  # GLM-4.5's MTP layers have DeepSeek-V3's layout
-    check_mtp_layer_matches_reference(fx.path, tmp_path, fx.prompt)
+    check_mtp_layer_matches_reference(fx.path, tmp_path, fx.prompt, backend)
 
 
 def test_glm5_indexer_schedule_spellings(tmp_path_factory, tmp_path):

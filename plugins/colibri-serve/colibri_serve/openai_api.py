@@ -193,12 +193,15 @@ def router(service: Service) -> APIRouter:
         head = {"id": cid, "created": created, "model": service.model_name}
         if not body.stream:
             jobs = [job] + [new_job(i) for i in range(1, n)]  # the batched engine runs them side by side
-            try:
-                async with asyncio.TaskGroup() as group:  # one choice failing cancels the others
-                    tasks = [group.create_task(service.run(j, request.is_disconnected)) for j in jobs]
-            except* ApiError as failed:
-                raise failed.exceptions[0] from None
-            contents = [t.result() for t in tasks]
+            if n == 1:
+                contents = [await service.run(job, request.is_disconnected)]
+            else:
+                try:
+                    async with asyncio.TaskGroup() as group:  # one choice failing cancels the others
+                        tasks = [group.create_task(service.run(j, request.is_disconnected)) for j in jobs]
+                except* Exception as failed:  # the first failure, as a single request raises it
+                    raise failed.exceptions[0] from None
+                contents = [t.result() for t in tasks]
             choices = []
             for i, (j, content) in enumerate(zip(jobs, contents)):
                 message: dict[str, Any] = {"role": "assistant", "content": content if content or not j.parsed.tool_calls else None}
