@@ -61,12 +61,13 @@ def test_every_moe_type_of_transformers_runs_or_is_listed_as_not_yet():
 
 
 def test_colibri_run_on_a_type_not_run_yet_says_why_and_what_is_near(tmp_path):
-    model = tmp_path / "phi"
+    model = tmp_path / "granite-hybrid"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "phimoe", "architectures": ["PhiMoEForCausalLM"]}))
+    (model / "config.json").write_text(json.dumps({"model_type": "granitemoehybrid",
+                                                   "architectures": ["GraniteMoeHybridForCausalLM"]}))
     out = run_colibri("run", "--model", str(model), "--token-ids", "1,2")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     line = out.stderr
-    assert "no installed family runs model_type 'phimoe'" in line
-    assert "Colibri does not run phimoe yet (LayerNorm decoders, the sparsemixer router, longrope)" in line
+    assert "no installed family runs model_type 'granitemoehybrid'" in line
+    assert "Colibri does not run granitemoehybrid yet (Mamba-2 layers (a state-space mixer colibri lacks))" in line
     assert "the nearest types it runs: " in line and "docs/families.md" in line

@@ -33,3 +33,12 @@ def test_a_new_family_has_its_own_names():
 def test_a_spelling_the_renames_miss_is_an_error():
     with pytest.raises(ValueError, match="'OLMOE'.*OLMOE_SPELLINGS"):
         scaffold.template_from_olmoe("__init__.py", '"""colibri-olmoe: OLMOE."""\n')
+
+
+def test_olmoe_s_other_families_stay_out_of_the_template():
+    """colibri-olmoe's __init__.py also registers FlexOlmo, after ``OTHER_SPECS``: a new
+    family registers only its own spec."""
+    source = (OLMOE / "__init__.py").read_text(encoding="utf-8")
+    made = scaffold.template_from_olmoe("__init__.py", source)
+    assert scaffold.OTHER_SPECS in source and "flex_olmo" in source
+    assert "flex_olmo" not in made and made.count("FamilySpec(") == 1

@@ -64,9 +64,18 @@ import only colibri-core's public API (docs/plugins.md).
 """'''
 
 
+# colibri-olmoe's __init__.py registers more than OLMoE (FlexOlmo): from this line to the
+# closing parenthesis of its family_hook, the specs are not a new family's
+OTHER_SPECS = "    # colibri-olmoe's other families (not in colibri new-family's template)"
+
+
 def template_from_olmoe(name: str, source: str) -> str:
     """The template of a new family's file ``name`` (one of ``FROM_OLMOE``), made from
-    the source of colibri-olmoe's file of that name."""
+    the source of colibri-olmoe's file of that name (``__init__.py`` without the specs
+    after ``OTHER_SPECS``)."""
+    if name == "__init__.py" and OTHER_SPECS in source:
+        head, tail = source.split(OTHER_SPECS, 1)
+        source = head.rstrip(" ") + tail[tail.index("\n)\n") + 1:]
     if name == "model.py":
         if not source.startswith('"""') or '"""' not in source[3:]:
             raise ValueError("olmoe's model.py must open with its docstring (the template replaces it)")

@@ -80,6 +80,30 @@ def softmax_grouped_top_k(logits: np.ndarray, k: int, n_group: int, topk_group: 
     return indices, weights.astype(np.float32)
 
 
+def sparsemixer_top2(logits: np.ndarray, jitter_eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Phi-MoE's sparsemixer router as transformers computes it in eval mode, on host
+    float32 logits: the best expert, weighted by its softmax among the experts whose
+    logit is within a relative 2 * ``jitter_eps`` of it; then the best of the others,
+    weighted by its softmax among those (of the others) within 2 * ``jitter_eps`` of it.
+    The two weights are not renormalised."""
+    scores = logits.astype(np.float32, copy=False)
+    eps2, ninf = np.float32(2 * jitter_eps), np.float32(-np.inf)
+    indices, weights = [], []
+    masked = scores
+    for _ in range(2):
+        best = np.argmax(masked, axis=-1)[:, None]
+        top = np.take_along_axis(masked, best, axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0 is NaN, never masked, as in torch
+            # the threshold measures every logit (the first choice's too) against the best
+            far = (top - scores) / np.maximum(np.abs(scores), top) > eps2
+        gates = softmax(np.where(far, ninf, masked))
+        indices.append(best)
+        weights.append(np.take_along_axis(gates, best, axis=-1))
+        masked = masked.copy()
+        np.put_along_axis(masked, best, ninf, axis=-1)  # the second choice excludes the first
+    return np.concatenate(indices, axis=-1).astype(np.int64), np.concatenate(weights, axis=-1).astype(np.float32)
+
+
 def expert_groups(indices: np.ndarray, weights: np.ndarray):
     """(expert, token rows, their weights) for each expert the tokens use, in ascending
     expert order: the fixed reduction order of ``routed_experts``."""

@@ -22,20 +22,25 @@ from colibri_core.nn.layers import (
 from colibri_core.nn.mla import MLACache, MLAttention, mla_softmax_scale
 from colibri_core.nn.norms import GatedRMSNorm
 from colibri_core.nn.rope import RoPE, build_rope, rope_parameters
-from colibri_core.nn.routers import HashRouter, ScoredTopKRouter, SigmoidGroupedTopKRouter, SoftmaxGroupedTopKRouter
+from colibri_core.nn.shortconv import GatedShortConv
+from colibri_core.nn.routers import (HashRouter, ScoredTopKRouter, SigmoidGroupedTopKRouter, SoftmaxGroupedTopKRouter,
+                                     SparseMixerRouter)
 from colibri_core.nn.weights import ExpertDecl, ExpertMatrices, Param, Weights
 
 __all__ = [
     "Attention", "Cache", "CausalLM", "DecoderLayer", "Embedding", "ExpertDecl", "KVCache", "Linear", "Param",
     "RMSNorm", "RoPE", "RoutedExperts", "SoftmaxTopKRouter", "SparseMoE", "Step", "SwiGLU", "Weights", "build_rope",
     "rope_parameters",
-    # linear attention (Qwen3-Next / Qwen3.5 hybrids, Kimi Linear's KDA)
+    # linear attention (Qwen3-Next / Qwen3.5 hybrids, Kimi Linear's KDA); LFM2's gated short convolution
+    "GatedShortConv",
     "GatedDeltaNet", "GatedRMSNorm", "LowRank", "RecurrentState",
     # MLA, DSA and the sigmoid grouped router (DeepSeek V3/V3.2, Kimi K2, GLM)
     "LayerNorm", "LightningIndexer", "MLACache", "MLAttention", "SharedIndexer", "SigmoidGroupedTopKRouter",
     "mla_softmax_scale",
     # softmax routers: DeepSeek-V2's (greedy or group-limited, scaled), ERNIE 4.5's (a choice bias)
     "SoftmaxGroupedTopKRouter",
+    # Phi-MoE's sparsemixer (top 2, eval mode)
+    "SparseMixerRouter",
     # sliding-window attention with sinks, experts with biases and another activation (gpt-oss)
     "ExpertMatrices", "GatedActivation", "SlidingKVCache",
     # DeepSeek-V4's attention (sliding window, sinks, CSA / HCA compressed entries) and routers

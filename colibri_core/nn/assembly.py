@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from colibri_core.errors import UnsupportedModelError
 from colibri_core.nn.hyper import HeadNorm, HyperDecoderLayer, HyperHead, StreamEmbedding
 from colibri_core.nn.layers import (CausalLM, DecoderLayer, DividedInput, Embedding, Linear, NormedEmbedding,
-                                    ScaledEmbedding)
+                                    ParallelDecoderLayer, ScaledEmbedding, Unnormed)
 from colibri_core.nn.mtp import MTPLayer
 
 if TYPE_CHECKING:
@@ -42,11 +42,13 @@ class DecoderArgs(Protocol):
 @dataclass(frozen=True)
 class Names:
     """Where the text model's tensors live: most checkpoints use the defaults; wrappers
-    (Kimi K2.5: ``language_model.model.``, Qwen3.5: ``model.language_model.``) prefix them."""
+    (Kimi K2.5: ``language_model.model.``, Qwen3.5: ``model.language_model.``) prefix them;
+    ``norm``: the final norm's name under ``model`` (LFM2's ``embedding_norm``)."""
 
     model: str = "model."
     layers: str = "layers"
     lm_head: str = "lm_head"
+    norm: str = "norm"
 
     def layer(self, i: int) -> str:
         return f"{self.model}{self.layers}.{i}"
@@ -57,7 +59,9 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
                   embedded_as: dict[int, int] | None = None, post: Callable[[int, str], tuple] | None = None,
                   embed_norm: bool = False, head_divisor: float = 1.0, head_rows: int | None = None,
                   hyper: Callable[[int, str], tuple] | None = None, hyper_head: HyperHead | None = None,
-                  embed_scale: float = 1.0, head_bias: bool = False) -> CausalLM:
+                  embed_scale: float = 1.0, head_bias: bool = False, pre_norms: bool = True, parallel: bool = False,
+                  make_norm: Callable[[str], Any] | None = None,
+                  norm_names: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")) -> CausalLM:
     """Embeddings, ``a.num_hidden_layers`` layers x + mixer(norm(x)), h + mlp(norm(h)),
     the final norm and the LM head (``lm_head``, or the embeddings when
     ``a.tie_word_embeddings``). ``offset_norms``: the RMSNorms scale by (1 + w).
@@ -71,9 +75,24 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     embeddings entering as N copies, ``hyper_head`` collapsing them before the final norm);
     ``embed_scale``: the embeddings times it (Granite's embedding_multiplier; the table a
     tied head shares stays as stored); ``head_bias``: the LM head (tied or not) adds
-    ``lm_head.bias`` (ERNIE 4.5's use_bias)."""
+    ``lm_head.bias`` (ERNIE 4.5's use_bias); ``pre_norms=False``: the layers have no
+    input norms (no ``input_layernorm`` / ``post_attention_layernorm`` declared), x +
+    mixer(x) and h + mlp(h), the branches normalised only by what ``post`` gives
+    (OLMo 2's and FlexOlmo's norms of the branch outputs); ``parallel``: each layer is
+    x + mixer(norm(x)) + mlp(norm(x)) with one norm, ``input_layernorm`` (Cohere's,
+    ``nn.layers.ParallelDecoderLayer``); ``make_norm(prefix)``: the decoder's norms (the
+    layers' and the final one) instead of RMSNorms at ``prefix.weight`` (Cohere's and
+    Phi-MoE's LayerNorms); ``norm_names``: the
+    tensor names of each layer's two pre-norms (AFMoE's MLP one is ``pre_mlp_layernorm``,
+    its ``post_attention_layernorm`` a ``post`` norm)."""
     if (hyper is None) != (hyper_head is None):
         raise ValueError("build_decoder takes hyper and hyper_head together")
+    if not pre_norms and hyper is not None:
+        raise ValueError("build_decoder: hyper-connections need the layers' pre-norms")
+    if parallel and (hyper is not None or post is not None or not pre_norms):
+        raise ValueError("build_decoder: parallel layers do not combine with hyper, post or pre_norms=False")
+    if make_norm is not None and offset_norms:
+        raise ValueError("build_decoder takes make_norm or offset_norms, not both")
     if hyper is not None and (post is not None or embed_norm or embed_scale != 1.0):
         raise ValueError("build_decoder: hyper-connections do not combine with post, embed_norm or embed_scale")
     if embed_norm and embed_scale != 1.0:
@@ -81,6 +100,8 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     hidden = a.hidden_size
 
     def norm(prefix: str):
+        if make_norm is not None:
+            return make_norm(prefix)
         return w.rms_norm(prefix, hidden, a.rms_norm_eps, offset=offset_norms)
 
     layers = []
@@ -91,8 +112,12 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
             layers.append(HyperDecoderLayer(attn_hc, norm(f"{p}.input_layernorm"), mixer(i, p), ffn_hc,
                                             norm(f"{p}.post_attention_layernorm"), mlp(i, p)))
             continue
-        layers.append(DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p),
-                                   *(post(i, p) if post is not None else ())))
+        if parallel:
+            layers.append(ParallelDecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), mlp(i, p)))
+            continue
+        attn_norm = norm(f"{p}.{norm_names[0]}") if pre_norms else Unnormed()
+        mlp_norm = norm(f"{p}.{norm_names[1]}") if pre_norms else Unnormed()
+        layers.append(DecoderLayer(attn_norm, mixer(i, p), mlp_norm, mlp(i, p), *(post(i, p) if post is not None else ())))
     table = w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden))
     if hyper_head is not None:
         embed = StreamEmbedding(table, hyper_head.n, embedded_as)
@@ -113,13 +138,13 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
         lm_head = w.linear(names.lm_head, vocab, hidden, bias=head_bias)
     if head_divisor != 1.0:
         lm_head = DividedInput(lm_head, head_divisor)
-    final = norm(f"{names.model}norm")
+    final = norm(f"{names.model}{names.norm}")
     if hyper_head is not None:
         final = HeadNorm(hyper_head, final)
     lm = CausalLM(embed=embed, layers=layers, norm=final, lm_head=lm_head,
                   vocab_size=vocab, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
     if w.mtp_layers:
-        if hyper is not None or post is not None or embed_norm or head_divisor != 1.0:
+        if hyper is not None or post is not None or embed_norm or head_divisor != 1.0 or not pre_norms or parallel:
             raise UnsupportedModelError(f"{w.config_source}: multi-token-prediction layers are read in DeepSeek-V3's "
                                         "layout on plain decoder layers; this model's layers are not plain")
         for i in range(a.num_hidden_layers, a.num_hidden_layers + w.mtp_layers):

@@ -89,6 +89,14 @@ class RMSNorm:
         return step.ops.rms_norm(x, _v(self.weight), self.eps)
 
 
+class Unnormed:
+    """The place of a norm a layer does not have: x as it is (``build_decoder``'s
+    ``pre_norms=False``)."""
+
+    def __call__(self, x, step: Step):
+        return x
+
+
 class SwiGLU:
     """Dense gated MLP: down(silu(gate(x)) * up(x)); with ``activation``, another
     ``GatedActivation`` of gate and up (DeepSeek-V4's clamped SwiGLU)."""
@@ -105,12 +113,15 @@ class SwiGLU:
 
 class Attention:
     """Multi-head attention with grouped KV heads, RoPE and the common options:
-    q/k RMSNorm over the whole projection (OLMoE) or per head (Qwen3), clipping, and an
+    q/k RMSNorm over the whole projection (OLMoE) or per head (Qwen3; after RoPE with
+    ``qk_norm_after_rope``, Hunyuan), clipping, and an
     output gate (Qwen3-Next: q_proj yields per head [query, gate]; the attention output
     is multiplied by sigmoid(gate) before o_proj), a sliding ``window`` (each query sees
     the last ``window`` positions, itself included; the layer's cache keeps only those:
     ``SlidingKVCache``) and learned attention ``sinks`` (one logit per query head that
-    joins the softmax, gpt-oss); the last two go through ``ops.windowed_attention``."""
+    joins the softmax, gpt-oss); the last two go through ``ops.windowed_attention``.
+    ``gate``: the output gate as a projection of its own of the attention's input (AFMoE's
+    ``gate_proj``): the output times sigmoid(gate(x)) before o_proj."""
 
     def __init__(
         self,
@@ -127,46 +138,57 @@ class Attention:
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
         qk_norm_per_head: bool = False,
+        qk_norm_after_rope: bool = False,
         clip_qkv: float | None = None,
         scale: float | None = None,
         output_gate: bool = False,
         window: int | None = None,
         sinks: Param | None = None,
+        gate: Linear | None = None,
     ):
+        if gate is not None and output_gate:
+            raise ValueError("attention takes its output gate from q_proj (output_gate) or from gate, not both")
         self.layer = layer
         self.q, self.k, self.v, self.o = q, k, v, o
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.rope = rope
         self.q_norm, self.k_norm, self.qk_norm_per_head = q_norm, k_norm, qk_norm_per_head
+        if qk_norm_after_rope and (q_norm is None or not qk_norm_per_head):
+            raise ValueError("qk_norm_after_rope needs per-head q/k norms (qk_norm_per_head)")
+        self.qk_norm_after_rope = qk_norm_after_rope
         self.clip_qkv = clip_qkv
         self.scale = head_dim**-0.5 if scale is None else scale
         self.output_gate = output_gate
         if window is not None and window < 1:
             raise ValueError(f"attention window must be >= 1, got {window}")
         self.window, self.sinks = window, sinks
+        self.gate = gate
 
     def new_state(self, backend, max_len: int) -> KVCache | SlidingKVCache:
         return attention_cache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len, self.window)
 
+    def _project(self, x, ops) -> list:
+        """q, k, v (and the gate's projection, when separate) of rows x."""
+        blocks = (self.q, self.k, self.v) if self.gate is None else (self.q, self.k, self.v, self.gate)
+        return list(ops.linears(x, [p.weight.value for p in blocks], [_v(p.bias) for p in blocks]))
+
     def __call__(self, x, step: Step):
-        ops = step.ops
-        q, k, v = ops.linears(x, [p.weight.value for p in (self.q, self.k, self.v)],
-                              [_v(p.bias) for p in (self.q, self.k, self.v)])
-        return self.o(self._attend(q, k, v, step), step)
+        q, k, v, *gate = self._project(x, step.ops)
+        return self.o(self._attend(q, k, v, step, *gate), step)
 
     def batched(self, x, step: Step):
         """A batched step: the projections on all rows, attention per sequence."""
         ops = step.ops
-        q, k, v = ops.linears(x, [p.weight.value for p in (self.q, self.k, self.v)],
-                              [_v(p.bias) for p in (self.q, self.k, self.v)])
-        outs = [self._attend(q[a:b], k[a:b], v[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
+        q, k, v, *gate = self._project(x, ops)
+        outs = [self._attend(q[a:b], k[a:b], v[a:b], seg, *(g[a:b] for g in gate))
+                for seg, (a, b) in zip(step.segments, step.rows)]
         return self.o(outs[0] if len(outs) == 1 else ops.concat(outs, 0), step)
 
-    def _attend(self, q, k, v, step: Step):
-        """One sequence's projected rows -> its attention output (before o_proj)."""
+    def _attend(self, q, k, v, step: Step, gate=None):
+        """One sequence's projected rows -> its attention output (before o_proj);
+        ``gate``: the rows of the separate gate projection, if any."""
         ops = step.ops
         t = q.shape[0]
-        gate = None
         if self.output_gate:
             q = q.reshape(t, self.n_heads, 2 * self.head_dim)
             q, gate = q[..., : self.head_dim], q[..., self.head_dim :].reshape(t, self.n_heads * self.head_dim)
@@ -177,12 +199,14 @@ class Attention:
         q = q.reshape(t, self.n_heads, self.head_dim)
         k = k.reshape(t, self.n_kv_heads, self.head_dim)
         v = v.reshape(t, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.qk_norm_per_head:
+        if self.q_norm is not None and self.qk_norm_per_head and not self.qk_norm_after_rope:
             q, k = self.q_norm(q, step), self.k_norm(k, step)
         if self.rope is not None:
             cos, sin = rope_tables(self.rope, step)
             q = ops.rope(q, cos, sin, self.rope.rotary_dim)
             k = ops.rope(k, cos, sin, self.rope.rotary_dim)
+        if self.qk_norm_after_rope:
+            q, k = self.q_norm(q, step), self.k_norm(k, step)
         state = step.cache.layers[self.layer]
         keys, values = state.append(k, v)
         if self.window is None and self.sinks is None:
@@ -294,10 +318,13 @@ class DecoderLayer:
 
     def mix(self, x, step: Step):
         """The token mixer on norm(x) (x: the rows of every sequence of the step)."""
+        return self.mix_normed(self.attn_norm(x, step), step)
+
+    def mix_normed(self, normed, step: Step):
+        """The token mixer on rows already normalised."""
         if step.segments is None:
-            return self.attn(self.attn_norm(x, step), step)
+            return self.attn(normed, step)
         # each sequence's tokens through the mixer with that sequence's state
-        normed = self.attn_norm(x, step)
         if hasattr(self.attn, "batched"):  # its projections on all rows at once
             return self.attn.batched(normed, step)
         parts = [self.attn(normed[a:b], seg) for seg, (a, b) in zip(step.segments, step.rows)]
@@ -310,6 +337,21 @@ class DecoderLayer:
             step.prefetcher.after_attention(self, h, step)
         out = self.mlp(self.mlp_norm(h, step), step)
         return h + (out if self.mlp_post is None else self.mlp_post(out, step))
+
+
+class ParallelDecoderLayer(DecoderLayer):
+    """One norm feeding both branches side by side (Cohere's layers): x + attn(norm(x)) +
+    mlp(norm(x)), summed in that order."""
+
+    def __init__(self, norm, attn, mlp):
+        super().__init__(norm, attn, norm, mlp)
+
+    def __call__(self, x, step: Step):
+        normed = self.attn_norm(x, step)
+        mixed = self.mix_normed(normed, step)
+        if step.prefetcher is not None:  # predicts the next MoE layer's experts from the layer's input
+            step.prefetcher.after_attention(self, x, step)
+        return x + mixed + self.mlp(normed, step)
 
 
 class NormedEmbedding(Embedding):

@@ -1,7 +1,7 @@
 """Routers beyond softmax top-k: the sigmoid, group-limited router of DeepSeek-V3
 (``topk_method: noaux_tc``), also used by Kimi K2 and the GLM-4.5+ MoE models; the
 softmax routers of DeepSeek-V2 (group-limited, scaled) and ERNIE 4.5 (a choice bias);
-DeepSeek-V4's."""
+DeepSeek-V4's; Phi-MoE's sparsemixer."""
 
 from __future__ import annotations
 
@@ -16,14 +16,17 @@ class SigmoidGroupedTopKRouter:
     only, never to the weights. Experts form ``n_group`` groups; a group's score is the
     sum of its two best (biased) scores; only experts of the ``topk_group`` best groups
     compete for the ``top_k`` slots. The chosen (unbiased) scores are renormalised to
-    sum to one when ``norm_topk_prob``, then multiplied by ``routed_scaling_factor``.
+    sum to one when ``norm_topk_prob``, then multiplied by ``routed_scaling_factor``;
+    ``norm_eps``: what the sum gets before dividing (DeepSeek's 1e-20; LFM2's 1e-6, applied
+    on the host to the backend's unrenormalised choice).
 
     The backend computes it (``Backend.sigmoid_grouped_top_k``); the reference does it
     on the host in float32, like transformers' router.
     """
 
     def __init__(self, gate: Linear, top_k: int, *, bias: Param | None = None, n_group: int = 1,
-                 topk_group: int = 1, norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
+                 topk_group: int = 1, norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0,
+                 norm_eps: float = 1e-20):
         n_experts = gate.out_features
         if n_group < 1 or n_experts % n_group:
             raise ValueError(f"{n_experts} experts cannot form {n_group} equal groups")
@@ -37,12 +40,18 @@ class SigmoidGroupedTopKRouter:
         gate.weight.role = "router"  # routing decisions stay at the stored precision
         self.n_group, self.topk_group = n_group, topk_group
         self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
+        self.norm_eps = norm_eps
         self._host_bias: np.ndarray | None = None  # the bias on the host, copied at the first call
 
     def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
         if self.bias is not None and self._host_bias is None:  # once: choosing experts happens on the host
             self._host_bias = step.ops.to_host(self.bias.value).astype(np.float32)
         bias = self._host_bias
+        if self.norm_topk_prob and self.norm_eps != 1e-20:  # the backend's choice, renormalised here
+            indices, weights = step.ops.sigmoid_grouped_top_k(x, self.gate.weight.value, bias, self.top_k, self.n_group,
+                                                              self.topk_group, False, 1.0)
+            weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(self.norm_eps))
+            return indices, (weights * np.float32(self.routed_scaling_factor)).astype(np.float32)
         return step.ops.sigmoid_grouped_top_k(x, self.gate.weight.value, bias, self.top_k, self.n_group, self.topk_group,
                                               self.norm_topk_prob, self.routed_scaling_factor)
 
@@ -97,6 +106,30 @@ class SoftmaxGroupedTopKRouter:
         logits = ops.to_host(ops.linear(x, self.gate.weight.value)).astype(np.float32, copy=False)
         return host.softmax_grouped_top_k(logits, self.top_k, self.n_group, self.topk_group, self.routed_scaling_factor,
                                           self._host_bias, self.renormalise, self.norm_min)
+
+
+class SparseMixerRouter:
+    """Phi-MoE's sparsemixer router (top 2), as transformers runs it in eval mode
+    (deterministic: training's Gumbel sampling and jitter do not run): see
+    ``colibri_core.compute.host.sparsemixer_top2``. The backend computes the logits (at
+    the router's precision), the host chooses: one synchronisation per call, as every
+    router."""
+
+    top_k = 2
+
+    def __init__(self, gate: Linear, jitter_eps: float):
+        if gate.out_features < 2:
+            raise ValueError(f"the sparsemixer router chooses 2 experts, the gate has {gate.out_features}")
+        self.gate, self.jitter_eps = gate, float(jitter_eps)
+        gate.weight.role = "router"  # routing decisions stay at the stored precision
+
+    def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        from colibri_core.compute import host
+
+        ops = step.ops
+        bias = None if self.gate.bias is None else self.gate.bias.value
+        logits = ops.to_host(ops.linear(x, self.gate.weight.value, bias)).astype(np.float32, copy=False)
+        return host.sparsemixer_top2(logits, self.jitter_eps)
 
 
 class ScoredTopKRouter:

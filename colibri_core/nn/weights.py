@@ -109,6 +109,12 @@ class ExpertDecl:
         return not self.activation.plain or set(self.matrices[0]) != {"gate", "up", "down"}
 
 
+
+def pairs_to_halves(heads: int, head_dim: int) -> np.ndarray:
+    """Row order putting each head's even features first, then its odd ones."""
+    per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+    return (np.arange(heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
+
 @dataclass
 class Weights:
     checkpoint: Checkpoint
@@ -240,6 +246,17 @@ class Weights:
         b = self.param(f"{prefix}.bias", (out_features,)) if bias else None
         weight = self.param(f"{prefix}.weight", (out_features, in_features))
         weight.role = "linear"  # blocks that read it otherwise say so when they are built
+        return Linear(weight, b)
+
+    def halves_linear(self, prefix: str, n_heads: int, head_dim: int, in_features: int, *, bias: bool = False):
+        """A q or k projection whose checkpoint rotates interleaved pairs (ERNIE 4.5, Cohere):
+        ``linear`` with each head's rows (and bias) reordered to even features first, then
+        odd ones, so the usual half-split RoPE applies (the scores are unchanged: q and k
+        are permuted alike)."""
+        order = pairs_to_halves(n_heads, head_dim)
+        weight = self.param(f"{prefix}.weight", (n_heads * head_dim, in_features), row_order=order)
+        b = self.param(f"{prefix}.bias", (n_heads * head_dim,), lambda v: np.ascontiguousarray(v[order])) if bias else None
+        weight.role = "linear"
         return Linear(weight, b)
 
     def rms_norm(self, prefix: str, dim: int, eps: float, *, offset: bool = False):

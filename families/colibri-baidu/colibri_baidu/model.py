@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.model.family import Family
-from colibri_core.nn import Attention, Linear, SoftmaxGroupedTopKRouter, SparseMoE, SwiGLU, build_rope
+from colibri_core.nn import Attention, SoftmaxGroupedTopKRouter, SparseMoE, SwiGLU, build_rope
 from colibri_core.nn.assembly import build_decoder
 
 ROPE_THETA = 500000.0  # transformers' default_theta for a config spelling none
@@ -82,12 +80,6 @@ def alias(config: dict) -> dict:
     return out
 
 
-def pairs_to_halves(heads: int, head_dim: int) -> np.ndarray:
-    """Row order putting each head's even features first, then its odd ones."""
-    per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
-    return (np.arange(heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
-
-
 class Ernie4_5Moe(Family):
     name = "ernie4_5_moe"
 
@@ -100,17 +92,10 @@ class Ernie4_5Moe(Family):
         hidden, heads, kv_heads, d, bias = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.use_bias
         rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, w.config_source)
 
-        def rotated(prefix, n_heads):
-            """A q or k projection, rows (and bias) reordered from interleaved pairs to halves."""
-            order = pairs_to_halves(n_heads, d)
-            weight = w.param(f"{prefix}.weight", (n_heads * d, hidden), row_order=order)
-            b = w.param(f"{prefix}.bias", (n_heads * d,), lambda v: np.ascontiguousarray(v[order])) if bias else None
-            weight.role = "linear"
-            return Linear(weight, b)
-
         def attention(i, p):
             s = f"{p}.self_attn"
-            return Attention(layer=i, q=rotated(f"{s}.q_proj", heads), k=rotated(f"{s}.k_proj", kv_heads),
+            return Attention(layer=i, q=w.halves_linear(f"{s}.q_proj", heads, d, hidden, bias=bias),
+                             k=w.halves_linear(f"{s}.k_proj", kv_heads, d, hidden, bias=bias),
                              v=w.linear(f"{s}.v_proj", kv_heads * d, hidden, bias=bias),
                              o=w.linear(f"{s}.o_proj", hidden, heads * d, bias=bias),
                              n_heads=heads, n_kv_heads=kv_heads, head_dim=d, rope=rope)

@@ -5,7 +5,8 @@ transformers parses it; malformed ones are refused naming the field."""
 import pytest
 import transformers
 
-from colibri_baidu.model import ROPE_THETA, Ernie4_5Moe, pairs_to_halves
+from colibri_baidu.model import ROPE_THETA, Ernie4_5Moe
+from colibri_core.nn.weights import pairs_to_halves
 from colibri_core.errors import ModelFormatError, UnsupportedModelError
 from colibri_core.nn import build_rope
 

@@ -76,23 +76,3 @@ class TestErnie4_5MoeOracle(FamilyOracleSuite, FusedLayoutCheck):
         model = copy_model(fx.path, tmp_path / "gelu", hidden_act="gelu")
         with pytest.raises(UnsupportedModelError, match="hidden_act 'gelu'"):
             colibri_core.load(model, history=False)
-
-
-def test_pairs_to_halves_rotates_as_interleaved_pairs():
-    """Rotating the reordered features by halves is rotating the stored ones by pairs
-    (transformers' ERNIE rotary), reordered."""
-    from colibri_baidu.model import pairs_to_halves
-    from colibri_core.nn import build_rope
-
-    d = 8
-    rope = build_rope({"rope_theta": 10000.0}, d)
-    cos, sin = rope.cos_sin(np.arange(5))
-    x = np.random.default_rng(0).standard_normal((5, d)).astype(np.float32)
-    # transformers' Ernie: pairs (2i, 2i+1) at frequency i
-    c, s = np.repeat(cos[:, : d // 2], 2, axis=1), np.repeat(sin[:, : d // 2], 2, axis=1)
-    rot = np.stack((-x[:, 1::2], x[:, 0::2]), axis=-1).reshape(5, d)
-    pairs = x * c + rot * s
-    order = pairs_to_halves(1, d)
-    h = x[:, order]
-    halves = h * cos + np.concatenate((-h[:, d // 2:], h[:, : d // 2]), axis=1) * sin
-    np.testing.assert_allclose(halves, pairs[:, order], rtol=1e-6, atol=1e-6)

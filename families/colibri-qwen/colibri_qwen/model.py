@@ -1,5 +1,5 @@
 """The Qwen MoE families on colibri's shared blocks (transformers: models/qwen2_moe,
-qwen3_moe, qwen3_next, qwen3_5_moe and qwen3_vl_moe, modeling_*.py)."""
+qwen3_moe, qwen3_next, qwen3_5_moe (and its text model, qwen3_5_moe_text) and qwen3_vl_moe, modeling_*.py)."""
 
 from __future__ import annotations
 
@@ -253,6 +253,24 @@ class Qwen3_5Moe(VisionLanguageText, Qwen3Next):
         hv, key_dim, value_dim = a.linear_num_value_heads, a.linear_num_key_heads * a.linear_key_head_dim, a.linear_num_value_heads * a.linear_value_head_dim
         return [w.linear(f"{p}.in_proj_qkv", 2 * key_dim + value_dim, a.hidden_size), w.linear(f"{p}.in_proj_z", value_dim, a.hidden_size),
                 w.linear(f"{p}.in_proj_b", hv, a.hidden_size), w.linear(f"{p}.in_proj_a", hv, a.hidden_size)]
+
+
+class Qwen3_5MoeText(Qwen3_5Moe):
+    """Qwen3.5/3.6 MoE's text model saved on its own (``qwen3_5_moe_text``, transformers'
+    Qwen3_5MoeForCausalLM): the same layers, the config flat, weights under ``model.*``,
+    the LM head tied as that config says; no media placeholders to refuse."""
+
+    name = "qwen3_5_moe_text"
+    names = Names()
+
+    def text_config(self, config, source):
+        return {k: v for k, v in config.items() if k not in self.ignored}, source
+
+    def tied(self, config, a):
+        return a.tie_word_embeddings
+
+    def refused_tokens(self, config):
+        return {}
 
 
 class Qwen3VLMoe(VisionLanguageText, Qwen3Moe):

@@ -1,5 +1,5 @@
 """A fresh virtual environment: install colibri-core and colibri-qwen from this checkout,
-see the five Qwen model types listed, uninstall colibri-qwen, see them gone."""
+see the six Qwen model types listed, uninstall colibri-qwen, see them gone."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import pytest
 from colibri_core.testing.venv import fresh_venv
 
 REPO = Path(__file__).resolve().parents[3]
-MODEL_TYPES = {"qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_vl_moe"}
+MODEL_TYPES = {"qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_vl_moe"}
 
 
 @pytest.mark.slow  # a fresh venv: pip installs the distributions

@@ -10,7 +10,8 @@ import shutil
 
 import numpy as np
 import pytest
-from transformers import Qwen2MoeConfig, Qwen3_5MoeConfig, Qwen3MoeConfig, Qwen3NextConfig, Qwen3VLMoeConfig
+from transformers import (Qwen2MoeConfig, Qwen3_5MoeConfig, Qwen3_5MoeTextConfig, Qwen3MoeConfig, Qwen3NextConfig,
+                          Qwen3VLMoeConfig)
 
 import colibri_core
 from colibri_core.errors import UnsupportedModelError
@@ -159,6 +160,31 @@ class TestQwen3_5MoeOracle(HybridSuite, FusedLayoutCheck):
                 model.logits([100])
             assert len(model.generate(token_ids=[5, 99, 7], max_tokens=2).token_ids) == 2
 
+
+
+def text_config(**text):
+    return lambda: Qwen3_5MoeTextConfig(**{**COMMON, **HYBRID, "num_hidden_layers": 4, **text})
+
+
+class TestQwen3_5MoeTextOracle(HybridSuite, FusedLayoutCheck):
+    """Qwen3.5 MoE's text model saved on its own (``qwen3_5_moe_text``): flat config,
+    weights under ``model.*``."""
+
+    model_class = "Qwen3_5MoeForCausalLM"
+    fused_case = "hybrid"
+    cases = {
+        "hybrid": OracleCase(text_config(), prompt=LONG),
+        "sharded_tied_interval2": OracleCase(
+            text_config(num_hidden_layers=6, layer_types=["linear_attention", "full_attention"] * 3, tie_word_embeddings=True,
+                        num_experts=16, num_experts_per_tok=4),
+            seed=1, max_shard_size="40KB", prompt=prompt(75, 9)),
+    }
+
+    def test_flat_config_and_names(self, tmp_path_factory):
+        fx = self._fixture("sharded_tied_interval2", tmp_path_factory)
+        with colibri_core.load(fx.path) as model:
+            assert model.lm.embed.weight.name == "model.embed_tokens.weight" and model.lm.lm_head.weight is model.lm.embed.weight
+            assert [type(layer.attn).__name__ for layer in model.lm.layers] == ["GatedDeltaNet", "Attention"] * 3
 
 
 def qwen3_vl_config(**text):
