@@ -44,12 +44,12 @@ HERE = Path(__file__).resolve().parent
 
 
 # -- the two workers: load, say so, then one burst per request line ------------------------
-def colibri_worker(model_dir: str) -> None:
+def colibri_worker(model_dir: str, kv_cache: str = "float32") -> None:
     import colibri_core
     from colibri_core.cli.bench import measured_generation, prompt_ids
 
     started = time.perf_counter()
-    model = colibri_core.load(model_dir, preload=True)
+    model = colibri_core.load(model_dir, preload=True, kv_cache=kv_cache)
     answer({"load_s": time.perf_counter() - started, "anon_huge_pages_bytes": anon_huge_pages()})
 
     def burst(request: dict) -> dict:
@@ -126,7 +126,7 @@ def engines(args) -> dict[str, list[str]]:
     """{name: the worker's command}: colibri first, then its peer (llama.cpp on --gguf, or
     colibri on --vs-model), in the order they load."""
     here = str(Path(__file__).resolve())
-    first = {"colibri": [sys.executable, here, "--worker", "colibri", "--model", args.model]}
+    first = {"colibri": [sys.executable, here, "--worker", "colibri", "--model", args.model, "--kv-cache", args.kv_cache]}
     if args.vs_model:
         return {**first, "colibri (--vs-model)": [sys.executable, here, "--worker", "colibri", "--model", args.vs_model]}
     return {**first, "llama.cpp": [args.llama_python, here, "--worker", "llama", "--gguf", args.gguf, "--threads",
@@ -215,13 +215,14 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--gap", type=float, default=0.3, help="seconds of quiet before each burst")
+    ap.add_argument("--kv-cache", default="float32", choices=["float32", "float16"], help="colibri's --kv-cache")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads")
     ap.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     ap.add_argument("--worker", choices=["colibri", "llama"], help=argparse.SUPPRESS)
     ap.add_argument("--context", type=int, default=128, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker == "colibri":
-        return colibri_worker(a.model)
+        return colibri_worker(a.model, a.kv_cache)
     if a.worker == "llama":
         return llama_worker(a.gguf, a.threads, a.context)
     if not a.model:

@@ -409,6 +409,76 @@ def test_compiled_attention_matches_numpy(t, start, hq, hkv):
                                numpy_only.sparse_attention(q, k, v, start, 0.3, selected), rtol=1e-5, atol=1e-6)
 
 
+def _compiled_attention(q, k, v, start, scale, visible=None):
+    out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), np.float32)
+    args = (np.ascontiguousarray(q), k, v, start, scale, out)
+    _kernels.attention(*(args + ((visible,) if visible is not None else ())))
+    return out
+
+
+@pytest.mark.parametrize("hq, hkv", [(4, 4), (8, 2), (16, 1), (20, 2), (6, 3)])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_compiled_attention_rows_are_independent_of_the_block(hq, hkv, sparse):
+    rng = np.random.default_rng(hq * 10 + hkv)
+    t, start, d, dv, capacity = 13, 5, 32, 24, 64
+    s = start + t
+    q = rng.standard_normal((t, hq, d)).astype(np.float32) * 2
+    cache_k = rng.standard_normal((hkv, capacity, d)).astype(np.float32)
+    cache_v = rng.standard_normal((hkv, capacity, dv)).astype(np.float32)
+    k, v = cache_k[:, :s], cache_v[:, :s]
+    visible = None
+    if sparse:
+        visible = (rng.random((t, s)) < 0.6).astype(np.uint8)
+        visible[3] = 0  # a query with no key: zeros
+    together = _compiled_attention(q, k, v, start, 0.2, visible)
+    for i in range(t):  # each query alone, as a decode step sees it
+        alone = _compiled_attention(q[i : i + 1], k[:, : start + i + 1], v[:, : start + i + 1], start + i, 0.2,
+                           None if visible is None else np.ascontiguousarray(visible[i : i + 1, : start + i + 1]))
+        assert np.array_equal(alone[0], together[i]), f"query {i} differs alone"
+    if sparse:
+        assert not together[3].any()
+
+
+def test_compiled_attention_long_rows_match_numpy():
+    rng = np.random.default_rng(7)
+    t, start, hq, hkv, d = 9, 300, 8, 2, 64
+    s = start + t
+    q = rng.standard_normal((t, hq, d)).astype(np.float32)
+    k = rng.standard_normal((hkv, s, d)).astype(np.float32)
+    v = rng.standard_normal((hkv, s, d)).astype(np.float32)
+    ours, numpy_only = CpuBackend(), CpuBackend(kernels=False)
+    np.testing.assert_allclose(ours.attention(q, k, v, start, 0.125), numpy_only.attention(q, k, v, start, 0.125),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_attention_softmax_over_the_exponentials_whole_range():
+    """One input per key, so each score is exact and only the exponentials and their sum
+    differ from numpy: scores from -120 (underflow) to +80."""
+    s = 401
+    q = np.ones((1, 1, 1), np.float32)
+    k = np.linspace(-120, 80, s, dtype=np.float32).reshape(1, s, 1)
+    v = np.random.default_rng(3).standard_normal((1, s, 16)).astype(np.float32)
+    for scale in (1.0, 0.1, 0.01):
+        ours = CpuBackend().attention(q, k, v, s - 1, scale)
+        numpy_only = CpuBackend(kernels=False).attention(q, k, v, s - 1, scale)
+        np.testing.assert_allclose(ours, numpy_only, rtol=2e-6, atol=1e-7)
+
+
+def test_compiled_attention_reads_half_keys_and_values_as_their_floats():
+    """A float16 cache (--kv-cache float16) widens exactly: the same outputs, bit for bit,
+    as its values in float32 (subnormal and large halves included), on every kernel path."""
+    rng = np.random.default_rng(5)
+    t, start, hq, hkv, d = 7, 30, 8, 2, 40
+    s = start + t
+    q = rng.standard_normal((t, hq, d)).astype(np.float32)
+    k = (rng.standard_normal((hkv, s, d)) * np.where(rng.random((hkv, s, d)) < 0.1, 1e-6, 3)).astype(np.float16)
+    v = (rng.standard_normal((hkv, s, d + 8)) * 1e4).astype(np.float16)
+    assert (np.abs(k) < 6.1e-5).any() and (np.abs(v) > 1e4).any()  # subnormal and large halves
+    half = _compiled_attention(q, k, v, start, 0.2)
+    widened = _compiled_attention(q, k.astype(np.float32), v.astype(np.float32), start, 0.2)
+    assert np.array_equal(half, widened)
+
+
 def test_compiled_attention_refuses_mismatched_shapes():
     q = np.zeros((1, 3, 8), np.float32)
     kv = np.zeros((2, 4, 8), np.float32)  # 3 query heads cannot share 2 KV heads
@@ -519,7 +589,7 @@ def test_the_avx512_int_paths_give_the_avx2_paths_outputs_bit_for_bit():
 
 
 # the kernel tests, re-run by the two tests below on other builds and paths of the kernels
-KERNEL_TESTS = "(kernel or fused or routed or linears or every_byte) and not lower_kernel_paths and not x86_paths"
+KERNEL_TESTS = "(kernel or fused or routed or linears or every_byte or compiled_attention) and not lower_kernel_paths and not x86_paths"
 
 
 @pytest.mark.parametrize("level", ["avx2", "portable"])

@@ -27,7 +27,9 @@ functions. Host data crosses only through ``asarray`` (host -> backend) and ``to
 
 **Dtypes.** Allocation names its dtype ("float32", "bfloat16", "float16", "int64",
 "int32"). Activations are ``activation_dtype`` and caches ``cache_dtype``; float32 is the
-reference, and a backend lists the float dtypes it computes in (``float_dtypes``).
+reference, and a backend lists the float dtypes it computes in (``float_dtypes``). Attention
+keys and values may be kept in another dtype the backend lists in ``kv_dtypes``
+(``kv_cache_dtype``; the CPU backend: float16), which ``attention`` then takes.
 
 **Weights.** A weight arrives in its host form: a float32 numpy array, or a
 ``QuantTensor`` (the stored packed form) when ``keeps_stored(kind, use)`` says the
@@ -109,6 +111,10 @@ class Backend(abc.ABC):
     name = "base"
     activation_dtype = "float32"
     cache_dtype = "float32"
+    # attention keys and values (KVCache, SlidingKVCache): ``kv_dtype`` when set (``load(kv_cache=)``,
+    # one of ``kv_dtypes``), else cache_dtype; float16 halves what a decode step reads per position
+    kv_dtypes: tuple[str, ...] = ("float32",)
+    kv_dtype: str | None = None
     float_dtypes: tuple[str, ...] = ("float32",)
     unified_memory = False
     # a colibri_core.experts.tiers.DeviceTier subclass of the backend's own ("module:Class"
@@ -120,6 +126,11 @@ class Backend(abc.ABC):
 
     def __init__(self) -> None:
         self.host_syncs = 0  # to_host calls so far
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The dtype attention caches store keys and values in."""
+        return self.kv_dtype or self.cache_dtype
 
     # -- memory ------------------------------------------------------------------------
     @abc.abstractmethod

@@ -322,13 +322,27 @@ def check_load_options(*, cap=None, pin="auto", pin_share=0.5, prefetch_slots=No
                              f"got {prefetch_window!r}")
 
 
+KV_CACHE_DTYPES = ("float32", "float16")
+
+
+def set_kv_cache(backend: Backend, dtype: str) -> None:
+    """Keep attention keys and values in ``dtype`` on ``backend`` (``load(kv_cache=)``)."""
+    if dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"--kv-cache {dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+    if dtype not in backend.kv_dtypes:
+        raise UsageError(f"--kv-cache {dtype}: the {backend.name} backend keeps keys and values in "
+                         f"{' or '.join(backend.kv_dtypes)} only")
+    backend.kv_dtype = None if dtype == backend.cache_dtype else dtype
+
+
 def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None = None, backend: str | Backend = "cpu",
          vram: int | str | None = None, preload: bool = False, progress: LoadProgress | None = None,
          direct_io: bool = False, mirrors: tuple = (), pin: str = "auto", pin_share: float = 0.5,
          prefetch: bool = False, prefetch_slots: int | None = None, prefetch_window: int | str | None = None,
          history: bool | str = True,
          history_decay: float = 1.0, verify: bool = False, compute: str | None = None,
-         compute_options: dict | None = None, mtp: bool | str = False, mtp_int4: bool = False) -> Model:
+         compute_options: dict | None = None, mtp: bool | str = False, mtp_int4: bool = False,
+         kv_cache: str = "float32") -> Model:
     """Load a Hugging Face model directory.
 
     ram: RAM budget for weights (bytes or "4G"); dense weights (on a backend computing
@@ -360,6 +374,10 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
          source (``generate(draft="mtp")``); they must be int8 or better unless mtp_int4.
          "if-usable": load them where the checkpoint has a usable one (int8 or better, a
          layout its family reads), else go on without (what ``--draft auto`` asks).
+    kv_cache: the dtype attention layers keep keys and values in: "float32" (exact, the
+         default) or "float16" (half the bytes a decode step reads per position of context,
+         at half precision's rounding, as llama.cpp's default cache; backends that take it
+         list it in ``kv_dtypes``). MLA latents and recurrent states stay float32.
     """
     check_load_options(cap=cap, pin=pin, pin_share=pin_share, prefetch_slots=prefetch_slots,
                        prefetch_window=prefetch_window, history=history, history_decay=history_decay)
@@ -367,6 +385,7 @@ def load(model_dir: str | Path, *, ram: int | str | None = None, cap: int | None
     registry = get_registry()
     compute_tier = _compute_tier(registry, compute) if compute is not None else None
     backend_obj, vram_budget = open_backend(backend, vram)
+    set_kv_cache(backend_obj, kv_cache)
     budget = parse_size(ram) if ram is not None else None
     mirror_specs = [m if isinstance(m, MirrorSpec) else MirrorSpec.parse(str(m)) for m in mirrors]
     reserve_math_libraries(backend_obj)  # before the weights take the memory: see math_libraries.py

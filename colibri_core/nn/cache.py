@@ -53,9 +53,18 @@ def to_backend(backend, host, dtype: str):
     return backend.asarray(np.array(host, dtype=np.float32, order="C"), dtype)
 
 
+def check_saved_dtype(arrays: dict, dtype: str) -> None:
+    """Keys and values saved from a cache of another dtype (``--kv-cache``) would continue
+    differently: refused."""
+    for name, a in arrays.items():
+        if a.dtype.name != dtype and {a.dtype.name, dtype} <= {"float32", "float16"}:
+            raise ValueError(f"array {name!r} was saved from a {a.dtype.name} KV cache, and this one is {dtype} "
+                             f"(--kv-cache {a.dtype.name} resumes it)")
+
+
 class _KVArrays:
     """What both attention caches hold: keys and values in two backend arrays ``_k`` and
-    ``_v``, stored (heads, positions, dim) in the backend's cache dtype."""
+    ``_v``, stored (heads, positions, dim) in the backend's ``kv_cache_dtype``."""
 
     def __init__(self, backend, n_kv_heads: int, k_dim: int, v_dim: int):
         self.backend = backend
@@ -65,7 +74,7 @@ class _KVArrays:
     def _zeros(self, positions: int):
         """New key and value arrays of ``positions`` positions, zeros."""
         h, dk, dv = self.shape
-        dtype = self.backend.cache_dtype
+        dtype = self.backend.kv_cache_dtype
         return self.backend.zeros((h, positions, dk), dtype), self.backend.zeros((h, positions, dv), dtype)
 
     @property
@@ -76,7 +85,7 @@ class _KVArrays:
         """The bytes of one position (for a sliding window, an upper bound: while the
         sequence is shorter than the window)."""
         h, dk, dv = self.shape
-        return h * (dk + dv) * ITEMSIZE[self.backend.cache_dtype]
+        return h * (dk + dv) * ITEMSIZE[self.backend.kv_cache_dtype]
 
 
 class KVCache(_KVArrays):
@@ -140,9 +149,10 @@ class KVCache(_KVArrays):
         n = saved_length(meta, self.max_len)
         h, dk, dv = self.shape
         check_saved_arrays(arrays, {"k": (h, n, dk), "v": (h, n, dv)} if n else {})
+        dtype = self.backend.kv_cache_dtype
+        check_saved_dtype(arrays, dtype)
         if n:
             self._grow(n)
-            dtype = self.backend.cache_dtype
             self._k[:, :n] = to_backend(self.backend, arrays["k"], dtype)
             self._v[:, :n] = to_backend(self.backend, arrays["v"], dtype)
         self.length = n
@@ -233,8 +243,9 @@ class SlidingKVCache(_KVArrays):
         keep = min(n, self.window - 1)
         h, dk, dv = self.shape
         check_saved_arrays(arrays, {"k": (h, keep, dk), "v": (h, keep, dv)} if keep else {})
+        dtype = self.backend.kv_cache_dtype
+        check_saved_dtype(arrays, dtype)
         if keep:
-            dtype = self.backend.cache_dtype
             self._k = to_backend(self.backend, arrays["k"], dtype)
             self._v = to_backend(self.backend, arrays["v"], dtype)
         self.kept, self.offset, self.length = keep, 0, n

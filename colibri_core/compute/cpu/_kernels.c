@@ -1286,59 +1286,271 @@ static int moe_rows(const Expert *E, int64_t nE, const float *x, int64_t T, cons
     return 0;
 }
 
+typedef struct { const char *base; int64_t head, pos; } KVView;  /* byte strides */
+
+/* exp(x) for the softmax's x <= 0, in arithmetic a compiler vectorises (libm's expf is a
+ * call per score: ~2.7 s of a 2048-token prefill over the full OLMoE shape): Cephes'
+ * expf, 2^n times a degree-7 polynomial on [-ln2/2, ln2/2], within 2 ulp of expf; below
+ * -87 (where expf is denormal or zero) it gives zero. */
+static inline float softmax_exp(float x) {
+    const float below = x < -87.f ? 0.f : 1.f;
+    x = x < -87.f ? -87.f : x;
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.f;
+    const int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    return y * scale * below;
+}
+
+/* Attention of one KV head for a block of query rows: rows[i] is query row i (D floats)
+ * seeing keys 0..n[i]-1 (those ``visible[i]`` marks, when given), written to outs[i] (Dv
+ * floats). Each key and value row is read once for the whole block, the work in register
+ * tiles of up to 4 rows, the values in spans of ATT_SPAN positions that stay in L1 across
+ * the output's vectors (one position at a time for one or two rows: a decode step streams
+ * them). Yet every number of a row comes from the same operations in the same order as
+ * for the row alone: a score is two chains of multiply-adds over the vectors of d (even,
+ * odd; the inputs past the last whole vector as one more, zero-padded) summed by one
+ * fixed tree, an output value a chain over the positions (a row's probabilities past its
+ * own keys are zeros). So a row's result does not depend on the rows beside it, the chunk
+ * or the thread count: a decode step's row is the prefill's, and a verified draft's; and
+ * float16 keys and values give what their float32 values give. Before, each query row
+ * re-read its head's keys and values, with a call to expf per score (2048-token prompt,
+ * full OLMoE shape: ~1 s per layer against ~0.2 now; docs/benchmarks.md). GCC's vector
+ * types compile to one 512-bit, two 256-bit or four 128-bit vectors per clone; one key at
+ * a time (ATT_KEYS): four keys' rows read side by side streamed slower from memory. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"  /* 512-bit vectors pass through the (inlined) helpers of the baseline clone */
+#endif
+#define ATT_BLOCK 8
+#define ATT_W 16
+#define ATT_KEYS 1
+#define ATT_SPAN 16  /* (positions per pass when the block has more than two rows; else one) */
+typedef float att_vec __attribute__((vector_size(ATT_W * 4)));
+typedef float att_uvec __attribute__((vector_size(ATT_W * 4), aligned(4)));  /* unaligned loads and stores */
+typedef float att_half __attribute__((vector_size(ATT_W * 2)));
+typedef float att_quarter __attribute__((vector_size(ATT_W)));
+
+/* the sum of a vector's lanes by one fixed tree (a macro: a function taking a 512-bit
+ * vector draws an ABI note from GCC in the baseline clone) */
+#define ATT_HSUM(v)                                                                                                    \
+    ({                                                                                                                 \
+        const att_vec v_ = (v);                                                                                        \
+        const att_half h_ = __builtin_shufflevector(v_, v_, 0, 1, 2, 3, 4, 5, 6, 7) +                                  \
+                            __builtin_shufflevector(v_, v_, 8, 9, 10, 11, 12, 13, 14, 15);                             \
+        const att_quarter g_ = __builtin_shufflevector(h_, h_, 0, 1, 2, 3) + __builtin_shufflevector(h_, h_, 4, 5, 6, 7); \
+        (g_[0] + g_[2]) + (g_[1] + g_[3]);                                                                             \
+    })
+
+/* Keys and values are float32 or float16 (a cache kept in half precision: half the bytes
+ * a decode step reads per position); ATT_LOAD reads ATT_W of them as floats and ATT_AT one,
+ * exactly. A half widens by integer operations (the compilers' own _Float16 conversions
+ * may call a library function per number): its exponent and mantissa moved to a float's
+ * place and scaled by 2^112 (exact, subnormal halves included), the sign put back, and
+ * the top exponent (infinity, NaN) set to a float's. */
+typedef uint16_t att_h16 __attribute__((vector_size(ATT_W * 2), aligned(2)));
+typedef uint32_t att_u32 __attribute__((vector_size(ATT_W * 4)));
+
+#define ATT_FROM_HALF(p)                                                                                               \
+    ({                                                                                                                 \
+        const att_u32 w_ = __builtin_convertvector(*(const att_h16 *)(p), att_u32);                                    \
+        const att_vec scaled_ = (att_vec)((w_ & 0x7fff) << 13) * 0x1p112f;                                             \
+        const att_u32 top_ = (att_u32)((w_ & 0x7c00) == 0x7c00) & 0x7f800000;                                          \
+        (att_vec)((att_u32)scaled_ | ((w_ & 0x8000) << 16) | top_);                                                    \
+    })
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t magnitude = (uint32_t)(h & 0x7fff) << 13, bits;
+    float scaled;
+    memcpy(&scaled, &magnitude, 4);
+    scaled *= 0x1p112f;
+    memcpy(&bits, &scaled, 4);
+    bits |= (uint32_t)(h & 0x8000) << 16 | ((h & 0x7c00) == 0x7c00 ? 0x7f800000u : 0u);
+    memcpy(&scaled, &bits, 4);
+    return scaled;
+}
+
+#define ATT_LOAD_f32(p) (*(const att_uvec *)(p))
+#define ATT_LOAD_f16(p) ATT_FROM_HALF(p)
+#define ATT_AT_f32(p, i) ((p)[i])
+#define ATT_AT_f16(p, i) half_to_float((p)[i])
+
+/* scores of rows i0..i0+R-1 for keys s0..s0+ATT_KEYS-1 (R a constant: the tile in registers) */
+#define ATT_SCORES(R, E)                                                                                               \
+    do {                                                                                                               \
+        att_vec a[ATT_KEYS][R], b[ATT_KEYS][R];  /* even and odd vectors of d: two chains, half as long */           \
+        for (int j = 0; j < ATT_KEYS; j++)                                                                             \
+            for (int r = 0; r < (R); r++) a[j][r] = b[j][r] = (att_vec){0};                                            \
+        int64_t d = 0;                                                                                                 \
+        for (; d + 2 * ATT_W <= Dw; d += 2 * ATT_W) {                                                                  \
+            att_vec ka[ATT_KEYS], kb[ATT_KEYS];                                                                        \
+            for (int j = 0; j < ATT_KEYS; j++) { ka[j] = ATT_LOAD_##E(k[j] + d); kb[j] = ATT_LOAD_##E(k[j] + d + ATT_W); } \
+            for (int r = 0; r < (R); r++) {                                                                            \
+                const att_vec qa = *(const att_uvec *)(rows[i0 + r] + d), qb = *(const att_uvec *)(rows[i0 + r] + d + ATT_W); \
+                for (int j = 0; j < ATT_KEYS; j++) { a[j][r] += qa * ka[j]; b[j][r] += qb * kb[j]; }                   \
+            }                                                                                                          \
+        }                                                                                                              \
+        if (d < Dw)                                                                                                    \
+            for (int j = 0; j < ATT_KEYS; j++) {                                                                       \
+                const att_vec kv = ATT_LOAD_##E(k[j] + d);                                                             \
+                for (int r = 0; r < (R); r++) a[j][r] += *(const att_uvec *)(rows[i0 + r] + d) * kv;                  \
+            }                                                                                                          \
+        if (Dw < D)  /* inputs past the last whole vector: one more, zero-padded (lane sums, as the others) */       \
+            for (int j = 0; j < ATT_KEYS; j++) {                                                                       \
+                att_vec kv = {0};                                                                                      \
+                for (int64_t e = Dw; e < D; e++) kv[e - Dw] = ATT_AT_##E(k[j], e);                                     \
+                for (int r = 0; r < (R); r++) {                                                                        \
+                    att_vec qv = {0};                                                                                  \
+                    for (int64_t e = Dw; e < D; e++) qv[e - Dw] = rows[i0 + r][e];                                     \
+                    b[j][r] += qv * kv;                                                                                \
+                }                                                                                                      \
+            }                                                                                                          \
+        for (int r = 0; r < (R); r++)                                                                                  \
+            for (int j = 0; j < ATT_KEYS; j++)                                                                         \
+                if (s0 + j < n[i0 + r]) scores[(i0 + r) * S + s0 + j] = ATT_HSUM(a[j][r] + b[j][r]) * scale;          \
+    } while (0)
+
+/* outs[i0..i0+R-1][d0..d0+ATT_W) += their probabilities over positions s0..s1 times the values */
+#define ATT_VALUES(R, E)                                                                                               \
+    do {                                                                                                               \
+        att_vec a[R];                                                                                                  \
+        for (int r = 0; r < (R); r++) a[r] = *(const att_uvec *)(outs[i0 + r] + d0);                                  \
+        for (int64_t s = s0; s < s1; s++) {                                                                            \
+            const att_vec v = ATT_LOAD_##E((const elem_##E *)(vbase + s * vpos) + d0);                                \
+            for (int r = 0; r < (R); r++) a[r] += scores[(i0 + r) * S + s] * v;                                       \
+        }                                                                                                              \
+        for (int r = 0; r < (R); r++) *(att_uvec *)(outs[i0 + r] + d0) = a[r];                                         \
+    } while (0)
+
+#define ATT_BY_ROWS(R, MACRO, E)                                                                                       \
+    switch (R) {                                                                                                       \
+    case 1: MACRO(1, E); break;                                                                                        \
+    case 2: MACRO(2, E); break;                                                                                        \
+    case 3: MACRO(3, E); break;                                                                                        \
+    default: MACRO(4, E);                                                                                              \
+    }
+
+typedef float elem_f32;
+typedef uint16_t elem_f16;
+
+#define ATTEND_BLOCK(E, ATTRS)                                                                                         \
+ATTRS static void attend_block_##E(const float *const *rows, const int64_t *n, const uint8_t *const *visible, int B,   \
+                                    const char *kbase, int64_t kpos, const char *vbase, int64_t vpos, int64_t D,       \
+                                    int64_t Dv, float scale, float *scores, int64_t S, float *const *outs) {           \
+    int64_t most = 0;                                                                                                  \
+    for (int i = 0; i < B; i++) most = n[i] > most ? n[i] : most;                                                      \
+    const int64_t Dw = D / ATT_W * ATT_W;                                                                              \
+    for (int64_t s0 = 0; s0 < most; s0 += ATT_KEYS) {                                                                  \
+        const elem_##E *k[ATT_KEYS];  /* keys past the last repeat it, unused */                                      \
+        for (int j = 0; j < ATT_KEYS; j++) k[j] = (const elem_##E *)(kbase + (s0 + j < most ? s0 + j : most - 1) * kpos); \
+        for (int i0 = 0; i0 < B; i0 += 4) ATT_BY_ROWS(B - i0, ATT_SCORES, E)                                           \
+    }                                                                                                                  \
+    attend_softmax(n, visible, B, most, scores, S, outs, Dv);                                                          \
+    const int64_t Dvw = Dv / ATT_W * ATT_W;                                                                            \
+    const int64_t span = B > 2 ? ATT_SPAN : 1;  /* a decode step's values stream best one row at a time */          \
+    for (int64_t s0 = 0; s0 < most; s0 += span) {                                                                      \
+        const int64_t s1 = s0 + span < most ? s0 + span : most;                                                        \
+        for (int64_t d0 = 0; d0 < Dvw; d0 += ATT_W)                                                                    \
+            for (int i0 = 0; i0 < B; i0 += 4) ATT_BY_ROWS(B - i0, ATT_VALUES, E)                                       \
+        for (int i = 0; i < B && Dvw < Dv; i++)  /* Dv past the last whole vector */                                   \
+            for (int64_t s = s0; s < s1; s++) {                                                                        \
+                const elem_##E *v = (const elem_##E *)(vbase + s * vpos);                                              \
+                const float p = scores[i * S + s];                                                                     \
+                for (int64_t d = Dvw; d < Dv; d++) outs[i][d] += p * ATT_AT_##E(v, d);                                 \
+            }                                                                                                          \
+    }                                                                                                                  \
+}
+
+/* each row's scores -> its probabilities (past its own keys: zeros), its output zeroed */
+CLONES static void attend_softmax(const int64_t *n, const uint8_t *const *visible, int B, int64_t most, float *scores,
+                                  int64_t S, float *const *outs, int64_t Dv) {
+    for (int i = 0; i < B; i++) {
+        float *sc = scores + i * S;
+        if (visible[i])
+            for (int64_t s = 0; s < n[i]; s++) sc[s] = visible[i][s] ? sc[s] : -INFINITY;
+        float top = -INFINITY;
+        for (int64_t s = 0; s < n[i]; s++) top = sc[s] > top ? sc[s] : top;
+        for (int64_t d = 0; d < Dv; d++) outs[i][d] = 0.f;
+        if (top == -INFINITY) {  /* no key visible: zeros */
+            for (int64_t s = 0; s < most; s++) sc[s] = 0.f;
+            continue;
+        }
+        float total = 0.f;
+        for (int64_t s = 0; s < n[i]; s++) {
+            sc[s] = softmax_exp(sc[s] - top);  /* a masked score (-inf) gives zero */
+            total += sc[s];
+        }
+        for (int64_t s = 0; s < n[i]; s++) sc[s] = sc[s] / total;
+        for (int64_t s = n[i]; s < most; s++) sc[s] = 0.f;
+    }
+}
+
+ATTEND_BLOCK(f32, CLONES)
+ATTEND_BLOCK(f16, CLONES)
+
+#ifdef COLIBRI_X86
+/* halves widened by AVX-512's vcvtph2ps, 16 at a time: the integer widening above costs
+ * a decode step more than the bytes it saves */
+typedef uint16_t elem_f16x;
+#define ATT_LOAD_f16x(p) ((att_vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p))))
+#define ATT_AT_f16x(p, i) half_to_float((p)[i])
+ATTEND_BLOCK(f16x, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))))
+#define ATTEND_HALF (use_vnni ? attend_block_f16x : attend_block_f16)
+#else
+#define ATTEND_HALF attend_block_f16
+#endif
+
+
 /* Causal attention with grouped KV heads: query t of T sits at position start + t and
  * sees keys 0..start+t (and of those only the ones ``visible`` (T, S) marks, when
  * given: DeepSeek's sparse attention; a query left with no key gets zeros). q is (T, Hq, D); keys and values (Hkv, S, D|Dv) are read
  * through their strides (the KV cache's views over a longer buffer); out is (T, Hq, Dv).
  * softmax(q.k * scale) @ v, as the numpy path computes it: max subtracted, exponentials
- * divided by their sum before the values are weighed. */
-typedef struct { const char *base; int64_t head, pos; } KVView;  /* byte strides */
-
-CLONES static void attend_one(const float *q, KVView K, KVView V, int64_t h, int64_t n, const uint8_t *visible, int64_t D,
-                              int64_t Dv, float scale, float *scores, float *out) {
-    float top = -INFINITY;
-    for (int64_t s = 0; s < n; s++) {
-        if (visible && !visible[s]) { scores[s] = -INFINITY; continue; }
-        const float *k = (const float *)(K.base + h * K.head + s * K.pos);
-        float dot = 0.f;
-        for (int64_t d = 0; d < D; d++) dot += q[d] * k[d];
-        scores[s] = dot * scale;
-        top = scores[s] > top ? scores[s] : top;
-    }
-    float total = 0.f;
-    for (int64_t s = 0; s < n; s++) {
-        scores[s] = visible && !visible[s] ? 0.f : expf(scores[s] - top);
-        total += scores[s];
-    }
-    for (int64_t d = 0; d < Dv; d++) out[d] = 0.f;
-    for (int64_t s = 0; s < n; s++) {
-        if (visible && !visible[s]) continue;
-        const float p = scores[s] / total;
-        const float *v = (const float *)(V.base + h * V.head + s * V.pos);
-        for (int64_t d = 0; d < Dv; d++) out[d] += p * v[d];
-    }
-}
-
+ * divided by their sum before the values are weighed. A task is one KV head and a few
+ * consecutive queries with all the query heads sharing it (ATT_BLOCK rows at most). */
 static int attention_rows(const float *q, int64_t T, int64_t Hq, int64_t D, KVView K, KVView V, int64_t Hkv, int64_t S,
-                          int64_t Dv, int64_t start, float scale, const uint8_t *visible, float *out) {
+                          int64_t Dv, int64_t start, float scale, const uint8_t *visible, int half, float *out) {
     const int64_t group = Hq / Hkv;
+    const int64_t per_block = group >= ATT_BLOCK ? 1 : ATT_BLOCK / group;  /* queries per task */
+    const int64_t hblocks = (group + ATT_BLOCK - 1) / ATT_BLOCK;  /* a group wider than a block: in parts */
+    const int64_t tblocks = (T + per_block - 1) / per_block, tasks = Hkv * tblocks * hblocks;
     int failed = 0;
     /* small problems (tiny models, the first tokens) stay on this thread: waking the
      * other would cost more than it saves */
     #pragma omp parallel if (T * Hq * S * (D + Dv) >= (1 << 16))
     {
         Scratch mem = {0};
-        float *scores = scratch_get(SC_SCORES, sizeof(float) * (S > 0 ? S : 1), &mem);
+        float *scores = scratch_get(SC_SCORES, sizeof(float) * ATT_BLOCK * (S > 0 ? S : 1), &mem);
         if (scores == NULL) {
             #pragma omp atomic write
             failed = 1;
         } else {
             #pragma omp for schedule(static)
-            for (int64_t th = 0; th < T * Hq; th++) {
-                const int64_t t = th / Hq, h = th % Hq;
-                const int64_t n = start + t + 1 < S ? start + t + 1 : S;
-                attend_one(q + th * D, K, V, h / group, n, visible ? visible + t * S : NULL, D, Dv, scale, scores,
-                           out + th * Dv);
+            for (int64_t task = 0; task < tasks; task++) {
+                const int64_t hk = task / (tblocks * hblocks), rest = task % (tblocks * hblocks);
+                const int64_t t0 = (rest / hblocks) * per_block, g0 = (rest % hblocks) * ATT_BLOCK;
+                const int64_t t1 = t0 + per_block < T ? t0 + per_block : T, g1 = g0 + ATT_BLOCK < group ? g0 + ATT_BLOCK : group;
+                const float *rows[ATT_BLOCK];
+                float *outs[ATT_BLOCK];
+                const uint8_t *vis[ATT_BLOCK];
+                int64_t n[ATT_BLOCK];
+                int B = 0;
+                for (int64_t t = t0; t < t1; t++)
+                    for (int64_t h = hk * group + g0; h < hk * group + g1; h++, B++) {
+                        rows[B] = q + (t * Hq + h) * D;
+                        outs[B] = out + (t * Hq + h) * Dv;
+                        vis[B] = visible ? visible + t * S : NULL;
+                        n[B] = start + t + 1 < S ? start + t + 1 : S;
+                    }
+                (half ? ATTEND_HALF : attend_block_f32)(rows, n, vis, B, K.base + hk * K.head, K.pos, V.base + hk * V.head,
+                                                             V.pos, D, Dv, scale, scores, S, outs);
             }
         }
         scratch_put(&mem);
@@ -1760,14 +1972,19 @@ done:
 }
 
 /* a float32 array of 3 dimensions with its last one contiguous, read through strides */
-static int get_view3(PyObject *o, Buf *buf, const char *what, int64_t shape[3], KVView *view) {
+/* a 3-d float32 array (or float16, where ``half`` is given: set to whether it is) with
+ * contiguous rows, as a view */
+static int get_view3(PyObject *o, Buf *buf, const char *what, int64_t shape[3], KVView *view, int *half) {
     if (PyObject_GetBuffer(o, &buf->b, PyBUF_RECORDS_RO) != 0) return -1;
     buf->held = 1;
-    if (buf->b.ndim != 3 || !format_is(&buf->b, 'f') || buf->b.strides[2] != 4 ||
+    const int is_half = half != NULL && format_is(&buf->b, 'e');
+    if (buf->b.ndim != 3 || !(format_is(&buf->b, 'f') || is_half) || buf->b.strides[2] != (is_half ? 2 : 4) ||
         buf->b.strides[0] < 0 || buf->b.strides[1] < 0) {
-        PyErr_Format(PyExc_ValueError, "%s must be a 3-d float32 array with contiguous rows", what);
+        PyErr_Format(PyExc_ValueError, "%s must be a 3-d float32%s array with contiguous rows", what,
+                     half != NULL ? " or float16" : "");
         return -1;
     }
+    if (half != NULL) *half = is_half;
     for (int i = 0; i < 3; i++) shape[i] = buf->b.shape[i];
     view->base = buf->b.buf; view->head = buf->b.strides[0]; view->pos = buf->b.strides[1];
     return 0;
@@ -1781,7 +1998,14 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
     int64_t qs[3], ks[3], vs[3];
     KVView qv, K, V;
     PyObject *result = NULL;
-    if (get_view3(qo, &b[0], "q", qs, &qv) || get_view3(ko, &b[1], "k", ks, &K) || get_view3(vo, &b[2], "v", vs, &V)) goto done;
+    int khalf = 0, vhalf = 0;
+    if (get_view3(qo, &b[0], "q", qs, &qv, NULL) || get_view3(ko, &b[1], "k", ks, &K, &khalf) ||
+        get_view3(vo, &b[2], "v", vs, &V, &vhalf))
+        goto done;
+    if (khalf != vhalf) {
+        PyErr_SetString(PyExc_ValueError, "attention wants k and v of one dtype (float32 or float16)");
+        goto done;
+    }
     if (qv.pos != qs[2] * 4 || qv.head != qs[1] * qs[2] * 4 || qs[2] != ks[2] || ks[0] != vs[0] || ks[1] != vs[1] ||
         ks[0] < 1 || qs[1] % ks[0] != 0 || start < 0 || start + qs[0] < ks[1]) {
         PyErr_SetString(PyExc_ValueError, "attention wants contiguous q (T, Hq, D), k (Hkv, S, D), v (Hkv, S, Dv), "
@@ -1795,7 +2019,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
     const uint8_t *visible = mo != Py_None ? b[4].b.buf : NULL;
     Py_BEGIN_ALLOW_THREADS
     status = attention_rows((const float *)qv.base, qs[0], qs[1], qs[2], K, V, ks[0], ks[1], vs[2], start, scale, visible,
-                            out);
+                            khalf, out);
     Py_END_ALLOW_THREADS
     result = kernel_result(status);
 done:
@@ -1811,7 +2035,7 @@ static PyObject *py_rope(PyObject *self, PyObject *args) {
     int64_t xs[3];
     KVView xv;
     PyObject *result = NULL;
-    if (get_view3(xo, &b[0], "x", xs, &xv)) goto done;
+    if (get_view3(xo, &b[0], "x", xs, &xv, NULL)) goto done;
     if (xv.pos != xs[2] * 4 || xv.head != xs[1] * xs[2] * 4 || R < 2 || R % 2 || R > xs[2]) {
         PyErr_SetString(PyExc_ValueError, "rope wants a contiguous x (T, H, D) and an even rotary_dim <= D");
         goto done;

@@ -26,6 +26,7 @@ VNNI_ROW_LIMIT = 256  # int4 and int8 on AVX-512 VNNI: a whole prefill chunk. Me
 # (benchmarks/results/2026-12-06-avx512-zen4.md)
 ROUTE_ROW_LIMIT = 8  # up to this many tokens the compiled router runs; beyond, BLAS and numpy
 _NO_SCALES = np.zeros(1, dtype=np.float32)
+_KV_DTYPES = (np.float32, np.float16)
 
 
 class CpuBackend(ReferenceBackend):
@@ -33,6 +34,7 @@ class CpuBackend(ReferenceBackend):
     reference itself."""
 
     name = "cpu"
+    kv_dtypes = ("float32", "float16")  # the attention kernel reads either
 
     def __init__(self, kernels: bool = True):
         super().__init__()
@@ -198,7 +200,7 @@ class CpuBackend(ReferenceBackend):
         return super().rope(x, cos, sin, rotary_dim)
 
     def attention(self, q, k, v, start, scale):
-        if self.kernels is not None and q.dtype == k.dtype == v.dtype == np.float32:
+        if self.kernels is not None and q.dtype == np.float32 and k.dtype == v.dtype and k.dtype in _KV_DTYPES:
             q = np.ascontiguousarray(q)
             out = np.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=np.float32)
             self.kernels.attention(q, k, v, start, scale, out)
