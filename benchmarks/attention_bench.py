@@ -75,7 +75,7 @@ def main(argv=None) -> None:
         print(json.dumps(child(a.child[0], int(a.child[1]))))
         return
     here = Path(__file__).resolve().parents[1] / "colibri_core" / "compute" / "cpu"
-    builds = {"this tree": str(next(here.glob("_kernels*.so")))} | {Path(k).name: k for k in a.kernels}
+    builds = {"this tree": str(next(here.glob("_kernels*.so")))} | {k: k for k in a.kernels}
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
     results: dict[str, list[dict]] = {name: [] for name in builds}
     for r in range(a.rounds):
