@@ -87,3 +87,14 @@ def test_the_command_line_takes_it(olmoe):
     assert result.returncode == 0, result.stderr
     bad = run_colibri("run", "--model", str(olmoe), "--token-ids", "1,2", "--kv-cache", "float8")
     assert bad.returncode == 2 and "--kv-cache" in bad.stderr
+
+
+def test_plan_counts_the_cache_dtypes_bytes(olmoe):
+    import json
+
+    plans = {}
+    for dtype in ("float32", "float16"):
+        out = run_colibri("plan", "--model", str(olmoe), "--json", "--context", "100", "--kv-cache", dtype)
+        assert out.returncode == 0, out.stderr
+        plans[dtype] = json.loads(out.stdout)
+    assert plans["float16"]["kv_bytes_per_token"] * 2 == plans["float32"]["kv_bytes_per_token"] > 0

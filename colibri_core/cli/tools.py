@@ -9,7 +9,7 @@ import click
 
 from colibri_core.cli.extend import add_plugin_options
 from colibri_core.cli.modelarg import model_option
-from colibri_core.cli.run import backend_options
+from colibri_core.cli.run import KV_CACHE_OPTION, backend_options
 from colibri_core.errors import Interrupted, UsageError
 from colibri_core.units import format_bytes, parse_size
 
@@ -36,15 +36,16 @@ from colibri_core.units import format_bytes, parse_size
               help="Also project speculative decoding at this per-token draft acceptance (0 to 1; a run's "
                    "draft_acceptance).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@KV_CACHE_OPTION
 @backend_options
 @add_plugin_options
 def plan(model_dir, ram, cap, pin, pin_share, prefetch, prefetch_slots, prefetch_window, context, prompt_tokens, tokens,
-         preload, disk_bw, draft_acceptance, as_json, backend, vram, **plugin_values):
+         preload, disk_bw, draft_acceptance, as_json, kv_cache, backend, vram, **plugin_values):
     """Show how a model would be placed, tier by tier (device memory, RAM, disk), the
     expert hit rate per tier a run from empty caches would see (and after warm-up), the
     decode speed and the bottleneck."""
     from colibri_core.cli.plan import make_plan
-    from colibri_core.engine.api import check_load_options, open_backend
+    from colibri_core.engine.api import check_load_options, open_backend, set_kv_cache
     from colibri_core.cli.extend import plugin_load_kwargs, plugin_plan_rows, split_plugin_values
     from colibri_core.model.blueprint import inspect_model
 
@@ -55,6 +56,7 @@ def plan(model_dir, ram, cap, pin, pin_share, prefetch, prefetch_slots, prefetch
     _, plugin_vals = split_plugin_values(plugin_values)
     plugin_load_kwargs(plugin_vals)  # bad plugin options fail before the model is read
     backend_obj, vram_budget = open_backend(backend, vram)
+    set_kv_cache(backend_obj, kv_cache)  # the KV bytes per token are the cache dtype's
     ram_budget = parse_size(ram) if ram else None
     disk_budget = float(parse_size(disk_bw)) if disk_bw else None
     bp = inspect_model(model_dir, backend_obj)
@@ -279,7 +281,7 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     from colibri_core.cli.bench import UNBOUNDED_WIDTH, bench as run_bench, failed_run
 
     err = Console(stderr=True, highlight=False)
-    from colibri_core.engine.api import check_load_options, open_backend
+    from colibri_core.engine.api import check_load_options, open_backend, set_kv_cache
     from colibri_core.engine.sampling import SamplingParams
 
     # bad options fail here, before any engine runs
