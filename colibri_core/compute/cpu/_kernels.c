@@ -1338,8 +1338,11 @@ typedef float att_uvec __attribute__((vector_size(ATT_W * 4), aligned(4)));  /* 
 typedef float att_half __attribute__((vector_size(ATT_W * 2)));
 typedef float att_quarter __attribute__((vector_size(ATT_W)));
 
-/* the sum of a vector's lanes by one fixed tree (a macro: a function taking a 512-bit
- * vector draws an ABI note from GCC in the baseline clone) */
+/* the sum of a vector's lanes by one fixed tree: lanes i and i + 8, then j and j + 4, then
+ * (0 + 2) + (1 + 3) (a macro: a function taking a 512-bit vector draws an ABI note from GCC
+ * in the baseline clone; by lanes where __builtin_shufflevector is missing, GCC < 12, with
+ * the same sums in the same order) */
+#if defined(__clang__) || __GNUC__ >= 12
 #define ATT_HSUM(v)                                                                                                    \
     ({                                                                                                                 \
         const att_vec v_ = (v);                                                                                        \
@@ -1348,6 +1351,15 @@ typedef float att_quarter __attribute__((vector_size(ATT_W)));
         const att_quarter g_ = __builtin_shufflevector(h_, h_, 0, 1, 2, 3) + __builtin_shufflevector(h_, h_, 4, 5, 6, 7); \
         (g_[0] + g_[2]) + (g_[1] + g_[3]);                                                                             \
     })
+#else
+#define ATT_HSUM(v)                                                                                                    \
+    ({                                                                                                                 \
+        const att_vec v_ = (v);                                                                                        \
+        float g_[4];                                                                                                   \
+        for (int j_ = 0; j_ < 4; j_++) g_[j_] = (v_[j_] + v_[j_ + 8]) + (v_[j_ + 4] + v_[j_ + 12]);                   \
+        (g_[0] + g_[2]) + (g_[1] + g_[3]);                                                                             \
+    })
+#endif
 
 /* Keys and values are float32 or float16 (a cache kept in half precision: half the bytes
  * a decode step reads per position); ATT_LOAD reads ATT_W of them as floats and ATT_AT one,
