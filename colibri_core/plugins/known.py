@@ -39,6 +39,7 @@ FAMILY_DISTRIBUTIONS: dict[str, str] = {
     "afmoe": "colibri-arcee",
     "lfm2_moe": "colibri-liquid",
     "hunyuan_v1_moe": "colibri-hunyuan",
+    "hy_v3": "colibri-hunyuan",
     "phimoe": "colibri-microsoft",
     "gpt_oss": "colibri-gpt-oss",
 }
@@ -60,7 +61,6 @@ NOT_YET: dict[str, str] = {
     "flint": "not studied yet",
     "granitemoe_swa": "granitemoe with sliding-window layers: not wired yet",
     "granitemoehybrid": "Mamba-2 layers (a state-space mixer colibri lacks)",
-    "hy_v3": "no new block (per-head q/k norm, sigmoid router with a choice bias, shared experts): for colibri-hunyuan",
     "hy_v4": "not studied yet",
     "inkling2_text": "not studied yet",
     "jamba": "Mamba layers (a state-space mixer colibri lacks)",
