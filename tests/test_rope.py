@@ -46,3 +46,9 @@ def test_old_style_rope_scaling_spelling_is_read():
 def test_unknown_rope_type_is_refused_by_name():
     with pytest.raises(UnsupportedModelError, match="longrope"):
         build_rope({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0}}, head_dim=8)
+
+
+def test_a_family_rotating_whole_heads_refuses_a_partial_factor():
+    assert build_rope({"rope_theta": 1e4}, 8, whole_heads="dots1").rotary_dim == 8
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor is not supported by the dots1 family"):
+        build_rope({"rope_theta": 1e4, "partial_rotary_factor": 0.5}, 8, "c.json", whole_heads="dots1")

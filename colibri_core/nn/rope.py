@@ -53,7 +53,10 @@ def rope_parameters(config: dict[str, Any], source: str = "config.json") -> dict
     return params
 
 
-def build_rope(config: dict[str, Any], head_dim: int, source: str = "config.json", partial_rotary_factor: float | None = None) -> RoPE:
+def build_rope(config: dict[str, Any], head_dim: int, source: str = "config.json", partial_rotary_factor: float | None = None,
+               whole_heads: str | None = None) -> RoPE:
+    """``whole_heads``: the family (named in the error) whose attention rotates whole heads, as
+    transformers' code for it does (a partial table fails there): a partial factor is refused."""
     params = rope_parameters(config, source)
     rope_type = params["rope_type"]
     if rope_type not in SUPPORTED:
@@ -67,6 +70,9 @@ def build_rope(config: dict[str, Any], head_dim: int, source: str = "config.json
     dim = int(head_dim * factor_partial)
     if dim < 2 or dim > head_dim or dim % 2:
         raise ModelFormatError(f"{source}: rotary dimension {dim} (head_dim {head_dim} x {factor_partial}) must be even and within head_dim")
+    if whole_heads is not None and dim != head_dim:
+        raise UnsupportedModelError(f"{source}: partial_rotary_factor is not supported by the {whole_heads} family "
+                                    "(its attention rotates whole heads)")
 
     exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
     inv_freq = (np.float32(1.0) / (np.float32(base) ** exponents)).astype(np.float32)

@@ -94,10 +94,7 @@ class Afmoe(Family):
         src = w.config_source
         a = self.parse(config, src)
         hidden, heads, kv_heads, d, eps = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps
-        rope = build_rope(config, d, src)
-        if rope.rotary_dim != d:  # transformers' AFMoE rotates whole heads (a partial table fails there)
-            raise UnsupportedModelError(f"{src}: partial_rotary_factor is not supported by the afmoe family "
-                                        "(its attention rotates whole heads)")
+        rope = build_rope(config, d, src, whole_heads="afmoe")
 
         def attention(i, p):
             s = f"{p}.self_attn"

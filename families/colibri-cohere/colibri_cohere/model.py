@@ -131,10 +131,7 @@ class Cohere2Moe(Family):
         src = w.config_source
         a = self.parse(config, src)
         hidden, heads, kv_heads, d, bias = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.attention_bias
-        rope = build_rope(config, d, src)
-        if rope.rotary_dim != d:  # transformers' Cohere rotates whole heads (a partial table fails there)
-            raise UnsupportedModelError(f"{src}: partial_rotary_factor is not supported by the cohere2_moe family "
-                                        "(its attention rotates whole heads)")
+        rope = build_rope(config, d, src, whole_heads="cohere2_moe")
 
         def attention(i, p):
             s = f"{p}.self_attn"

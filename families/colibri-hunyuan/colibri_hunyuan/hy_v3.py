@@ -103,10 +103,7 @@ class HYV3(Family):
         src = w.config_source
         a = self.parse(config, src)
         hidden, heads, kv_heads, d, eps = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps
-        rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, src)
-        if rope.rotary_dim != d:  # transformers' hy_v3 rotates whole heads (a partial table fails there)
-            raise UnsupportedModelError(f"{src}: partial_rotary_factor is not supported by the hy_v3 family "
-                                        "(its attention rotates whole heads)")
+        rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, src, whole_heads="hy_v3")
 
         def attention(i, p):
             s, b = f"{p}.self_attn", a.attention_bias

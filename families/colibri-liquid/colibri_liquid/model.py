@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri_core.errors import ModelFormatError, UnsupportedModelError
+from colibri_core.errors import ModelFormatError
 from colibri_core.model.config import ModelArgs, bounded
 from colibri_core.model.family import Family
 from colibri_core.nn import Attention, GatedShortConv, SigmoidGroupedTopKRouter, SparseMoE, SwiGLU, build_rope
@@ -86,10 +86,7 @@ class Lfm2Moe(Family):
         src = w.config_source
         a = self.parse(config, src)
         hidden, heads, kv_heads, d, eps = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.norm_eps
-        rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, src)
-        if rope.rotary_dim != d:  # transformers' LFM2 rotates whole heads (a partial table fails there)
-            raise UnsupportedModelError(f"{src}: partial_rotary_factor is not supported by the lfm2_moe family "
-                                        "(its attention rotates whole heads)")
+        rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, src, whole_heads="lfm2_moe")
 
         def mixer(i, p):
             if a.layer_types[i] == "conv":

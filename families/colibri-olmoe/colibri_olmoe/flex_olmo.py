@@ -58,10 +58,7 @@ class FlexOlmo(Family):
         src = w.config_source
         a = FlexOlmoArgs.from_dict(config, src)
         hidden, heads, kv_heads, d, eps = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps
-        rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, src)
-        if rope.rotary_dim != d:  # transformers' FlexOlmo rotates whole heads (a partial table fails there)
-            raise UnsupportedModelError(f"{src}: partial_rotary_factor is not supported by the flex_olmo family "
-                                        "(its attention rotates whole heads)")
+        rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, src, whole_heads="flex_olmo")
 
         def attention(i, p):
             s = f"{p}.self_attn"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colibri_core.errors import ModelFormatError, UnsupportedModelError
+from colibri_core.errors import ModelFormatError
 from colibri_core.model.builders import SigmoidMoEArgs, sigmoid_moe_mlp
 from colibri_core.model.config import bounded
 from colibri_core.model.family import Family
@@ -83,10 +83,7 @@ class Dots1(Family):
         src = w.config_source
         a = self.parse(config, src)
         hidden, heads, kv_heads, d, eps = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps
-        rope = build_rope(config, d, src)
-        if rope.rotary_dim != d:  # transformers' dots1 rotates whole heads (a partial table fails there)
-            raise UnsupportedModelError(f"{src}: partial_rotary_factor is not supported by the dots1 family "
-                                        "(its attention rotates whole heads)")
+        rope = build_rope(config, d, src, whole_heads="dots1")
 
         def attention(i, p):
             s = f"{p}.self_attn"

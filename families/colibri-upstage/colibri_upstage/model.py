@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colibri_core.errors import UnsupportedModelError
 from colibri_core.model.builders import SigmoidMoEArgs, sigmoid_moe_mlp
 from colibri_core.model.config import bounded
 from colibri_core.model.family import Family
@@ -58,10 +57,7 @@ class SolarOpen(Family):
         src = w.config_source
         a = SolarOpenArgs.from_dict(config, src)
         hidden, heads, kv_heads, d = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, src)
-        if rope.rotary_dim != d:  # transformers' Solar Open rotates whole heads (a partial table fails there)
-            raise UnsupportedModelError(f"{src}: partial_rotary_factor is not supported by the solar_open family "
-                                        "(its attention rotates whole heads)")
+        rope = build_rope({"rope_theta": ROPE_THETA, **config}, d, src, whole_heads="solar_open")
 
         def attention(i, p):
             return Attention(layer=i, **w.attention_projections(f"{p}.self_attn", hidden, heads, kv_heads, d,
