@@ -664,6 +664,21 @@ class BackendConformanceSuite:
         want = self.ref.windowed_attention(q, k, v, start, 0.3, window, sink)
         self.check(ops, got, want, f"windowed_attention, window {window}, sinks {sinks}")
 
+    @pytest.mark.parametrize("step", list(STEPS))
+    def test_attention_reads_keys_and_values_in_every_kv_dtype(self, backend, step):
+        """Each dtype a backend lists in ``kv_dtypes`` (``--kv-cache``): keys and values of
+        that dtype, in ``attention`` and ``windowed_attention`` (sliding layers), give what
+        their values in float32 give."""
+        for dtype in backend.kv_dtypes:
+            _, _, start, _, q, k, v = self._attention_inputs(f"kv {dtype}", 2, step)
+            kd, vd = backend.asarray(k, dtype), backend.asarray(v, dtype)
+            k32, v32 = (np.asarray(backend.to_host(a), dtype=np.float32) for a in (kd, vd))  # the numbers it holds
+            got = backend.attention(self.act(backend, q), kd, vd, start, 0.3)
+            self.check(backend, got, self.ref.attention(q, k32, v32, start, 0.3), f"attention, {dtype} keys and values")
+            got = backend.windowed_attention(self.act(backend, q), kd, vd, start, 0.3, 3, None)
+            want = self.ref.windowed_attention(q, k32, v32, start, 0.3, 3, None)
+            self.check(backend, got, want, f"windowed_attention, {dtype} keys and values")
+
     def test_windowed_attention_reduces_to_attention(self, ops):
         """No sinks and a window covering every key is attention; sinks of -1e30 weigh nothing."""
         _, t, start, s, q, k, v = self._attention_inputs("windowed wide", 2, "chunk")
