@@ -35,6 +35,14 @@ new prompt computes (a partial chunk, or a decoded token, is computed with anoth
 of rows, so other roundings). Recurrent layers (Gated DeltaNet) replace their state at
 every step, so a snapshot of it is kept at the last ``snapshots`` chunk boundaries of
 each prompt; a prefix resumes from the latest boundary at or before the match.
+
+Continuation: a request with ``keep_cache`` hands its cache back when it ends
+(``Handle.kept``, a KeptSequence); a later request passes it as ``start_cache`` with the
+ids it holds at the start of its prompt, and only the rest is fed. That is how a chat's
+next turn, or a saved session bound again, goes on where the conversation stopped: the
+same numbers as an uninterrupted sequence, not a cold prefill's (its decoded positions
+were computed one row at a time). ``call`` runs a function on the engine's thread, where
+a kept cache's arrays belong.
 """
 
 from __future__ import annotations
@@ -71,6 +79,52 @@ class Request:
     draft_depth: int = DEFAULT_DRAFT_DEPTH
     # what the output must fit (colibri_core.engine.constraints: a CompiledConstraint); None: anything
     constraint: Any = None
+    # a cache of this model holding the first start_cache.length ids of prompt_ids (a KeptSequence's,
+    # or one bound from a saved state): the sequence continues it instead of prefilling those ids
+    start_cache: Cache | None = None
+    # hand the sequence's cache back when the request ends (Handle.kept), to continue it later
+    keep_cache: bool = False
+
+
+@dataclass
+class KeptSequence:
+    """A finished request's cache, handed back for ``Request(keep_cache=True)``: ``cache``
+    holds every id of ``token_ids`` but the last, the id a continuation feeds first (the
+    stop token or the last sampled one). Continuing it computes what an uninterrupted
+    sequence computes; a fresh prefill of the same ids would round differently."""
+
+    cache: Cache
+    token_ids: list[int]
+    # position -> Cache.snapshot() there (the prompt's end), for states that cannot rewind
+    snapshots: dict = field(default_factory=dict)
+
+    @property
+    def fed(self) -> list[int]:
+        return self.token_ids[:-1]
+
+    def start(self, ids: list[int]) -> Cache | None:
+        """The cache made to hold the longest prefix of ``ids`` it can (leaving at least
+        one id to feed): all it holds when ``ids`` go on from there; else back to where
+        they part (KV caches forget rows) or to a snapshot before it; None when neither.
+        Run it on the engine's thread (``Scheduler.call``): it may compute."""
+        fed, n = self.fed, 0
+        limit = min(len(fed), len(ids) - 1)
+        while n < limit and fed[n] == ids[n]:
+            n += 1
+        cache = self.cache
+        if n == len(fed):
+            return cache
+        if n > 0 and cache.rewindable():
+            try:
+                cache.rewind(n)
+                return cache
+            except ValueError:  # a recurrent state keeps no earlier position
+                pass
+        at = max((p for p in self.snapshots if p <= n), default=0)
+        if at > 0:
+            cache.restore(at, self.snapshots[at])
+            return cache
+        return None
 
 
 class Handle:
@@ -86,6 +140,8 @@ class Handle:
         self.logprobs: list | None = [] if request.sampling.logprobs is not None else None
         self.submitted = time.perf_counter()
         self.ttft_s: float | None = None
+        self.stop_id: int | None = None  # the stop token that ended it, if one did
+        self.kept: KeptSequence | None = None  # with Request.keep_cache, once done (not after an error)
         self._on_event = on_event
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
@@ -175,6 +231,7 @@ class _Seq:
     prefix: _Prefix | None = None
     speculation: Speculation | None = None  # drafting, when the request asks for it
     constraint: Any = None  # the request's constraint's matcher for this sequence
+    snapshots: dict = field(default_factory=dict)  # with keep_cache: KeptSequence.snapshots
 
     @property
     def request(self) -> Request:
@@ -212,12 +269,14 @@ class Scheduler:
         self._active: list[_Seq] = []
         self._admitting = 0  # requests out of the queue whose sequence is being set up: their slot is taken
         self._prefixes: list[_Prefix] = []
+        self._calls: list = []  # (fn, result box, done event): ``call``'s, run by the engine thread
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.requests_total = 0
         self.tokens_total = 0
         self.steps = 0
         self.prefix_hits_tokens = 0
+        self.continued_tokens = 0  # positions of start caches (continued sequences), not prefilled
         self.prefill_tokens = 0
         self.drafted_tokens = 0  # speculative decoding: drafts verified, and those accepted
         self.accepted_tokens = 0
@@ -245,8 +304,16 @@ class Scheduler:
         if request.max_tokens < 0:
             raise UsageError(f"max_tokens must be >= 0, got {request.max_tokens}")
         request.sampling.check_vocab(self.lm.vocab_size)
-        if request.draft is not None and request.draft != "off":
+        drafting = request.draft is not None and request.draft != "off"
+        if drafting:
             self.model.speculation(request.draft, request.draft_depth)  # a bad source or depth fails here, not later
+        if request.keep_cache and drafting:
+            raise UsageError("keep_cache cannot be combined with drafts: a sequence can end inside a verification, "
+                             "with drafted positions in its cache")
+        start = request.start_cache
+        if start is not None and not 0 < start.length < len(prompt):
+            raise UsageError(f"start_cache holds {start.length} positions: it must hold fewer than the prompt's "
+                             f"{len(prompt)} ids, and some")
         need = self._reservation(self._request_tokens(request))
         if need > self.kv.budget:
             raise UsageError(f"the request needs {need} bytes of KV cache (prompt {len(prompt)} + max_tokens "
@@ -311,7 +378,8 @@ class Scheduler:
             "queue_depth": queue_depth, "active": active, "slots": self.slots, "max_queue": self.max_queue,
             "requests_total": self.requests_total, "tokens_total": self.tokens_total, "steps": self.steps,
             "decode_tok_s": decode_tok_s, "ttft_s": ttft[len(ttft) // 2] if ttft else 0.0, "ttft_recent_s": list(self._ttft),
-            "prefix_hits_tokens": self.prefix_hits_tokens, "prefill_tokens": self.prefill_tokens,
+            "prefix_hits_tokens": self.prefix_hits_tokens, "continued_tokens": self.continued_tokens,
+            "prefill_tokens": self.prefill_tokens,
             "kv_budget_bytes": self.kv.budget, "kv_reserved_bytes": self.kv.reserved, "kv_bytes": kv_bytes,
             "kv_bytes_per_token": self.bytes_per_token, "prefixes_retained": retained,
             "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
@@ -320,18 +388,48 @@ class Scheduler:
         return out
 
     # -- engine thread ----------------------------------------------------------------
+    def call(self, fn):
+        """Run ``fn()`` on the engine's thread, between two steps, and return what it returns
+        (or raise what it raises). A backend whose arrays belong to the thread that made
+        them (MLX) needs a kept cache saved, or a saved one bound, where sequences run."""
+        thread = self._thread
+        if thread is None or threading.current_thread() is thread:
+            return fn()
+        done, box = threading.Event(), {}
+        with self._lock:
+            if self._stopping:
+                raise UsageError("the scheduler is stopped")
+            self._calls.append((fn, box, done))
+            self._lock.notify_all()
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _run_calls(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, []
+        for fn, box, done in calls:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # the caller's to handle
+                box["error"] = exc
+            done.set()
+
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and not self._waiting and not self._active:
+                while not self._stopping and not self._waiting and not self._active and not self._calls:
                     self._lock.wait()
                 if self._stopping and not self._active:
-                    return
+                    break
+            self._run_calls()
             try:
                 self.step()
             except Exception as exc:  # a bug: fail what runs, keep serving
                 for seq in list(self._active):
                     self._retire(seq, "error", exc)
+        self._run_calls()  # what was asked before the stop
 
     def step(self) -> bool:
         """One engine step (admit, retire, one prefill chunk, one decode step). Returns
@@ -401,7 +499,7 @@ class Scheduler:
     def _new_seq(self, handle: Handle, reserved: int) -> _Seq:
         request = handle.request
         limit = self._request_tokens(request)
-        cache = Cache([layer.new_state(self.ops, limit) for layer in self.lm.layers])
+        cache = request.start_cache or Cache([layer.new_state(self.ops, limit) for layer in self.lm.layers])
         cache.reserve(limit)  # the KV budget holds it already: no cache grows (and copies itself) mid-decode
         model = self.model
         decoder = model.tokenizer.stream_decoder() if model.tokenizer is not None else None
@@ -411,7 +509,11 @@ class Scheduler:
             seq.constraint = request.constraint.new()
         if seq.speculation is not None:  # counted as OpenAI counts a prediction's tokens
             handle.usage.update(accepted_prediction_tokens=0, rejected_prediction_tokens=0)
-        if self.prefix_reuse:
+        if request.start_cache is not None:
+            seq.prefilled = seq.cached = cache.length
+            handle.usage["cached_tokens"] = cache.length
+            self.continued_tokens += cache.length
+        elif self.prefix_reuse:
             self._reuse_prefix(seq)
         return seq
 
@@ -456,9 +558,14 @@ class Scheduler:
         self.prefill_tokens += end - begin
         if self.model.store is not None:
             self.model.store.after_tokens(end - begin)
-        if self.prefix_reuse and end - begin == self.prefill_chunk:
+        # a continued cache's positions are not a cold prefill's, and a kept one changes hands
+        request = seq.request
+        if (self.prefix_reuse and end - begin == self.prefill_chunk and request.start_cache is None
+                and not request.keep_cache):
             self._remember(seq, end)
         if end == len(seq.prompt):
+            if request.keep_cache and self.snapshot_bytes:  # where a later turn may go back to
+                seq.snapshots = {end: seq.cache.snapshot()}
             self._sampled(seq, logits)
 
     def _remember(self, seq: _Seq, end: int) -> None:
@@ -556,6 +663,7 @@ class Scheduler:
                 handle.ttft_s = time.perf_counter() - handle.submitted
                 self._ttft.append(handle.ttft_s)
             if token in request.stop_ids:
+                handle.stop_id = token
                 return self._retire(seq, "stop")
             handle.token_ids.append(token)
             if logprob is not None:
@@ -574,6 +682,15 @@ class Scheduler:
             seq.next_token = token
         except Exception as exc:
             self._retire(seq, "error", exc)
+
+    def _kept(self, seq: _Seq) -> KeptSequence | None:
+        """The sequence's cache and the ids it holds, plus the id to feed next; None when
+        nothing is in the cache yet."""
+        ids = seq.prompt + seq.handle.token_ids + ([seq.handle.stop_id] if seq.handle.stop_id is not None else [])
+        n = seq.cache.length
+        if n == 0 or n >= len(ids):
+            return None
+        return KeptSequence(seq.cache, ids[: n + 1], seq.snapshots)
 
     def _retire_cancelled(self) -> None:
         for seq in [s for s in self._active if s.handle._cancelled]:
@@ -594,6 +711,8 @@ class Scheduler:
                     self.kv.reserve(p.nbytes)
             self._lock.notify_all()
         handle = seq.handle
+        if seq.request.keep_cache and reason != "error":
+            handle.kept = self._kept(seq)
         if reason != "error" and seq.decoder is not None:
             try:
                 tail = seq.decoder.flush()

@@ -1177,6 +1177,58 @@ class BackendConformanceSuite:
         assert turn2.token_ids == cold2.token_ids == expected, "a reused prefix: not a cold prefill's tokens"
         assert turn3.token_ids == cold3.token_ids, "a reused prefix: not a cold prefill's tokens"
 
+    @pytest.mark.parametrize("tiny_model", ["olmoe", "deepseek_v3", "qwen3_next", "demo_int4"])
+    def test_engine_continues_a_kept_cache_as_if_never_stopped(self, backend, tiny_model, tmp_path_factory):
+        """A chat's next turn continues the cache the previous turn kept (Request.keep_cache,
+        start_cache): only the new ids are computed; the kept cache saved to a file and
+        bound again continues with the same tokens, in a batch or alone; and what it
+        computes is the conversation's (logits within 1e-4 of a cold prefill's)."""
+        from colibri_core.engine.sampling import Sampler
+        from colibri_core.engine.state import bind, capture, read_state
+
+        path = tiny_models.model_dir(tiny_model, tmp_path_factory)
+        ram = tiny_models.DEMO.default_budget(path, backend) if tiny_model == "demo_int4" else None
+        tmp = tmp_path_factory.mktemp("kept")
+        with colibri_core.load(path, backend=backend, ram=ram, history=False) as model:
+            lm, ops = model.lm, model.backend
+            first = [(3 + 7 * i) % tiny_models.VOCAB for i in range(13)]
+            with Scheduler(model, prefill_chunk=4) as sched:
+                turn1 = self.run_requests(sched, [Request(first, 6, keep_cache=True)])[0]
+                kept = turn1.kept
+                assert kept is not None and kept.token_ids == first + turn1.token_ids  # the last one not fed yet
+                assert kept.cache.length == len(first) + 5
+                # on the engine's thread, where the cache's arrays were made (MLX binds them to it)
+                state = sched.call(lambda: capture(model, kept.cache, kept.token_ids, len(first), SamplingParams(),
+                                                   False, Sampler(SamplingParams())))
+                state.save(tmp / "turn1.state")
+                second = kept.token_ids + [9, 8, 7]  # the next turn: the kept ids, then the new message (4 to feed)
+                before = sched.stats()["prefill_tokens"]
+                other = Request(tiny_models.prompts(1, seed=5)[0], 7)  # another conversation in the batch
+                turn2, _ = self.run_requests(sched, [Request(second, 8, start_cache=kept.cache, keep_cache=True), other])
+                assert turn2.usage["cached_tokens"] == len(second) - 4
+                assert sched.stats()["prefill_tokens"] - before == 4 + len(other.prompt_ids), "the kept ids were computed again"
+                assert turn2.kept is not None and turn2.kept.token_ids[: len(second)] == second
+                # a next turn that parts from the kept ids inside turn 2's reply: back to where
+                # they part (KV rows forgotten, or a recurrent state's snapshot at the prompt's end)
+                kept2 = turn2.kept
+                branch = second + [(kept2.token_ids[len(second)] + 1) % tiny_models.VOCAB, 3]
+                back = sched.call(lambda: kept2.start(branch))
+                assert back is kept2.cache and back.length == len(second)
+                branched = sched.call(lambda: lm.forward(np.asarray(branch[len(second):]), back, ops, all_logits=True))
+            saved = read_state(tmp / "turn1.state")
+            with Scheduler(model, slots=1, prefill_chunk=4) as sched:
+                bound = sched.call(lambda: bind(saved, model))
+                resumed = self.run_requests(sched, [Request(second, 8, start_cache=bound)])[0]
+            assert resumed.token_ids == turn2.token_ids, "a kept cache saved and bound again: other tokens"
+            cache = bind(saved, model)
+            n = cache.length
+            warm = lm.forward(np.asarray(second[n:]), cache, ops, all_logits=True)  # host logits
+            cold = model.logits(second)[n:]
+            scale = max(1.0, float(np.abs(cold).max()))
+            assert np.abs(np.asarray(warm) - cold).max() <= 1e-4 * scale, "a continued cache: not the conversation's logits"
+            cold = model.logits(branch)[len(second):]
+            assert np.abs(np.asarray(branched) - cold).max() <= 1e-4 * scale, "a cache gone back: not the branch's logits"
+
     def test_engine_cancel_frees_the_slot_for_the_queued_request(self, backend, tmp_path_factory):
         path = tiny_models.model_dir("demo_int4", tmp_path_factory)  # built without transformers
         with colibri_core.load(path, backend=backend, history=False) as model:

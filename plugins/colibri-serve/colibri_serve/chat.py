@@ -1,8 +1,16 @@
 """``colibri chat``: a terminal conversation on the model's chat template.
 
 Each turn renders the whole conversation and submits it to the core's scheduler, which
-reuses the cached prefix of the previous turn (the prompt is only extended); the reply
-streams to the terminal as it is decoded. Commands: /reset, /stats, /save FILE, /exit.
+continues the previous turn's cache (kept between turns): only the new message is
+computed. Where the rendered conversation departs from what the cache holds (a template
+that rewrites earlier turns), the cache goes back to the common part where it can, else
+the turn starts anew on the scheduler's prefix cache; with --draft (whose verifications
+can leave drafted positions in a cache) turns always do the latter. The reply streams to
+the terminal as it is decoded. Commands: /reset, /stats, /save [FILE], /exit.
+
+``--session NAME`` keeps the conversation and its cache on disk (colibri_serve.sessions):
+/save and leaving the chat save it, the next ``colibri chat --session NAME`` continues it
+warm, with the replies an uninterrupted chat would give.
 
 On a terminal the input line is edited with prompt_toolkit: arrows, Up/Down through the
 messages of earlier chats (kept in colibri's state dir), Alt+Enter (or Esc then Enter)
@@ -21,7 +29,8 @@ from pathlib import Path
 
 from colibri_core.errors import UsageError
 
-HELP = "commands: /reset (new conversation), /stats (speed, cache and expert hit rates), /save FILE (the conversation as JSON), /exit"
+HELP = ("commands: /reset (new conversation), /stats (speed, cache and expert hit rates), /save FILE (the conversation "
+        "as JSON; with --session, /save alone saves the session), /exit")
 EDITING_HELP = "Up/Down recall earlier messages; Alt+Enter (or Esc, Enter) starts a new line, Enter sends"
 HISTORY_NAME = "chat-history"
 
@@ -39,7 +48,7 @@ class Turn:
 class ChatSession:
     def __init__(self, model, *, system: str | None = None, max_tokens: int = 512, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, draft: str | None = None,
-                 draft_depth: int = 4, constraint=None):
+                 draft_depth: int = 4, constraint=None, store=None):
         from colibri_core.engine.sampling import SamplingParams
         from colibri_serve.service import new_scheduler
 
@@ -52,6 +61,10 @@ class ChatSession:
         # what every reply must fit (a ConstraintSpec, docs/structured.md), compiled once
         self.constraint = model.constraint(constraint)
         self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        # the previous turn's cache, continued by the next (KeptSequence); not with drafts
+        self.keep = draft is None or draft == "off"
+        self.kept = None
+        self.store = store  # a SessionStore (colibri_serve.sessions) with --session
         self.scheduler = new_scheduler(model, slots=1, max_queue=1)
         self.scheduler.start()
         self.turns: list[Turn] = []
@@ -60,6 +73,26 @@ class ChatSession:
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.kept = None
+
+    def resume(self, messages: list[dict], kept) -> None:
+        """Continue a saved conversation: its messages and its cache (a KeptSequence or None)."""
+        self.messages, self.kept = list(messages), kept
+
+    def save_session(self) -> int:
+        """Write the session (``--session``): the conversation and its cache. Bytes written."""
+        return self.scheduler.call(lambda: self.store.save(self.model, self.system, self.messages, self.kept,
+                                                           self.sampling))
+
+    def resume_saved(self, saved) -> None:
+        """Continue the session's saved conversation (colibri_serve.sessions.SavedConversation)."""
+        self.resume(saved.messages, self.scheduler.call(lambda: self.store.bind(saved, self.model)))
+
+    def _start(self, ids: list[int]):
+        """The kept cache, made to hold a prefix of ``ids`` (KeptSequence.start), or None to
+        start anew."""
+        kept, self.kept = self.kept, None  # the request owns it now
+        return self.scheduler.call(lambda: kept.start(ids)) if kept is not None else None
 
     def ask(self, text: str, on_text=lambda piece: None) -> str:
         """Add the user's message, stream the reply through ``on_text``, keep it in the
@@ -72,10 +105,11 @@ class ChatSession:
         if len(ids) >= model.lm.max_context:
             raise UsageError(f"the conversation has {len(ids)} tokens; the context holds {model.lm.max_context}: /reset to start again")
         started = time.perf_counter()
+        start = self._start(ids) if self.keep else None
         handle = self.scheduler.submit(Request(prompt_ids=ids, max_tokens=min(self.max_tokens, model.lm.max_context - len(ids)),
                                                sampling=self.sampling, stop_ids=frozenset(model.eos_ids),
                                                draft=self.draft, draft_depth=self.draft_depth,
-                                               constraint=self.constraint))
+                                               constraint=self.constraint, start_cache=start, keep_cache=self.keep))
         pieces: list[str] = []
         first = last = None
         try:
@@ -96,6 +130,8 @@ class ChatSession:
         self.turns.append(Turn(usage.get("prompt_tokens", len(ids)), usage.get("cached_tokens", 0), n,
                                (first - started) if first is not None else 0.0,
                                (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0, handle.finish_reason or "cancelled"))
+        handle.wait()
+        self.kept = handle.kept
         self.messages = messages + [{"role": "assistant", "content": reply}]
         return reply
 
@@ -193,11 +229,35 @@ def default_reader():
 
 
 def run_chat(session: ChatSession, console=None, read=None) -> None:
+    """The conversation loop; with a session (``--session``), leaving it saves the session."""
+    console = console or _console()
+    try:
+        _loop(session, console, read)
+    finally:
+        if session.store is not None:
+            _save_session(session, console)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _save_session(session: ChatSession, console) -> None:
+    from colibri_core.units import format_bytes
+
+    size = session.save_session()
+    warm = f", {len(session.kept.fed)} positions warm" if session.kept is not None else ""
+    console.print(f"(session {session.store.name!r} saved: {len(session.messages)} messages{warm}, "
+                  f"{format_bytes(size)} in {session.store.dir})", markup=False, soft_wrap=True)
+
+
+def _loop(session: ChatSession, console, read) -> None:
     from rich.console import Console
 
     from colibri_core.io.hub_cache import hub_repo_id
 
-    console = console or Console(highlight=False)
     err = Console(stderr=True, highlight=False)
     editing = False
     if read is None:
@@ -222,6 +282,8 @@ def run_chat(session: ChatSession, console=None, read=None) -> None:
                 console.print("(new conversation)")
             elif command == "/stats":
                 console.print(_stats_table(session.stats()))
+            elif command == "/save" and not arg.strip() and session.store is not None:
+                _save_session(session, console)
             elif command == "/save":
                 if not arg.strip():
                     console.print("usage: /save FILE")

@@ -162,23 +162,56 @@ def run_server(model_dir, host, port, api_key, slots, max_queue, served_model_na
 @click.option("--seed", type=int, default=None)
 @draft_options
 @constraint_options
+@click.option("--session", "session_name", default=None, metavar="NAME",
+              help="Keep this conversation and its cache on disk as NAME: /save and leaving the chat save it; the next "
+                   "chat with --session NAME continues it without computing the conversation again.")
+@click.option("--sessions-dir", default=None, metavar="DIR",
+              help="Where --session keeps conversations (default: colibri's data dir, sessions/).")
 @placement_options
 def chat(model_dir, system, max_tokens, temperature, top_p, top_k, seed, draft, draft_depth, mtp_int4, json_schema, regex,
-         grammar, **placement):
+         grammar, session_name, sessions_dir, **placement):
     """Chat with the model in --model in the terminal, on its chat template. Each turn
-    reuses the cached prompt of the conversation so far. Commands: /reset, /stats,
-    /save FILE, /exit."""
+    continues the cache of the conversation so far. Commands: /reset, /stats,
+    /save [FILE], /exit."""
     from colibri_core.cli.run import load_with_progress
     from colibri_serve.chat import ChatSession, run_chat
 
     path = _check_model_dir(model_dir)
     check_draft_options(draft, draft_depth)
     constraint = constraint_from_options(json_schema, regex, grammar)
-    model = load_with_progress(path, quiet=False, **placement_kwargs(**placement), **draft_load_options(draft, mtp_int4))
-    with model:
-        session = ChatSession(model, system=system, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              top_k=top_k, seed=seed, draft=draft, draft_depth=draft_depth, constraint=constraint)
-        try:
-            run_chat(session)
-        finally:
-            session.close()
+    store = saved = None
+    if sessions_dir is not None and session_name is None:
+        raise UsageError("--sessions-dir is where --session keeps conversations: add --session NAME")
+    if session_name is not None:
+        from colibri_serve.sessions import SessionStore
+
+        if draft != "off":
+            raise UsageError("--session cannot be combined with --draft: a verification can end with drafted positions "
+                             "in the conversation's cache")
+        store = SessionStore(sessions_dir, session_name)
+        store.lock()
+    try:
+        if store is not None:
+            saved = store.read()
+            if saved is not None and system is not None and system != saved.system:
+                raise UsageError(f"--system: session {session_name!r} has its own system message "
+                                 f"({'none' if saved.system is None else repr(saved.system[:40])}); leave --system out "
+                                 "or choose another --session name")
+        model = load_with_progress(path, quiet=False, **placement_kwargs(**placement), **draft_load_options(draft, mtp_int4))
+        with model:
+            session = ChatSession(model, system=saved.system if saved is not None else system, max_tokens=max_tokens,
+                                  temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, draft=draft,
+                                  draft_depth=draft_depth, constraint=constraint, store=store)
+            try:
+                if saved is not None:
+                    session.resume_saved(saved)
+                    turns = sum(1 for m in saved.messages if m["role"] == "user")
+                    warm = (f", {len(session.kept.fed)} positions warm" if session.kept is not None
+                            else " (no saved cache: computed again)")
+                    _stderr().print(f"(session {session_name!r} resumed: {turns} turns{warm})", markup=False)
+                run_chat(session)
+            finally:
+                session.close()
+    finally:
+        if store is not None:
+            store.close()
