@@ -242,7 +242,7 @@ class Scheduler:
     """Continuous batching over one model; see the module docstring."""
 
     def __init__(self, model, slots: int = 8, max_queue: int = 64, *, kv_budget: int | None = None,
-                 prefill_chunk: int | None = None, prefix_reuse: bool = True, snapshots: int = 2):
+                 prefill_chunk: int | None = None, prefix_reuse: bool = True, snapshots: int = 2, prefix_disk=None):
         if slots < 1:
             raise UsageError(f"slots must be >= 1, got {slots}")
         if max_queue < 0:
@@ -257,6 +257,11 @@ class Scheduler:
         self.bytes_per_token = probe.bytes_per_token()
         self.fixed_bytes = probe.nbytes  # recurrent states: allocated whole at the start
         self.prefix_reuse = prefix_reuse and probe.reusable()
+        # prefixes leaving memory go to disk (colibri_core.engine.prefix_disk.PrefixDisk), and come back
+        self.prefix_disk = prefix_disk if self.prefix_reuse else None
+        if self.prefix_disk is not None and self.prefix_disk.chunk != self.prefill_chunk:
+            raise UsageError(f"prefix_disk keeps prefixes of {self.prefix_disk.chunk}-token chunks; the scheduler "
+                             f"prefills {self.prefill_chunk} at a time")
         # states whose earlier positions are not kept (recurrent, sliding windows) resume a
         # prefix only from a snapshot taken at its length
         self.snapshot_bytes = probe.snapshot_bytes()
@@ -355,6 +360,9 @@ class Scheduler:
             self._thread = None
         else:
             self._retire_cancelled()
+            self._spill_retired()
+        if self.prefix_disk is not None:
+            self.prefix_disk.flush()
 
     def __enter__(self):
         return self.start()
@@ -385,6 +393,8 @@ class Scheduler:
             "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
         }
         out.update(self.model.store_counters())
+        if self.prefix_disk is not None:
+            out.update(self.prefix_disk.stats())
         return out
 
     # -- engine thread ----------------------------------------------------------------
@@ -430,6 +440,7 @@ class Scheduler:
                 for seq in list(self._active):
                     self._retire(seq, "error", exc)
         self._run_calls()  # what was asked before the stop
+        self._spill_retired()
 
     def step(self) -> bool:
         """One engine step (admit, retire, one prefill chunk, one decode step). Returns
@@ -494,7 +505,26 @@ class Scheduler:
         victim = min(retired, key=lambda p: p.used)
         self._prefixes.remove(victim)
         self.kv.release(victim.nbytes)
+        self._spill(victim)
         return True
+
+    def _spill(self, p: _Prefix) -> None:
+        """A retired prefix's whole-chunk positions to disk, when the scheduler keeps some
+        there: host copies now, the file on the disk's writer thread."""
+        from colibri_core.engine.state import export_layers
+
+        disk, n = self.prefix_disk, p.exact
+        if disk is None or n == 0 or (self.snapshots and n not in p.snapshots):
+            return
+        cache = Cache([layer.new_state(self.ops, n) for layer in self.lm.layers])
+        p.cache.copy_prefix(cache, n, p.snapshots.get(n) if self.snapshots else None)
+        disk.spill(p.tokens[:n], export_layers(self.ops, cache))
+
+    def _spill_retired(self) -> None:
+        """Every retained prefix to disk (the scheduler stops: they would be lost)."""
+        if self.prefix_disk is not None:
+            for p in [p for p in self._prefixes if not p.live]:
+                self._spill(p)
 
     def _new_seq(self, handle: Handle, reserved: int) -> _Seq:
         request = handle.request
@@ -533,6 +563,8 @@ class Scheduler:
                 snap = p.snapshots.get(n)
             if n > best_n:
                 best, best_n, best_snap = p, n, snap
+        if self.prefix_disk is not None and self._reuse_from_disk(seq, best_n):
+            return
         if best is None:
             return
         best.cache.copy_prefix(seq.cache, best_n, best_snap)
@@ -540,6 +572,24 @@ class Scheduler:
         seq.prefilled = seq.cached = best_n
         seq.handle.usage["cached_tokens"] = best_n
         self.prefix_hits_tokens += best_n
+
+    def _reuse_from_disk(self, seq: _Seq, longer_than: int) -> bool:
+        """A spilled prefix of the prompt longer than memory's, read back into the new
+        cache and kept in memory again; whether there was one."""
+        from colibri_core.engine.state import bind_layers
+
+        found = self.prefix_disk.lookup(seq.prompt, longer_than)
+        if found is None:
+            return False
+        n, layers = found
+        loaded = bind_layers(layers, n, self.model, "a spilled prefix")
+        loaded.copy_prefix(seq.cache, n, None)  # it holds exactly n positions
+        seq.prefilled = seq.cached = n
+        seq.handle.usage["cached_tokens"] = n
+        self.prefix_hits_tokens += n
+        if not seq.request.keep_cache:  # a kept cache changes hands: it indexes nothing
+            self._remember(seq, n)
+        return True
 
     def _prefill_chunk(self, seq: _Seq) -> None:
         """The next chunk of a prompt, alone, exactly as Model.generate runs it."""
@@ -707,6 +757,8 @@ class Scheduler:
                 p.live, p.nbytes = False, p.cache.nbytes + self.snapshot_bytes * len(p.snapshots)
                 if reason == "error" or not self.kv.fits(p.nbytes):
                     self._prefixes.remove(p)
+                    if reason != "error":
+                        self._spill(p)
                 else:
                     self.kv.reserve(p.nbytes)
             self._lock.notify_all()

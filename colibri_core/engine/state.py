@@ -91,30 +91,37 @@ class SequenceState:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for _, a in _arrays(self.layers))
+        return sum(a.nbytes for _, a in layer_arrays(self.layers))
 
     def save(self, path: str | os.PathLike) -> int:
         """Write the state to ``path`` atomically (a temporary file beside it, synced,
         renamed over it). Returns the file's size."""
-        path = os.fspath(path)
-        layout, tensors, offset = [], [], 0
-        digest = hashlib.sha256()
-        for i, node in enumerate(self.layers):
-            entry, offset = _layout(node, f"layers.{i}", tensors, offset)
-            layout.append(entry)
         doc = {"format": FORMAT, "version": VERSION, "model": self.model, "positions": self.positions,
                "token_ids": list(self.token_ids), "prompt_tokens": self.prompt_tokens, "sampling": self.sampling,
-               "ignore_eos": self.ignore_eos, "sampler": self.sampler, "layers": layout}
-        text = _dumps(doc)
-        digest.update(text.encode("utf-8"))
-        for _, array in tensors:
-            digest.update(array.reshape(-1).view(np.uint8))
-        metadata = {DOC_KEY: text, DIGEST_KEY: digest.hexdigest()}
-        try:
-            return write_safetensors(path, tensors, metadata)
-        except OSError as exc:
-            cls = ResourceError if exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENOMEM) else UsageError
-            raise cls(f"{path}: cannot write the saved state: {exc.strerror or exc}") from None
+               "ignore_eos": self.ignore_eos, "sampler": self.sampler}
+        return write_layers(path, doc, self.layers)
+
+
+def write_layers(path: str | os.PathLike, doc: dict, layers: list) -> int:
+    """Write ``doc`` (a JSON object: format, version, positions, ...) with per-layer host
+    arrays ``layers`` (SequenceState.layers' form) as a state file: the document gains the
+    layout, the metadata its digest. Atomic; returns the file's size."""
+    path = os.fspath(path)
+    layout, tensors, offset = [], [], 0
+    digest = hashlib.sha256()
+    for i, node in enumerate(layers):
+        entry, offset = _layout(node, f"layers.{i}", tensors, offset)
+        layout.append(entry)
+    text = _dumps({**doc, "layers": layout})
+    digest.update(text.encode("utf-8"))
+    for _, array in tensors:
+        digest.update(array.reshape(-1).view(np.uint8))
+    metadata = {DOC_KEY: text, DIGEST_KEY: digest.hexdigest()}
+    try:
+        return write_safetensors(path, tensors, metadata)
+    except OSError as exc:
+        cls = ResourceError if exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENOMEM) else UsageError
+        raise cls(f"{path}: cannot write the saved state: {exc.strerror or exc}") from None
 
 
 def _dumps(doc) -> str:
@@ -142,7 +149,7 @@ def _layout(node, prefix: str, tensors: list, offset: int):
     return {"kind": node["kind"], "meta": node["meta"], "arrays": arrays}, offset
 
 
-def _arrays(layers):
+def layer_arrays(layers):
     """(name, host array) of every saved array, in file order."""
     def walk(node, prefix):
         if node is None:
@@ -180,10 +187,17 @@ def capture(model, cache: Cache, token_ids: list[int], prompt_tokens: int, sampl
             ignore_eos: bool, sampler: Sampler) -> SequenceState:
     """The host copy of a sequence whose ``cache`` holds every id of ``token_ids`` but the
     last. A ValueError (saying why) when it does not: a step left unfinished."""
-    ops = model.backend
     if len(token_ids) < 2 or cache.length != len(token_ids) - 1:
         raise ValueError(f"the caches hold {cache.length} positions, not the {len(token_ids) - 1} before the last "
                          "sampled token (the generation stopped inside a step)")
+    layers = export_layers(model.backend, cache)
+    return SequenceState(tuple(int(t) for t in token_ids), int(prompt_tokens), model_identity(model), sampling.as_dict(),
+                         bool(ignore_eos), sampler.state(), layers)
+
+
+def export_layers(ops, cache: Cache) -> list:
+    """Host copies of every layer's state of ``cache`` (SequenceState.layers' form); a
+    ValueError when a layer holds another number of positions than the cache."""
 
     def export(state, where):
         if state is None:
@@ -203,9 +217,7 @@ def capture(model, cache: Cache, token_ids: list[int], prompt_tokens: int, sampl
             host[name] = h
         return {"kind": state.state_kind, "meta": dict(meta), "arrays": host}
 
-    layers = [export(layer, f"layer {i}") for i, layer in enumerate(cache.layers)]
-    return SequenceState(tuple(int(t) for t in token_ids), int(prompt_tokens), model_identity(model), sampling.as_dict(),
-                         bool(ignore_eos), sampler.state(), layers)
+    return [export(layer, f"layer {i}") for i, layer in enumerate(cache.layers)]
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -214,6 +226,17 @@ def read_state(path: str | os.PathLike) -> SequenceState:
     colibri reads, a well-formed document whose layout is exactly the file's tensors, and
     the digest of the document and the data. Anything else is one ModelFormatError naming
     the file. The model's identity and shapes are ``bind``'s."""
+    keys = {"format", "version", "model", "positions", "token_ids", "prompt_tokens", "sampling", "ignore_eos", "sampler"}
+    path = os.fspath(path)
+    doc, layers = read_layers(path, FORMAT, VERSION, keys, _check_sequence)
+    return SequenceState(tuple(doc["token_ids"]), doc["prompt_tokens"], doc["model"], doc["sampling"], doc["ignore_eos"],
+                         doc["sampler"], layers, source=path)
+
+
+def read_layers(path: str | os.PathLike, format: str, version: int, keys: set, check_doc) -> tuple[dict, list]:
+    """A state file's document (of ``format`` and ``version``, with exactly ``keys`` and
+    ``layers``; ``check_doc(doc, path)`` checks the rest) and its layers' host arrays, every
+    check of ``read_state`` made."""
     path = os.fspath(path)
     smallfile.check_regular(path, "saved state")
     try:
@@ -222,7 +245,7 @@ def read_state(path: str | os.PathLike) -> SequenceState:
         text = str(exc).removeprefix(f"{path}: ")
         raise ModelFormatError(f"{path}: not a readable saved state: {text}") from None
     try:
-        return _read(sf, path)
+        return _read(sf, path, format, version, keys | {"layers"}, check_doc)
     finally:
         sf.close()
 
@@ -231,7 +254,7 @@ def _fail(path: str, what: str) -> ModelFormatError:
     return ModelFormatError(f"{path}: saved state {what}")
 
 
-def _read(sf: SafetensorsFile, path: str) -> SequenceState:
+def _read(sf: SafetensorsFile, path: str, format: str, version: int, keys: set, check_doc) -> tuple[dict, list]:
     meta = sf.metadata
     if DOC_KEY not in meta:
         raise ModelFormatError(f"{path}: not a colibri saved state (no {DOC_KEY!r} in its metadata)")
@@ -241,40 +264,25 @@ def _read(sf: SafetensorsFile, path: str) -> SequenceState:
     doc = parse_json(text, f"{path}: saved state document", object_pairs_hook=_unique_keys)
     if not isinstance(doc, dict):
         raise _fail(path, "document is not a JSON object")
-    if doc.get("format") != FORMAT:
-        raise _fail(path, f"has format {doc.get('format')!r}, not {FORMAT!r}")
-    version = doc.get("version")
-    if version != VERSION:
-        newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
-        raise _fail(path, f"has format version {version!r}; this colibri reads version {VERSION}"
+    if doc.get("format") != format:
+        raise _fail(path, f"has format {doc.get('format')!r}, not {format!r}")
+    found = doc.get("version")
+    if found != version:
+        newer = isinstance(found, int) and not isinstance(found, bool) and found > version
+        raise _fail(path, f"has format version {found!r}; this colibri reads version {version}"
                           + (" (written by a newer colibri)" if newer else ""))
-    keys = {"format", "version", "model", "positions", "token_ids", "prompt_tokens", "sampling", "ignore_eos", "sampler",
-            "layers"}
     if set(doc) != keys:
         raise _fail(path, f"document has keys {sorted(doc)}, expected {sorted(keys)}")
     digest = meta[DIGEST_KEY]
     if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
         raise _fail(path, f"digest {digest[:80]!r} is not a SHA-256 in hex")
 
-    ids = doc["token_ids"]
-    if not isinstance(ids, list) or len(ids) < 2 or not all(_is_count(t) for t in ids):
-        raise _fail(path, "token_ids must be a list of at least 2 integers >= 0 (a prompt and a sampled token)")
-    positions, prompt_tokens = doc["positions"], doc["prompt_tokens"]
-    if positions != len(ids) - 1 or not _is_count(positions):
-        raise _fail(path, f"holds {positions!r} positions for {len(ids)} token ids (every id but the last is fed)")
-    if not _is_count(prompt_tokens) or not 1 <= prompt_tokens < len(ids):
-        raise _fail(path, f"prompt_tokens {prompt_tokens!r} is not from 1 to {len(ids) - 1}")
     model = doc["model"]
     if not (isinstance(model, dict) and set(model) == {"sha256", "model_type", "dir"}
             and all(isinstance(v, str) for v in model.values())):
         raise _fail(path, "model identity must be {sha256, model_type, dir} strings")
-    if not isinstance(doc["ignore_eos"], bool):
-        raise _fail(path, "ignore_eos must be true or false")
-    try:
-        params = SamplingParams.from_dict(doc["sampling"])
-        Sampler(params).restore(doc["sampler"])
-    except (ValueError, TypeError, ColibriError) as exc:
-        raise _fail(path, f"sampling: {exc}") from None
+    check_doc(doc, path)
+    positions = doc["positions"]
     if not isinstance(doc["layers"], list) or not doc["layers"]:
         raise _fail(path, "layers must be a non-empty list")
 
@@ -310,8 +318,26 @@ def _read(sf: SafetensorsFile, path: str) -> SequenceState:
     for name, info in sf.tensors.items():
         begin = info.offset - data_start
         declared[name] = as_array(info, data[begin : begin + info.nbytes])
-    return SequenceState(tuple(ids), prompt_tokens, model, doc["sampling"], doc["ignore_eos"], doc["sampler"],
-                         [_fill(node, declared) for node in layers], source=path)
+    return doc, [_fill(node, declared) for node in layers]
+
+
+def _check_sequence(doc: dict, path: str) -> None:
+    """A sequence state's own fields: token ids, positions, the sampler."""
+    ids = doc["token_ids"]
+    if not isinstance(ids, list) or len(ids) < 2 or not all(_is_count(t) for t in ids):
+        raise _fail(path, "token_ids must be a list of at least 2 integers >= 0 (a prompt and a sampled token)")
+    positions, prompt_tokens = doc["positions"], doc["prompt_tokens"]
+    if positions != len(ids) - 1 or not _is_count(positions):
+        raise _fail(path, f"holds {positions!r} positions for {len(ids)} token ids (every id but the last is fed)")
+    if not _is_count(prompt_tokens) or not 1 <= prompt_tokens < len(ids):
+        raise _fail(path, f"prompt_tokens {prompt_tokens!r} is not from 1 to {len(ids) - 1}")
+    if not isinstance(doc["ignore_eos"], bool):
+        raise _fail(path, "ignore_eos must be true or false")
+    try:
+        params = SamplingParams.from_dict(doc["sampling"])
+        Sampler(params).restore(doc["sampler"])
+    except (ValueError, TypeError, ColibriError) as exc:
+        raise _fail(path, f"sampling: {exc}") from None
 
 
 def _unique_keys(pairs):
@@ -393,13 +419,18 @@ def bind(state: SequenceState, model) -> Cache:
     """A fresh cache of ``model`` holding the saved state (identity, then every layer's
     kind and shapes checked against what this model's cache holds)."""
     check_model(state, model)
-    where = state.source or "the saved state"
+    return bind_layers(state.layers, state.positions, model, state.source or "the saved state")
+
+
+def bind_layers(layers: list, positions: int, model, where: str) -> Cache:
+    """A fresh cache of ``model`` holding ``layers`` (host arrays of ``positions``
+    positions), every layer's kind and shapes checked; ``where`` names the source."""
     cache = model.lm.new_cache(model.backend)
-    if len(state.layers) != len(cache.layers):
-        raise ModelFormatError(f"{where}: saved state has {len(state.layers)} layers, this model {len(cache.layers)}")
-    for i, (node, layer) in enumerate(zip(state.layers, cache.layers)):
+    if len(layers) != len(cache.layers):
+        raise ModelFormatError(f"{where}: saved state has {len(layers)} layers, this model {len(cache.layers)}")
+    for i, (node, layer) in enumerate(zip(layers, cache.layers)):
         _import(node, layer, f"layer {i}", where)
-    cache.length = state.positions
+    cache.length = positions
     return cache
 
 
@@ -449,5 +480,6 @@ def load_state(source) -> SequenceState:
     raise UsageError(f"resume takes a saved state's path or a SequenceState, got {type(source).__name__}")
 
 
-__all__ = ["FORMAT", "VERSION", "SequenceState", "bind", "capture", "check_model", "check_saveable", "load_state",
-           "model_identity", "read_state", "resumed_sampler"]
+__all__ = ["FORMAT", "VERSION", "SequenceState", "bind", "bind_layers", "capture", "check_model", "check_saveable",
+           "export_layers", "layer_arrays", "load_state", "model_identity", "read_layers", "read_state",
+           "resumed_sampler", "write_layers"]

@@ -1177,6 +1177,35 @@ class BackendConformanceSuite:
         assert turn2.token_ids == cold2.token_ids == expected, "a reused prefix: not a cold prefill's tokens"
         assert turn3.token_ids == cold3.token_ids, "a reused prefix: not a cold prefill's tokens"
 
+    @pytest.mark.parametrize("tiny_model", ["olmoe", "deepseek_v3", "qwen3_next"])
+    def test_engine_prefix_spilled_to_disk_gives_cold_tokens_after_a_restart(self, backend, tiny_model,
+                                                                            tmp_path_factory):
+        """``prefix_disk``: a scheduler that stops spills its retained prefixes; another one
+        (a restarted server) reads the longest back and prefills only the rest, with the
+        tokens of a cold prefill (KV rows, MLA latents, a recurrent state at the boundary)."""
+        from colibri_core.engine.prefix_disk import PrefixDisk
+
+        path = tiny_models.model_dir(tiny_model, tmp_path_factory)
+        where = tmp_path_factory.mktemp("kv-disk")
+        with colibri_core.load(path, backend=backend, history=False) as model:
+            first = [(3 + 7 * i) % tiny_models.VOCAB for i in range(13)]
+            disk = PrefixDisk(model, 1 << 30, 4, where)
+            with Scheduler(model, prefill_chunk=4, prefix_disk=disk) as sched:
+                turn1 = self.run_requests(sched, [Request(first, 6)])[0]
+            disk.close()
+            assert disk.stats()["kv_disk_files"] == 1 and disk.stats()["kv_disk_writes"] == 1
+            second = first + turn1.token_ids + [9, 8, 7]
+            disk = PrefixDisk(model, 1 << 30, 4, where)
+            with Scheduler(model, prefill_chunk=4, prefix_disk=disk) as sched:
+                warm = self.run_requests(sched, [Request(second, 8)])[0]
+                stats = sched.stats()
+            disk.close()
+            assert warm.usage["cached_tokens"] == 12 and stats["kv_disk_hit_tokens"] == 12
+            assert stats["prefill_tokens"] == len(second) - 12
+            with Scheduler(model, prefill_chunk=4, prefix_reuse=False) as cold:
+                expected = self.run_requests(cold, [Request(second, 8)])[0]
+        assert warm.token_ids == expected.token_ids, "a prefix read back from disk: not a cold prefill's tokens"
+
     @pytest.mark.parametrize("tiny_model", ["olmoe", "deepseek_v3", "qwen3_next", "demo_int4"])
     def test_engine_continues_a_kept_cache_as_if_never_stopped(self, backend, tiny_model, tmp_path_factory):
         """A chat's next turn continues the cache the previous turn kept (Request.keep_cache,

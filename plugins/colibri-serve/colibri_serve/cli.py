@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import click
@@ -53,6 +55,10 @@ def serve_options(f):
         click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False), envvar="COLIBRI_LOG_LEVEL", default="info",
                      show_default=True, help="The log's level: info shows the model loaded line and one line per request. "
                      "Default: env COLIBRI_LOG_LEVEL."),
+        click.option("--kv-disk", default="0", show_default=True, metavar="SIZE",
+                     help="Keep finished prompts' caches on disk, up to SIZE (e.g. 8G; least recently used out), in "
+                          "colibri's cache dir: a returning conversation or a shared system prompt skips its prefill, "
+                          "also after a restart. 0: off."),
         draft_options,
         placement_options,
     ]):
@@ -63,13 +69,13 @@ def serve_options(f):
 @click.command("serve")
 @serve_options
 def serve(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout, insecure_no_key,
-          allowed_hosts, log_level, draft, draft_depth, mtp_int4, **placement):
+          allowed_hosts, log_level, kv_disk, draft, draft_depth, mtp_int4, **placement):
     """Serve the model in --model over HTTP with the OpenAI API (/v1/chat/completions,
     /v1/completions, /v1/models) and the Anthropic API (/v1/messages), plus /health,
     /metrics, a web dashboard at / and a chat page at /chat. The APIs answer 503 until
     the model has loaded."""
     run_server(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout,
-               insecure_no_key, allowed_hosts, log_level, draft, draft_depth, mtp_int4, **placement)
+               insecure_no_key, allowed_hosts, log_level, kv_disk, draft, draft_depth, mtp_int4, **placement)
 
 
 def open_chat_page(where: str, api_key: str | None) -> None:
@@ -93,8 +99,13 @@ def web(**options):
     run_server(**options, on_listening=open_chat_page)
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def run_server(model_dir, host, port, api_key, slots, max_queue, served_model_name, max_body, header_timeout,
-               insecure_no_key, allowed_hosts, log_level, draft, draft_depth, mtp_int4, on_listening=None, **placement):
+               insecure_no_key, allowed_hosts, log_level, kv_disk, draft, draft_depth, mtp_int4, on_listening=None,
+               **placement):
     """What ``serve`` does; ``on_listening(address, api_key)`` is called once the port is
     bound, while the model loads."""
     import uvicorn
@@ -115,6 +126,10 @@ def run_server(model_dir, host, port, api_key, slots, max_queue, served_model_na
     options = placement_kwargs(**placement) | draft_load_options(draft, mtp_int4)
     open_backend(options["backend"], options["vram"])  # a bad --backend / --vram fails before the port is bound
     body_limit = parse_size(max_body)
+    try:
+        kv_disk_bytes = parse_size(kv_disk)
+    except UsageError as exc:
+        raise UsageError(f"--kv-disk: {exc}") from None
     console = _stderr()
     log_level = log_level.lower()
     logs.configure(log_level)
@@ -125,7 +140,7 @@ def run_server(model_dir, host, port, api_key, slots, max_queue, served_model_na
 
     name = served_model_name or hub_repo_id(path) or path.resolve().name  # a hub snapshot's name is a commit hash
     service = Service(lambda: load(path, **options), model_name=name, slots=slots, max_queue=max_queue, draft=draft,
-                      draft_depth=draft_depth)
+                      draft_depth=draft_depth, kv_disk=kv_disk_bytes)
     app = create_app(service, api_key=api_key, max_body=body_limit, hosts=HostNames(host, allowed_hosts))
     server = Server(uvicorn.Config(app, host=host, port=port, log_level=logs.uvicorn_level(log_level), access_log=False,
                                    timeout_graceful_shutdown=5, http=protocol(header_timeout)), service)
@@ -139,9 +154,16 @@ def run_server(model_dir, host, port, api_key, slots, max_queue, served_model_na
     service.start_loading(on_failure=failed)
     if on_listening is not None:
         on_listening(where, api_key)
+    # uvicorn shuts down on SIGTERM, then raises the signal again with the handler it found:
+    # ours ends the process through the finally below (the model closed, the prefixes spilled
+    # with --kv-disk), where the default handler would kill it on the spot
+    main = threading.current_thread() is threading.main_thread()  # signals are the main thread's
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         server.run(sockets=[sock])
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         sock.close()
         service.wait_loaded(timeout=0)
         if service.status == "ready":

@@ -46,6 +46,9 @@ class SchedulerView(BaseModel):
     prefix_hits_tokens: int
     kv_budget_bytes: int
     kv_bytes: int
+    kv_disk_bytes: int = Field(description="Prompt prefixes kept on disk (serve --kv-disk; 0 without)")
+    kv_disk_files: int
+    kv_disk_hit_tokens: int = Field(description="Prompt tokens whose prefill a prefix read from disk skipped")
 
 
 class Lookups(BaseModel):

@@ -51,15 +51,19 @@ def sampling_defaults(model_dir) -> dict:
     return out
 
 
-def new_scheduler(model, slots: int, max_queue: int):
+def new_scheduler(model, slots: int, max_queue: int, kv_disk: int = 0):
     """The core scheduler with a KV budget of one more full context than ``slots``
     requests can reserve: room to keep the last finished prompt for prefix reuse. (With
     the default budget a request that may fill the context evicts every retained prefix
-    before it could reuse one, so a chat's next turn would prefill everything again.)"""
+    before it could reuse one, so a chat's next turn would prefill everything again.)
+    ``kv_disk``: bytes of prefixes to keep on disk (colibri_core.engine.prefix_disk), 0: none."""
+    from colibri_core.engine.prefix_disk import PrefixDisk
     from colibri_core.engine.scheduler import Scheduler
 
     sized = Scheduler(model, slots=slots, max_queue=max_queue)
-    return Scheduler(model, slots=slots, max_queue=max_queue, kv_budget=sized.kv.budget * (slots + 1) // slots)
+    disk = PrefixDisk(model, kv_disk, sized.prefill_chunk) if kv_disk and sized.prefix_reuse else None
+    return Scheduler(model, slots=slots, max_queue=max_queue, kv_budget=sized.kv.budget * (slots + 1) // slots,
+                     prefix_disk=disk)
 
 
 class ApiError(Exception):
@@ -120,8 +124,9 @@ class _KeepSpecial:
 
 class Service:
     def __init__(self, load: Callable[[], Any], *, model_name: str, slots: int, max_queue: int, metrics=None,
-                 draft: str | None = None, draft_depth: int = 4):
+                 draft: str | None = None, draft_depth: int = 4, kv_disk: int = 0):
         self._load = load
+        self.kv_disk = kv_disk  # bytes of prefixes kept on disk (serve --kv-disk)
         self.draft, self.draft_depth = draft, draft_depth  # every request's speculative decoding (serve --draft)
         self.model_name = model_name
         self.slots, self.max_queue = slots, max_queue
@@ -166,7 +171,7 @@ class Service:
     def load_now(self) -> None:
         model = self._load()
         try:
-            scheduler = new_scheduler(model, self.slots, self.max_queue)
+            scheduler = new_scheduler(model, self.slots, self.max_queue, self.kv_disk)
             scheduler.start()
         except BaseException:
             model.close()
@@ -190,8 +195,11 @@ class Service:
         budgets = f"RAM for weights {format_bytes(placement.budget)} ({placement.budget_source})"
         if placement.device is not None:
             budgets += f", device tier {format_bytes(placement.device.budget)} ({placement.device.budget_source})"
-        budgets += (f", KV cache {format_bytes(self.scheduler.kv.budget)}; {self.slots} slots, "
-                    f"{self.max_queue} may wait")
+        budgets += f", KV cache {format_bytes(self.scheduler.kv.budget)}"
+        disk = self.scheduler.prefix_disk
+        if disk is not None:
+            budgets += f" + {format_bytes(disk.budget)} on disk ({disk.dir})"
+        budgets += f"; {self.slots} slots, {self.max_queue} may wait"
         where = f"; serving http://{self.address}" if self.address else ""
         return (f"{self.model_name!r} ({model.model_type}, {model.model_dir}) on the {model.backend.name} backend "
                 f"in {model.load_seconds:.1f} s; {budgets}{where}")
@@ -217,7 +225,9 @@ class Service:
     def close(self) -> None:
         self._tokenizer.shutdown(wait=False, cancel_futures=True)
         if self.scheduler is not None:
-            self.scheduler.stop()
+            self.scheduler.stop()  # spills the retained prefixes, with --kv-disk
+            if self.scheduler.prefix_disk is not None:
+                self.scheduler.prefix_disk.close()
         if self.model is not None:
             self.model.close()
         self.status = "stopped"

@@ -132,7 +132,9 @@ function render(data) {
   $("slots").textContent = `${s.active} / ${s.slots}`;
   $("ttft").textContent = s.ttft_s ? `${(s.ttft_s * 1000).toFixed(0)} ms` : "–";
   $("totals").textContent = `${s.requests_total} / ${s.tokens_total}`;
-  $("kv").textContent = `${fmtBytes(s.kv_bytes)} of ${fmtBytes(s.kv_budget_bytes)}`;
+  $("kv").textContent = `${fmtBytes(s.kv_bytes)} of ${fmtBytes(s.kv_budget_bytes)}` +
+    (s.kv_disk_files ? `; on disk ${fmtBytes(s.kv_disk_bytes)} in ${s.kv_disk_files} prefixes, ` +
+                       `${s.kv_disk_hit_tokens} prompt tokens read back` : "");
   const total = LOOKUPS.reduce((n, [k]) => n + data.lookups[k], 0);
   const rows = $("lookup-rows");
   rows.replaceChildren(...LOOKUPS.map(([k, label]) => {
