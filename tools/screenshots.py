@@ -1,6 +1,8 @@
 """The serving docs' screenshots: colibri serve on colibri-trained's OLMoE-geometry model,
-the chat page after one turn (temperature 0.7) and the dashboard, taken in headless Chromium through the
-DevTools protocol (plugins/colibri-serve/tests/cdp.py).
+the chat page after one turn (temperature 0.7), the dashboard, and the expert atlas (made
+first with ``colibri atlas`` on the model's held-out text, then a turn lit up and a
+specialist clicked), taken in headless Chromium through the DevTools protocol
+(plugins/colibri-serve/tests/cdp.py).
 
     .venv/bin/python tools/screenshots.py docs/images
 """
@@ -27,6 +29,8 @@ def main(out: Path, port: int = 8765) -> None:
     from colibri_trained import path
 
     out.mkdir(parents=True, exist_ok=True)
+    # the atlas goes beside the model's routing history, where the server looks for it
+    subprocess.run([sys.executable, "-m", "colibri_core", "atlas", "--model", str(path("olmoe")), "--quiet"], check=True)
     server = subprocess.Popen([sys.executable, "-m", "colibri_core", "serve", "--model", str(path("olmoe")), "--port",
                                str(port), "--history", "read"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -54,6 +58,14 @@ def main(out: Path, port: int = 8765) -> None:
                 browser.wait_for("document.body.dataset.updated")
                 time.sleep(1.5)
                 shot(browser, out / "dashboard.png")
+                browser.open(url + "/atlas")
+                browser.wait_for("document.body.dataset.drawn")
+                httpx.post(url + "/v1/completions", timeout=120, json={"prompt": "#include <stdio.h>\n", "max_tokens": 8,
+                                                                       "temperature": 0, "model": path("olmoe").name})
+                browser.wait_for("Number(document.body.dataset.lit) > 0")
+                browser.eval("showPanel(atlas.experts.filter((e) => e.specialist)"
+                             ".sort((a, b) => b.specialisation - a.specialisation)[0]); true")
+                shot(browser, out / "atlas.png")
             finally:
                 browser.close()
     finally:

@@ -4,7 +4,6 @@ reference model (KL divergence and top-1 agreement: what a conversion cost)."""
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -52,6 +51,7 @@ def evaluate(model_dir, want_perplexity, data_files, domains, reference_dir, win
     under every placement."""
     from contextlib import ExitStack
 
+    from colibri_core.cli import progress
     from colibri_core.engine import perplexity as ppl
     from colibri_core.io import smallfile
 
@@ -79,7 +79,7 @@ def evaluate(model_dir, want_perplexity, data_files, domains, reference_dir, win
             if not wins:
                 raise UsageError(f"{texts[label]}: too short to score (fewer than 2 tokens)")
             total = sum(len(w) for w in wins)
-            with _progress(console, f"scoring {label}", total, quiet or as_json) as advance:
+            with progress.token_bar(console, f"scoring {label}", total, quiet=quiet or as_json) as advance:
                 if reference is None:
                     results[label] = ppl.score(model, wins, batch, advance).as_dict()
                 else:
@@ -89,19 +89,6 @@ def evaluate(model_dir, want_perplexity, data_files, domains, reference_dir, win
                                "results": results}))
         return
     _print_table(console, results, reference_dir is not None)
-
-
-@contextmanager
-def _progress(console, description: str, total: int, quiet: bool):
-    """``advance(n)`` for a bar of ``total`` tokens (plain lines off a terminal)."""
-    from colibri_core.cli import progress
-
-    if not progress.wanted(console, asked=False, quiet=quiet):
-        yield lambda n: None
-        return
-    with progress.bar(console, enabled=True) as bar:
-        task = bar.add_task(description, total=total, unit="tokens")
-        yield lambda n: bar.advance(task, n)
 
 
 def _print_table(console, results: dict, compared: bool) -> None:

@@ -11,6 +11,8 @@ unit: bytes in binary units (KiB, MiB, GiB: the units of the statistics,
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TaskID, TextColumn, TimeRemainingColumn
 from rich.text import Text
@@ -26,6 +28,18 @@ def stderr_console() -> Console:
 def wanted(console: Console, *, asked: bool, quiet: bool) -> bool:
     """Bars show when asked (``--progress``), else on a terminal unless quiet."""
     return asked or (console.is_terminal and not quiet)
+
+
+@contextmanager
+def token_bar(console: Console, description: str, total: int, *, quiet: bool, asked: bool = False):
+    """``advance(n)`` for a bar of ``total`` tokens (plain lines off a terminal); a no-op
+    when progress is not wanted."""
+    if not wanted(console, asked=asked, quiet=quiet):
+        yield lambda n: None
+        return
+    with bar(console, enabled=True) as shown:
+        task = shown.add_task(description, total=total, unit="tokens")
+        yield lambda n: shown.advance(task, n)
 
 
 class AmountColumn(ProgressColumn):

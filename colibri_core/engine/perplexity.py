@@ -75,6 +75,15 @@ def windows(token_ids, window: int, max_tokens: int | None = None) -> list[np.nd
     return [w for w in cut if len(w) >= 2]
 
 
+def check_windows(lm, wins: list[np.ndarray]) -> None:
+    """Every window fits the context and holds only tokens the model takes."""
+    for w in wins:
+        if len(w) > lm.max_context:
+            raise UsageError(f"a window of {len(w)} tokens does not fit the context of {lm.max_context}: "
+                             f"use a smaller {option('window')}")
+        lm.check_prompt(w.tolist())
+
+
 def window_logits(model, wins: list[np.ndarray], batch: int = DEFAULT_BATCH,
                   progress: Callable[[int], None] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(window, its (len, vocab) float32 logits) for every window, ``batch`` windows per
@@ -82,11 +91,7 @@ def window_logits(model, wins: list[np.ndarray], batch: int = DEFAULT_BATCH,
     if not isinstance(batch, int) or batch < 1:
         raise UsageError(f"{option('batch')} must be an integer >= 1, got {batch!r}")
     lm, backend = model.lm, model.backend
-    for w in wins:
-        if len(w) > lm.max_context:
-            raise UsageError(f"a window of {len(w)} tokens does not fit the context of {lm.max_context}: "
-                             f"use a smaller {option('window')}")
-        lm.check_prompt(w.tolist())
+    check_windows(lm, wins)
     for start in range(0, len(wins), batch):
         group = wins[start:start + batch]
         logits = lm.forward_batch([(w, lm.new_cache(backend)) for w in group], backend, all_logits=True)

@@ -43,6 +43,17 @@ def cache_path(model_dir: Path) -> Path:
     return Path(platformdirs.user_cache_dir("colibri")) / "usage" / f"{key}.json"
 
 
+def save_targets(model_dir: Path) -> list[Path]:
+    """Where the history of ``model_dir`` is saved, in order of preference (the next
+    when one cannot be written); the expert atlas is written beside it."""
+    cache = cache_path(model_dir)
+    # never into a hub snapshot, the lock file neither: those files are huggingface_hub's;
+    # nor into a directory that says it is an installed package's (colibri-trained's models)
+    cache_only = (cache.exists() or hub_repo_id(model_dir) is not None
+                  or smallfile.present(model_dir / READ_ONLY_MARKER))
+    return [cache] if cache_only else [model_dir / FILENAME, cache]
+
+
 class RoutingHistory:
     def __init__(self, model_dir: Path, family: str, model_type: str | None, layers: int, experts: int):
         self.model_dir = Path(model_dir)
@@ -115,13 +126,7 @@ class RoutingHistory:
         nothing could be written."""
         if not self.session_tokens:
             return self.path
-        cache = cache_path(self.model_dir)
-        # never into a hub snapshot, the lock file neither: those files are huggingface_hub's;
-        # nor into a directory that says it is an installed package's (colibri-trained's models)
-        cache_only = (cache.exists() or hub_repo_id(self.model_dir) is not None
-                      or smallfile.present(self.model_dir / READ_ONLY_MARKER))
-        targets = [cache] if cache_only else [self.model_dir / FILENAME, cache]
-        for target in targets:
+        for target in save_targets(self.model_dir):
             try:
                 counts, tokens = self._merge_into(target, decay)
             except OSError:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from colibri_serve import anthropic_api, dashboard, logs, openai_api
+from colibri_serve import anthropic_api, atlas, dashboard, logs, openai_api
 from colibri_serve.listen import HostNames
 from colibri_serve.metrics import Metrics
 from colibri_serve.service import ApiError, Service
@@ -158,7 +158,8 @@ def create_app(service: Service, *, api_key: str | None = None, max_body: int = 
 
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    routers = [openai_api.router(service), anthropic_api.router(service), dashboard.router(service)]
+    routers = [openai_api.router(service), anthropic_api.router(service), dashboard.router(service),
+               atlas.router(service)]
     for router in routers:
         app.include_router(router)
     app.openapi = lambda: app.openapi_schema or _document_responses(app)

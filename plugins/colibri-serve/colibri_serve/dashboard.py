@@ -26,7 +26,13 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           # the chat page: a plain client of the server's own OpenAI API
           "/chat": ("chat.html", "text/html; charset=utf-8"),
           "/static/chat.js": ("chat.js", "text/javascript; charset=utf-8"),
-          "/static/chat.css": ("chat.css", "text/css; charset=utf-8")}
+          "/static/chat.css": ("chat.css", "text/css; charset=utf-8"),
+          # what the dashboard and the atlas share (tier colours, the key's name)
+          "/static/tiers.js": ("tiers.js", "text/javascript; charset=utf-8"),
+          # the expert atlas page (its data: /atlas.json, colibri_serve/atlas.py)
+          "/atlas": ("atlas.html", "text/html; charset=utf-8"),
+          "/static/atlas.js": ("atlas.js", "text/javascript; charset=utf-8"),
+          "/static/atlas.css": ("atlas.css", "text/css; charset=utf-8")}
 # the page loads nothing from elsewhere, and may not be framed
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                            "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",

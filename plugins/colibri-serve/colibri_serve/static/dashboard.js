@@ -9,17 +9,8 @@
 // history). tests/test_serve_dashboard.py checks a screenshot against exactly this.
 "use strict";
 
-const TIERS = {
-  D: { name: "device pinned", rgb: [239, 68, 68] },
-  d: { name: "device LRU", rgb: [249, 160, 40] },
-  R: { name: "RAM pinned", rgb: [59, 130, 246] },
-  r: { name: "RAM LRU", rgb: [45, 212, 191] },
-  ".": { name: "disk only", rgb: [160, 160, 170] },
-};
-const EMPTY = [17, 17, 20];
-const FRAME = [255, 255, 255];
+// TIERS, EMPTY, FRAME and KEY: tiers.js
 const POLL_MS = 1000;
-const KEY = "colibri-api-key";
 const LOOKUPS = [["device", "device"], ["ram_pinned", "RAM pinned"], ["ram_lru", "RAM LRU"],
                  ["prefetched", "prefetched"], ["disk", "disk (read)"]];
 
