@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -407,14 +407,19 @@ class Backend(abc.ABC):
             return self.silu_mul(gate, up)
         return composites.gated_activation(self, gate, up, act)
 
-    def glu_expert(self, x: Array, w, act: "GatedActivation") -> Array:
+    def glu_expert(self, x: Array, w, act: "GatedActivation | UngatedActivation") -> Array:
         """One expert of ``routed_glu_experts``: down(act(gate(x) + gate_bias, up(x) +
         up_bias)) + down_bias. ``w`` holds ``gate`` and ``up`` (out, in), or one fused
         ``gate_up`` (2 * inter, in) whose first half of rows is gate and second up (a
         checkpoint's interleaved rows are reordered when the expert is read), and
         ``down``; the biases (``gate_bias``/``up_bias`` or ``gate_up_bias``,
-        ``down_bias``) are optional."""
+        ``down_bias``) are optional. With an ``UngatedActivation`` the expert has no gate:
+        down(act(up(x) + up_bias)) + down_bias (Nemotron-H's squared-ReLU experts), made of
+        the primitives."""
         arrays = w.arrays if hasattr(w, "arrays") else w
+        if isinstance(act, UngatedActivation):  # no gate: down(act(up(x) + up_bias)) + down_bias
+            up = self.linear(x, arrays["up"], arrays.get("up_bias"))
+            return self.linear(composites.ungated_activation(self, up, act), arrays["down"], arrays.get("down_bias"))
         if "gate_up" in arrays:
             gu = self.linear(x, arrays["gate_up"], arrays.get("gate_up_bias"))
             half = gu.shape[-1] // 2
@@ -592,6 +597,22 @@ class GatedActivation:
     @property
     def plain(self) -> bool:
         return self.alpha == 1.0 and self.limit is None and self.up_offset == 0.0
+
+
+@dataclass(frozen=True)
+class UngatedActivation:
+    """The activation of an MLP without a gate, down(act(up(x))): "relu2" is the squared
+    ReLU, max(u, 0)^2 (Nemotron-H's experts and MLPs). Computed from the primitives
+    (``composites.ungated_activation``)."""
+
+    name: str = "relu2"
+    plain: ClassVar[bool] = False  # never plain SwiGLU: ``ExpertDecl.glu``
+
+    NAMES: ClassVar[tuple[str, ...]] = ("relu2",)
+
+    def __post_init__(self):
+        if self.name not in self.NAMES:
+            raise ValueError(f"ungated activation {self.name!r} is not one of {self.NAMES}")
 
 
 # -- host-side reference helpers (numpy), shared by the reference implementations -------

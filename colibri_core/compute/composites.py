@@ -251,6 +251,14 @@ def gated_delta_step(ops, q, k, v, g, beta, state):
 
 
 # -- activations ---------------------------------------------------------------------------
+def ungated_activation(ops, x, act):
+    """``UngatedActivation`` ``act`` of x: "relu2" is max(x, 0)^2."""
+    if act.name != "relu2":
+        raise ValueError(f"ungated activation {act.name!r} is not implemented")
+    r = ops.maximum(x, 0.0)
+    return r * r
+
+
 def gated_activation(ops, gate, up, act):
     if act.limit is not None:
         limit = float(act.limit)

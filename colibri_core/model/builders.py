@@ -31,6 +31,7 @@ from colibri_core.nn.deltanet import CHUNK_SIZE, GatedDeltaNet, LowRank, conv_we
 from colibri_core.nn.norms import GatedRMSNorm
 from colibri_core.nn.dsa import LayerNorm, LightningIndexer, SharedIndexer
 from colibri_core.nn.layers import SoftmaxTopKRouter, SparseMoE
+from colibri_core.nn.mamba import Mamba2Mixer
 from colibri_core.nn.mla import MLAttention, mla_softmax_scale
 from colibri_core.nn.rope import RoPE, build_rope
 from colibri_core.nn.routers import SigmoidGroupedTopKRouter
@@ -275,6 +276,23 @@ def kda(w, layer: int, s: str, *, heads: int, head_dim: int, hidden: int, conv_k
         out=w.linear(f"{s}.o_proj", hidden, dim),
         n_k_heads=h, n_v_heads=h, k_head_dim=d, v_head_dim=d, chunk_size=CHUNK_SIZE, gate_per_channel=True,
         gate_lower_bound=gate_lower_bound)
+
+
+def mamba2(w, layer: int, s: str, *, hidden: int, heads: int, head_dim: int, groups: int, state_size: int,
+           conv_kernel: int, eps: float, chunk_size: int, conv_bias: bool, proj_bias: bool,
+           dt_limit: tuple[float, float]) -> Mamba2Mixer:
+    """A Mamba-2 mixer at ``s`` under transformers' names (Nemotron-H's ``mixer``, Granite
+    4's ``mamba``): ``in_proj``, ``conv1d`` (C, 1, K), ``dt_bias``, ``A_log``, ``D``, the
+    gated norm ``norm``, ``out_proj``; ``proj_bias``: in_proj and out_proj have biases."""
+    inner, conv_dim = heads * head_dim, heads * head_dim + 2 * groups * state_size
+    return Mamba2Mixer(
+        layer=layer, in_proj=w.linear(f"{s}.in_proj", inner + conv_dim + heads, hidden, bias=proj_bias),
+        conv_weight=w.param(f"{s}.conv1d.weight", (conv_dim, 1, conv_kernel), conv_weight_2d),
+        conv_bias=w.param(f"{s}.conv1d.bias", (conv_dim,)) if conv_bias else None,
+        dt_bias=w.param(f"{s}.dt_bias", (heads,)), a_neg=w.param(f"{s}.A_log", (heads,), neg_exp_flat),
+        d=w.param(f"{s}.D", (heads,)), norm_weight=w.param(f"{s}.norm.weight", (inner,)),
+        out_proj=w.linear(f"{s}.out_proj", hidden, inner, bias=proj_bias), n_heads=heads, head_dim=head_dim,
+        n_groups=groups, state_size=state_size, eps=eps, chunk_size=chunk_size, dt_limit=dt_limit)
 
 
 class MLAMoEFamily(Family):

@@ -1,6 +1,6 @@
 """Shared neural-network building blocks for families."""
 
-from colibri_core.compute.backend import GatedActivation
+from colibri_core.compute.backend import GatedActivation, UngatedActivation
 from colibri_core.nn.cache import Cache, KVCache, RecurrentState, SlidingKVCache
 from colibri_core.nn.deltanet import GatedDeltaNet, LowRank
 from colibri_core.nn.compressed import CompressedAttention, CompressedIndexer, WindowCompressor
@@ -18,7 +18,9 @@ from colibri_core.nn.layers import (
     SparseMoE,
     Step,
     SwiGLU,
+    UngatedMLP,
 )
+from colibri_core.nn.mamba import Mamba2Mixer
 from colibri_core.nn.mla import MLACache, MLAttention, mla_softmax_scale
 from colibri_core.nn.norms import GatedRMSNorm
 from colibri_core.nn.rope import RoPE, build_rope, rope_parameters
@@ -47,4 +49,6 @@ __all__ = [
     "CompressedAttention", "CompressedIndexer", "HashRouter", "ScoredTopKRouter", "WindowCompressor",
     # manifold hyper-connections (DeepSeek-V4, GLM-5 Next)
     "HyperConnection", "HyperDecoderLayer", "HyperHead",
+    # Mamba-2 and squared-ReLU MLPs and experts without a gate (Nemotron-H, Granite 4)
+    "Mamba2Mixer", "UngatedActivation", "UngatedMLP",
 ]

@@ -43,12 +43,14 @@ class DecoderArgs(Protocol):
 class Names:
     """Where the text model's tensors live: most checkpoints use the defaults; wrappers
     (Kimi K2.5: ``language_model.model.``, Qwen3.5: ``model.language_model.``) prefix them;
-    ``norm``: the final norm's name under ``model`` (LFM2's ``embedding_norm``)."""
+    ``norm``: the final norm's name under ``model`` (LFM2's ``embedding_norm``); ``embed``:
+    the token embeddings' (Nemotron-H's ``embeddings``)."""
 
     model: str = "model."
     layers: str = "layers"
     lm_head: str = "lm_head"
     norm: str = "norm"
+    embed: str = "embed_tokens"
 
     def layer(self, i: int) -> str:
         return f"{self.model}{self.layers}.{i}"
@@ -84,7 +86,9 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     layers' and the final one) instead of RMSNorms at ``prefix.weight`` (Cohere's and
     Phi-MoE's LayerNorms); ``norm_names``: the
     tensor names of each layer's two pre-norms (AFMoE's MLP one is ``pre_mlp_layernorm``,
-    its ``post_attention_layernorm`` a ``post`` norm)."""
+    its ``post_attention_layernorm`` a ``post`` norm). In plain pre-norm layers ``mixer`` or
+    ``mlp`` may return None: the layer lacks that branch and its norm (Nemotron-H's layers,
+    a mixer or an MLP each, their one norm named by both ``norm_names``)."""
     if (hyper is None) != (hyper_head is None):
         raise ValueError("build_decoder takes hyper and hyper_head together")
     if not pre_norms and hyper is not None:
@@ -115,10 +119,13 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
         if parallel:
             layers.append(ParallelDecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), mlp(i, p)))
             continue
-        attn_norm = norm(f"{p}.{norm_names[0]}") if pre_norms else Unnormed()
-        mlp_norm = norm(f"{p}.{norm_names[1]}") if pre_norms else Unnormed()
-        layers.append(DecoderLayer(attn_norm, mixer(i, p), mlp_norm, mlp(i, p), *(post(i, p) if post is not None else ())))
-    table = w.param(f"{names.model}embed_tokens.weight", (a.vocab_size, hidden))
+        block = mixer(i, p)
+        # a branch the layer lacks (None) has no norm to declare
+        attn_norm = None if block is None else norm(f"{p}.{norm_names[0]}") if pre_norms else Unnormed()
+        ffn = mlp(i, p)
+        mlp_norm = None if ffn is None else norm(f"{p}.{norm_names[1]}") if pre_norms else Unnormed()
+        layers.append(DecoderLayer(attn_norm, block, mlp_norm, ffn, *(post(i, p) if post is not None else ())))
+    table = w.param(f"{names.model}{names.embed}.weight", (a.vocab_size, hidden))
     if hyper_head is not None:
         embed = StreamEmbedding(table, hyper_head.n, embedded_as)
     elif embed_norm:

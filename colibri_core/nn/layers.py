@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from colibri_core.compute.backend import UngatedActivation
+from colibri_core.compute.composites import ungated_activation
 from colibri_core.nn.cache import Cache, KVCache, LayerStates, SlidingKVCache, attention_cache
 from colibri_core.nn.rope import RoPE
 
@@ -109,6 +111,17 @@ class SwiGLU:
         if self.activation is not None:
             return self.down(step.ops.gated_activation(self.gate(x, step), self.up(x, step), self.activation), step)
         return self.down(step.ops.silu_mul(self.gate(x, step), self.up(x, step)), step)
+
+
+class UngatedMLP:
+    """Dense MLP without a gate: down(act(up(x))), ``activation`` an ``UngatedActivation``
+    (Nemotron-H's squared ReLU)."""
+
+    def __init__(self, up: Linear, down: Linear, activation: UngatedActivation = UngatedActivation()):
+        self.up, self.down, self.activation = up, down, activation
+
+    def __call__(self, x, step: Step):
+        return self.down(ungated_activation(step.ops, self.up(x, step), self.activation), step)
 
 
 class Attention:
@@ -301,7 +314,9 @@ class DecoderLayer:
     ``attn_post`` / ``mlp_post``, when given, transform a branch's output before it joins
     the residual (Inkling's short convolutions). Blocks keeping named parts of the layer's
     state declare them in ``state_slots`` (the mixer then has no ``new_state``): the
-    layer's state is one ``LayerStates`` of all their slots."""
+    layer's state is one ``LayerStates`` of all their slots. A layer of one branch
+    (Nemotron-H's: a mixer or an MLP each) has None for the other and for its norm; without
+    a mixer it keeps no state."""
 
     def __init__(self, attn_norm: RMSNorm, attn: Attention, mlp_norm: RMSNorm, mlp, attn_post=None, mlp_post=None):
         self.attn_norm, self.attn, self.mlp_norm, self.mlp = attn_norm, attn, mlp_norm, mlp
@@ -310,7 +325,7 @@ class DecoderLayer:
     def new_state(self, backend, max_len: int):
         slotted = [b for b in (self.attn, self.attn_post, self.mlp, self.mlp_post) if hasattr(b, "state_slots")]
         if not slotted:
-            return self.attn.new_state(backend, max_len)
+            return None if self.attn is None else self.attn.new_state(backend, max_len)
         slots: dict = {}
         for block in slotted:
             slots.update(block.state_slots(backend, max_len))
@@ -331,10 +346,14 @@ class DecoderLayer:
         return parts[0] if len(parts) == 1 else step.ops.concat(parts, 0)
 
     def __call__(self, x, step: Step):
-        mixed = self.mix(x, step)
-        h = x + (mixed if self.attn_post is None else self.attn_post(mixed, step))
+        h = x
+        if self.attn is not None:
+            mixed = self.mix(x, step)
+            h = x + (mixed if self.attn_post is None else self.attn_post(mixed, step))
         if step.prefetcher is not None:
             step.prefetcher.after_attention(self, h, step)
+        if self.mlp is None:
+            return h
         out = self.mlp(self.mlp_norm(h, step), step)
         return h + (out if self.mlp_post is None else self.mlp_post(out, step))
 

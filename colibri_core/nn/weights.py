@@ -19,7 +19,7 @@ from colibri_core.io.buffers import huge_buffer
 from colibri_core.errors import ModelFormatError
 from colibri_core.formats.base import permute_rows, rows_stay_packed
 from colibri_core.io.safetensors import TensorInfo
-from colibri_core.compute.backend import GatedActivation
+from colibri_core.compute.backend import GatedActivation, UngatedActivation
 from colibri_core.nn.layers import Linear, RMSNorm, RoutedExperts, SwiGLU
 
 
@@ -101,7 +101,8 @@ class ExpertDecl:
     count: int
     matrices: list[ExpertMatrices]  # per expert: role -> tensor
     moe_index: int = -1  # index among MoE layers, set when the store is built
-    activation: GatedActivation = field(default_factory=GatedActivation)
+    # an UngatedActivation: experts of roles up and down only, down(act(up(x)))
+    activation: GatedActivation | UngatedActivation = field(default_factory=GatedActivation)
 
     @property
     def glu(self) -> bool:
@@ -183,7 +184,7 @@ class Weights:
         return self.param(name, shape) if self.has(name) else None
 
     def expert_layer(self, layer: int, count: int, matrices: dict[str, tuple], *,
-                     activation: GatedActivation | None = None, interleaved: bool = False,
+                     activation: GatedActivation | UngatedActivation | None = None, interleaved: bool = False,
                      transforms: dict[str, Callable] | None = None) -> ExpertDecl:
         """Locate ``count`` experts of one layer. ``matrices`` maps a role to (name
         template with ``{e}`` for the expert index, expected shape of one expert's matrix).
@@ -202,8 +203,13 @@ class Weights:
         ``transforms``: role -> a host function applied to the decoded float32 slice at
         each read (e.g. ``numpy.transpose`` for a (in, out) layout); the shape given is the
         stored slice's. Biases and transformed roles reach the backend as float32.
-        ``activation``: the experts' ``GatedActivation`` (default SiLU-SwiGLU)."""
+        ``activation``: the experts' ``GatedActivation`` (default SiLU-SwiGLU), or an
+        ``UngatedActivation`` for experts of roles ``up`` and ``down`` only (no gate)."""
         transforms = dict(transforms or {})
+        products = {role for role in matrices if not role.endswith("_bias")}
+        if isinstance(activation, UngatedActivation) != (products == {"up", "down"}):
+            raise ValueError(f"experts of roles {sorted(products)}: an UngatedActivation goes with roles up and down "
+                             "alone, and those with an UngatedActivation")
         unknown = set(transforms) - set(matrices)
         if unknown:
             raise ValueError(f"transforms for undeclared roles: {sorted(unknown)}")

@@ -26,10 +26,10 @@ PUBLIC_API: dict[str, tuple[str, ...] | None] = {
     "colibri_core.nn.assembly": ("DecoderArgs", "LayerBlock", "Names", "build_decoder"),
     "colibri_core.model.builders": ("SigmoidMoEArgs", "MLAArgs", "DSAArgs", "DeepseekV3Args", "softmax_moe", "sigmoid_moe",
                                  "sigmoid_moe_mlp", "mla_mixer", "mla_attention", "lightning_indexer",
-                                    "MLAMoEFamily"),
+                                    "MLAMoEFamily", "mamba2"),
     # a backend
-    "colibri_core.compute.backend": ("Backend", "Array", "COMPOSITE_OPS", "GatedActivation", "FLOAT_DTYPES", "ITEMSIZE",
-                                     "allocated_dtype"),
+    "colibri_core.compute.backend": ("Backend", "Array", "COMPOSITE_OPS", "GatedActivation", "UngatedActivation",
+                                     "FLOAT_DTYPES", "ITEMSIZE", "allocated_dtype"),
     "colibri_core.compute.host": ("check_visible", "delta_chunked", "expert_groups", "grouped_shapes", "top_k_indices"),
     # tests
     "colibri_core.testing": ("registered_plugin", "edit_config", "copy_model", "DELETE"),

@@ -82,7 +82,7 @@ import pytest
 
 import colibri_core
 from colibri_core.engine import generation
-from colibri_core.compute.backend import COMPOSITE_OPS, Array, Backend, GatedActivation
+from colibri_core.compute.backend import COMPOSITE_OPS, Array, Backend, GatedActivation, UngatedActivation
 from colibri_core.engine.batching import RowInvariantOps
 from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.engine.sampling import SamplingParams
@@ -734,6 +734,32 @@ class BackendConformanceSuite:
             assert fetch.order == used, f"{label}: fetched {fetch.order}; each expert once, ascending: {used}"
             assert fetch.most_held <= window, f"{label}: held {fetch.most_held} fetched experts at once"
             self.check(ops, out, want, label, kind)
+
+    @pytest.mark.parametrize("tokens", (1, 5))
+    @pytest.mark.parametrize("kind", ("f32", "mxfp4"))
+    def test_routed_ungated_experts(self, backend, kind, tokens):
+        """Experts without a gate (Nemotron-H's): down(max(up(x) + up_bias, 0)^2) + down_bias,
+        against numpy, through ``routed_glu_experts`` with an ``UngatedActivation``."""
+        rng = seeded("routed ungated", kind, tokens)
+        n_experts, k, hidden, inter = 5, 2, 96, 24
+        experts, truths = [], []
+        for _ in range(n_experts):
+            mats = {role: self.weight(backend, kind, shape, rng) for role, shape in (("up", (inter, hidden)),
+                                                                                     ("down", (hidden, inter)))}
+            biases = {"up_bias": normal(rng, inter, scale=0.5), "down_bias": normal(rng, hidden, scale=0.5)}
+            prepared = {**{r: m[0] for r, m in mats.items()}, **{r: backend.prepare_weight(b, "array") for r, b in biases.items()}}
+            experts.append(ExpertWeights(prepared, 0))
+            truths.append({**{r: m[1] for r, m in mats.items()}, **biases})
+        x = normal(rng, tokens, hidden)
+        indices = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :k].astype(np.int64)
+        weights = rng.random((tokens, k)).astype(np.float32)
+        want = np.zeros_like(x)
+        for t in range(tokens):
+            for e, wt in zip(indices[t], weights[t]):
+                w = truths[e]
+                want[t] += wt * (w["down"] @ np.square(np.maximum(w["up"] @ x[t] + w["up_bias"], 0)) + w["down_bias"])
+        out = backend.routed_glu_experts(self.act(backend, x), indices, weights, _Fetcher(experts), UngatedActivation())
+        self.check(backend, out, want, f"routed ungated experts {kind}, {tokens} tokens", kind)
 
     # -- MLA and DSA ---------------------------------------------------------------------------
     MLA = dict(h=4, nope=8, rope=4, v=6, rank=16)

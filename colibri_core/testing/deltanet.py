@@ -1,6 +1,6 @@
-"""A check of Gated DeltaNet layers (Qwen3-Next's and Qwen3.5's linear attention, Kimi
-Linear's KDA) that the families' oracle suites share: a layer fed a sequence at once or
-in pieces computes the same."""
+"""A check of recurrent token mixers (Gated DeltaNet: Qwen3-Next's and Qwen3.5's linear
+attention, Kimi Linear's KDA; Mamba-2) that the families' oracle suites share: a layer
+fed a sequence at once or in pieces computes the same."""
 
 from __future__ import annotations
 
@@ -13,20 +13,21 @@ POSITIONS = 150  # at once: chunks of 64 + 64 + 22
 PIECES = [40, 41, 42, 43, 110] + list(range(111, POSITIONS + 1))
 
 
-def check_layers_in_pieces(model) -> list[GatedDeltaNet]:
-    """Every Gated DeltaNet layer of the loaded ``model``, fed the same random positions at
-    once or in pieces, gives the same outputs, conv state and recurrent state within 1e-5
-    and the same length; returns the layers checked."""
+def check_layers_in_pieces(model, kind: type = GatedDeltaNet) -> list:
+    """Every recurrent token mixer of type ``kind`` (Gated DeltaNet, Mamba-2) of the loaded
+    ``model``, fed the same random positions at once or in pieces, gives the same outputs
+    and state arrays (conv, recurrent, ...) within 1e-5 and the same length; returns the
+    layers checked."""
     lm, ops = model.lm, model.backend
     rng = np.random.default_rng(0)
-    layers = [(i, layer.attn) for i, layer in enumerate(lm.layers) if isinstance(layer.attn, GatedDeltaNet)]
+    layers = [(i, layer.attn) for i, layer in enumerate(lm.layers) if isinstance(layer.attn, kind)]
     assert layers
     for i, layer in layers:
         x = rng.standard_normal((POSITIONS, lm.embed.weight.value.shape[1])).astype(np.float32)
         whole, whole_state = run_layer(layer, i, x, [POSITIONS], ops, len(lm.layers))
         pieces, piece_state = run_layer(layer, i, x, PIECES, ops, len(lm.layers))
         assert np.abs(whole - pieces).max() < 1e-5
-        for name in ("conv", "recurrent"):
+        for name in whole_state.arrays:
             difference = ops.to_host(whole_state[name]) - ops.to_host(piece_state[name])
             assert np.abs(difference).max() < 1e-5, name
         assert whole_state.length == piece_state.length == POSITIONS

@@ -1,5 +1,5 @@
-"""colibri-ibm: IBM's Granite MoE families (Hugging Face model_type ``granitemoe`` and
-``granitemoeshared``)."""
+"""colibri-ibm: IBM's Granite MoE families (Hugging Face model_type ``granitemoe``,
+``granitemoeshared`` and ``granitemoehybrid``)."""
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
 
@@ -11,4 +11,8 @@ colibri_register_families = family_hook(
     FamilySpec(name="granitemoeshared", model_types=("granitemoeshared",),
                architectures=("GraniteMoeSharedForCausalLM",), impl="colibri_ibm.model:GraniteMoe",
                description="Granite MoE with a dense shared SwiGLU expert beside the routed ones"),
+    FamilySpec(name="granitemoehybrid", model_types=("granitemoehybrid",),
+               architectures=("GraniteMoeHybridForCausalLM",), impl="colibri_ibm.model:GraniteMoeHybrid",
+               description="Granite 4 hybrid MoE: Mamba-2 layers beside GQA layers (NoPE, or RoPE), muP multipliers, "
+                           "softmax over the top-k router logits, SwiGLU experts with a dense shared SwiGLU"),
 )
