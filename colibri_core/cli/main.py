@@ -199,12 +199,13 @@ def plugins(as_json):
 def build_cli() -> click.Group:
     """The command group with the core's commands and every plugin's commands."""
     from colibri_core.cli.atlas import atlas
+    from colibri_core.cli.tune import tune
     from colibri_core.cli.evaluate import evaluate
     from colibri_core.cli.run import demo, run
     from colibri_core.cli.scaffold import new_family_command
     from colibri_core.cli.tools import bench, convert, doctor, plan
 
-    for command in (run, demo, plan, doctor, convert, bench, evaluate, atlas, new_family_command):
+    for command in (run, demo, plan, doctor, convert, bench, evaluate, atlas, tune, new_family_command):
         cli.add_command(command)
     get_manager().add_commands(cli)
     return cli

@@ -27,6 +27,9 @@ def model_option(help: str = MODEL_HELP):
             from pathlib import Path
 
             path = resolve_model(model_dir, revision)
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None:  # where the options that follow the model find it (a tuned profile)
+                ctx.meta["colibri.model_dir"] = path
             # a path given as such stays as the user spelled it (messages name it so)
             return command(*args, model_dir=model_dir if path == Path(model_dir) else str(path), **kwargs)
 

@@ -91,7 +91,7 @@ def stdin_is_piped() -> bool:
     return sys.stdin is not None and not sys.stdin.isatty()
 
 
-def stats_table(stats, model):
+def stats_table(stats, model, profile: dict | None = None):
     from rich.table import Table
 
     from colibri_core.units import format_bytes
@@ -142,6 +142,10 @@ def stats_table(stats, model):
     if p.device is not None:
         table.add_row("host syncs", f"{s.host_syncs_per_token:.1f} per token")
     table.add_row("KV cache", f"{format_bytes(s.kv_bytes)} ({format_bytes(s.kv_bytes_per_token)}/token)")
+    if profile is not None:
+        from colibri_core.cli.profiles import describe
+
+        table.add_row("profile", f"{profile['name']}: {describe(profile['options'])} (colibri tune)")
     return table
 
 
@@ -221,9 +225,16 @@ def placement_options(f):
         click.option("--history-decay", type=float, default=1.0, show_default=True, help="Multiply saved routing counts by this at each save."),
         click.option("--preload", is_flag=True, help="Fill the expert caches before generating."),
         KV_CACHE_OPTION,
+        PROFILE_OPTION,
         *BACKEND_OPTIONS,
         *_plugin_decorators(),
     ])
+
+
+PROFILE_OPTION = click.option(
+    "--profile", default=None, metavar="NAME|none",
+    help="Placement options tuned by colibri tune: by default the newest profile of this model on this machine fills the "
+         "options not given (a line says which); NAME (or a path) picks one; none takes none.")
 
 
 KV_CACHE_OPTION = click.option(
@@ -252,12 +263,23 @@ def backend_options(f):
 
 
 def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_io, mirrors, history, history_decay,
-                     preload, backend, vram, verify=False, prefetch_window=None, kv_cache="float32", **plugin_values) -> dict:
+                     preload, backend, vram, verify=False, prefetch_window=None, kv_cache="float32", profile=None,
+                     **plugin_values) -> dict:
     from colibri_core.cli.extend import plugin_load_kwargs, split_plugin_values
 
     rest, values = split_plugin_values(plugin_values)
     if rest:
         raise TypeError(f"placement_kwargs() got unexpected options {sorted(rest)}")
+    tuned = dict(prefetch=prefetch, prefetch_slots=prefetch_slots, direct_io=direct_io, pin_share=pin_share)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and "colibri.model_dir" in ctx.meta:  # a tuned profile fills the options not given
+        from colibri_core.cli.profiles import apply
+
+        if prefetch_window is not None:  # a window given replaces the profile's slot count
+            tuned.pop("prefetch_slots")
+        ctx.meta["colibri.profile"] = apply(ctx, ctx.meta["colibri.model_dir"], profile, tuned)
+        prefetch, direct_io, pin_share = (tuned[k] for k in ("prefetch", "direct_io", "pin_share"))
+        prefetch_slots = tuned.get("prefetch_slots", prefetch_slots)
     return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
                 prefetch_window=prefetch_window, direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,
                 preload=preload, backend=backend, vram=vram, verify=verify, kv_cache=kv_cache, **plugin_load_kwargs(values))
@@ -415,6 +437,8 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
             prefill.close()
         result = generation.result()
         out = result.as_dict()
+        profile = click.get_current_context().meta.get("colibri.profile")
+        out["profile"] = profile
         if save_state is not None:
             if result.state is None:
                 raise UsageError(f"--save-state {save_state}: {result.state_error}")
@@ -428,7 +452,7 @@ def run(model_dir, prompt, prompt_file, token_ids, chat, system, max_tokens, tem
         if as_json:
             click.echo(json.dumps(out))
         elif not quiet:
-            _stderr_console().print(stats_table(result.stats, model))
+            _stderr_console().print(stats_table(result.stats, model, profile))
 
 
 def check_state_options(save_state, resume_file, draft: str, prompt_given: bool):

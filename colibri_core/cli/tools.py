@@ -9,7 +9,7 @@ import click
 
 from colibri_core.cli.extend import add_plugin_options
 from colibri_core.cli.modelarg import model_option
-from colibri_core.cli.run import KV_CACHE_OPTION, backend_options
+from colibri_core.cli.run import KV_CACHE_OPTION, PROFILE_OPTION, backend_options
 from colibri_core.errors import Interrupted, UsageError
 from colibri_core.units import format_bytes, parse_size
 
@@ -268,10 +268,11 @@ def convert(model_dir, out_dir, experts, dense, report, as_json, show_progress):
 @click.option("--peer-model", default=None,
               help="Run the --vs engines on this checkpoint instead (e.g. the bf16 source): a directory or a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@PROFILE_OPTION
 @backend_options
 @add_plugin_options
 def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup, temperature, prefetch, prefetch_window,
-          preload, direct_io, verify, peer_model, as_json, backend, vram, **plugin_values):
+          preload, direct_io, verify, peer_model, as_json, profile, backend, vram, **plugin_values):
     """Measure prefill and decode speed, time to first token, disk reads and peak memory,
     beside transformers (resident) or transformers + accelerate disk offload."""
     from rich.console import Console
@@ -302,6 +303,16 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
     from colibri_core.cli.extend import plugin_load_kwargs, split_plugin_values
 
     options.update(plugin_load_kwargs(split_plugin_values(plugin_values)[1]))
+    # colibri's runs take the tuned profile's options where the command line gave none
+    from colibri_core.cli.profiles import apply as apply_profile
+
+    tuned = {"prefetch": prefetch, "direct_io": direct_io, "pin_share": None}
+    if prefetch_window is None:  # a window given replaces the profile's slot count
+        tuned["prefetch_slots"] = None
+    ctx = click.get_current_context()
+    applied = apply_profile(ctx, ctx.meta["colibri.model_dir"], profile, tuned)
+    options.update(prefetch=tuned["prefetch"], direct_io=tuned["direct_io"])
+    options.update({k: v for k, v in tuned.items() if k in ("prefetch_slots", "pin_share") and v is not None})
 
     def report(engine, r, result):
         if not as_json:
@@ -314,6 +325,7 @@ def bench(model_dir, tokens, prompt_tokens, repeats, cold, vs, ram, cap, cgroup,
         peer_model = str(resolve_model(peer_model))
     data = run_bench(model_dir, tokens=tokens, prompt_tokens=prompt_tokens, repeats=repeats, cold=cold, vs=tuple(vs),
                      ram=ram, cgroup=cgroup, temperature=temperature, options=options, report=report, peer_model=peer_model)
+    data["profile"] = applied
     failure = failed_run(data)  # the results are printed first, then bench fails with the run's error
     if as_json:
         click.echo(json.dumps(data, indent=2))
