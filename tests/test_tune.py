@@ -9,7 +9,7 @@ import time
 import pytest
 
 from colibri_core.cli import profiles
-from colibri_core.cli.tune import parse_duration
+from colibri_core.cli.tune import choose_slots, parse_duration
 from colibri_core.errors import ModelFormatError, UsageError
 from colibri_core.testing.cli import run_colibri
 from colibri_core.testing.tiny_models import model_dir
@@ -29,6 +29,13 @@ def test_durations():
     for bad in ("", "5 minutes", "-3s", "0"):
         with pytest.raises(UsageError, match="--time"):
             parse_duration(bad)
+
+
+def test_the_fewest_slots_within_5_percent_of_the_best_aggregate_speed():
+    rows = [{"slots": n, "aggregate_tok_s": v} for n, v in ((1, 50.0), (2, 90.0), (4, 97.0), (8, 100.0))]
+    assert choose_slots(rows) == 4  # 97 >= 0.95 * 100; 90 is not
+    rows[2]["aggregate_tok_s"] = None  # failed
+    assert choose_slots(rows) == 8 and choose_slots([{"slots": 1, "aggregate_tok_s": None}]) is None
 
 
 def write_profile(path, options, **changes):
@@ -102,7 +109,11 @@ def test_tune_finishes_within_its_budget_and_saves_a_profile_run_uses(tmp_path_f
     assert names[:4] == ["defaults", "direct I/O", "prefetch top-k", "prefetch 4"] and "pin share 0.25" in names
     assert all(row["rounds"] >= 1 and row["decode_tok_s"] > 0 for row in doc["table"])
     assert doc["facts"]["read_buffered_bytes_s"] > 0 and doc["facts"]["memory_copy_bytes_s"] > 0
-    assert sum(row["chosen"] for row in doc["table"]) == (1 if doc["options"] else 0)
+    placement = {k: v for k, v in doc["options"].items() if k != "slots"}
+    assert sum(row["chosen"] for row in doc["table"]) == (1 if placement else 0)
+    slots = doc["facts"]["slots"]
+    assert [row["slots"] for row in slots["rows"]] == [1, 2, 4, 8] and all(r["rounds"] >= 1 for r in slots["rows"])
+    assert doc["options"]["slots"] == slots["chosen"] in (1, 2, 4, 8)
     run = run_colibri("run", "--model", path, "--token-ids", "1,2,3", "--max-tokens", 4, "--json", env=config_home)
     assert json.loads(run.stdout)["profile"]["name"] == path.name
     bad = run_colibri("tune", "--model", path, "--time", "soon", env=config_home)

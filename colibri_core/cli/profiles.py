@@ -29,7 +29,8 @@ VERSION = 1
 PROFILE_BYTES = 4 << 20
 # the options a profile may set: option dest -> (flag for messages, type)
 TUNABLE = {"prefetch": ("--prefetch", bool), "prefetch_slots": ("--prefetch-slots", int),
-           "direct_io": ("--direct-io", bool), "pin_share": ("--pin-share", float)}
+           "direct_io": ("--direct-io", bool), "pin_share": ("--pin-share", float),
+           "slots": ("--slots", int)}  # serve's, applied by serve and web only
 
 
 def profiles_dir() -> Path:
@@ -131,7 +132,7 @@ def read(path: Path) -> Profile:
         ok = value is None or (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))) or (
             kind is float and isinstance(value, int) and not isinstance(value, bool))
         if not ok or (dest == "pin_share" and value is not None and not 0 <= value <= 1) or (
-                dest == "prefetch_slots" and value is not None and value < 1):
+                dest in ("prefetch_slots", "slots") and value is not None and value < 1):
             raise fail(f"option {dest} has the bad value {value!r}")
     return Profile(Path(path).stem, Path(path), doc)
 
@@ -181,7 +182,7 @@ def apply(ctx, model_dir: Path, choice: str | None, values: dict) -> dict | None
     profile, warning = resolve(Path(model_dir), choice)
     if profile is None:
         return None
-    applied = {}
+    applied = {}  # options this command does not have (serve's slots for run) are left out
     for dest, value in profile.options.items():
         source = ctx.get_parameter_source(dest) if dest in ctx.params else None
         if dest in values and source in (ParameterSource.DEFAULT, None):
@@ -190,7 +191,7 @@ def apply(ctx, model_dir: Path, choice: str | None, values: dict) -> dict | None
     import click
 
     note = f" ({warning})" if warning else ""
-    kept = sorted(set(profile.options) - set(applied))
+    kept = sorted(d for d in profile.options if d in values and d not in applied)  # given on the command line
     given = f"; {', '.join(TUNABLE[d][0] for d in kept)} as given" if kept else ""
     click.echo(f"profile {profile.name}: {profile.describe(applied)} (colibri tune, {profile.doc['created'][:10]}"
                f"{given}){note}; --profile none: without", err=True)

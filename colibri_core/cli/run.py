@@ -277,7 +277,10 @@ def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_
 
         if prefetch_window is not None:  # a window given replaces the profile's slot count
             tuned.pop("prefetch_slots")
+        extra = ctx.meta.get("colibri.profile_extra", {})  # a command's own tunables (serve's slots), filled in place
+        tuned.update(extra)
         ctx.meta["colibri.profile"] = apply(ctx, ctx.meta["colibri.model_dir"], profile, tuned)
+        extra.update({k: tuned[k] for k in extra})
         prefetch, direct_io, pin_share = (tuned[k] for k in ("prefetch", "direct_io", "pin_share"))
         prefetch_slots = tuned.get("prefetch_slots", prefetch_slots)
     return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,

@@ -15,6 +15,11 @@ What it measures:
   OpenMP threads (reported as advice: OpenMP reads ``OMP_NUM_THREADS`` when a process
   starts, so a profile cannot set it).
 
+Then, for ``colibri serve``, its ``--slots``: the same model under the chosen placement
+serving 1, 2, 4 and 8 concurrent requests (one per slot) in rounds; the profile takes the
+fewest slots whose aggregate tokens per second is within ``SLOTS_WITHIN`` of the best
+(more slots than that only slow each request down).
+
 The configurations run in rounds, in a new order each round (so a slow minute of a shared
 host falls on all of them), for about 70% of the budget; each one's median decode speed
 is compared with the defaults'. Those at least ``GAIN`` faster whose slowest round still
@@ -42,7 +47,10 @@ from colibri_core.cli.run import backend_options
 from colibri_core.errors import UsageError
 
 GAIN = 1.03  # an alternative must beat the defaults' median decode speed by 3%
-EXPLORE_SHARE = 0.7  # of the budget, for the single changes; the rest for the combination
+EXPLORE_SHARE = 0.6  # of the budget, for the single changes; then the combination
+SLOTS_SHARE = 0.2  # of the budget, last, for serve's slots
+SLOTS = (1, 2, 4, 8)
+SLOTS_WITHIN = 0.95  # the fewest slots reaching this share of the best aggregate tok/s
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$", re.IGNORECASE)
 
 
@@ -133,6 +141,49 @@ def trial(model_dir: Path, base: dict, options: dict, env: dict, *, tokens: int,
     return result
 
 
+def slots_trial(model_dir: Path, options: dict, slots: int, *, tokens: int, prompt_tokens: int, cold: bool) -> dict:
+    """One fresh process serving ``slots`` concurrent requests through the batched engine:
+    their aggregate decode speed."""
+    from colibri_core.cli.bench import drop_page_cache, run_json_child
+
+    if cold:
+        drop_page_cache(model_dir)
+    spec = {"model": str(model_dir), "options": {**options, "history": "read"}, "slots": slots, "tokens": tokens,
+            "prompt_tokens": prompt_tokens}
+    return run_json_child([sys.executable, "-m", "colibri_core.cli.tune", json.dumps(spec)], timeout=3600)
+
+
+def _child_slots(spec: dict) -> dict:
+    import colibri_core
+    from colibri_core.cli.bench import prompt_ids
+    from colibri_core.engine.scheduler import Request, Scheduler
+
+    with colibri_core.load(spec["model"], **spec["options"]) as model:
+        n = spec["slots"]
+        requests = [Request(prompt_ids(model.lm.vocab_size, spec["prompt_tokens"], seed=i), spec["tokens"])
+                    for i in range(n)]
+        with Scheduler(model, slots=n, max_queue=n) as sched:
+            started = time.perf_counter()
+            handles = [sched.submit(r) for r in requests]
+            for h in handles:
+                h.wait()
+            elapsed = time.perf_counter() - started
+        failed = next((h for h in handles if h.finish_reason == "error"), None)
+        if failed is not None:
+            raise SystemExit(f"a request failed: {failed.error}")
+        generated = sum(len(h.token_ids) for h in handles)
+        return {"slots": n, "aggregate_tok_s": generated / elapsed, "request_tok_s": spec["tokens"] / elapsed}
+
+
+def choose_slots(rows: list[dict]) -> int | None:
+    """The fewest slots whose median aggregate speed is within SLOTS_WITHIN of the best."""
+    measured = [r for r in rows if r["aggregate_tok_s"]]
+    if not measured:
+        return None
+    best = max(r["aggregate_tok_s"] for r in measured)
+    return min(r["slots"] for r in measured if r["aggregate_tok_s"] >= SLOTS_WITHIN * best)
+
+
 def summarise(name: str, dimension: str, options: dict, env: dict, runs: list[dict], baseline: float | None) -> dict:
     speeds = [r["decode_tok_s"] for r in runs if "error" not in r]
     median = statistics.median(speeds) if speeds else None
@@ -208,8 +259,36 @@ class Tuner:
         return rows, winners
 
     def run(self) -> tuple[dict, list[dict], dict]:
+        placement, rows, notes = self._placement(self.budget_s * (1 - SLOTS_SHARE))
+        notes["slots"] = self._slots(placement)
+        return placement, rows, notes
+
+    def _slots(self, placement: dict) -> dict:
+        """serve's slots under ``placement``: rounds of 1, 2, 4, 8 concurrent requests in
+        the time left (at least one)."""
+        runs: dict[int, list[float]] = {n: [] for n in SLOTS}
+        done, per_round = 0, 0.0
+        while done == 0 or self.elapsed() + per_round <= self.budget_s:
+            began = time.perf_counter()
+            order = list(SLOTS)
+            self.rng.shuffle(order)
+            for n in order:
+                result = slots_trial(self.model_dir, {**self.base, **placement}, n, tokens=self.tokens,
+                                     prompt_tokens=self.prompt_tokens, cold=self.cold)
+                if "error" in result:
+                    self.say(f"  {n} slots: failed: {result['error']}")
+                else:
+                    runs[n].append(result["aggregate_tok_s"])
+                    self.say(f"  {n} slots: {result['aggregate_tok_s']:.2f} tok/s in all")
+            done += 1
+            per_round = time.perf_counter() - began
+        rows = [{"slots": n, "rounds": len(v), "aggregate_tok_s": statistics.median(v) if v else None,
+                 "min_tok_s": min(v) if v else None, "max_tok_s": max(v) if v else None} for n, v in runs.items()]
+        return {"rows": rows, "chosen": choose_slots(rows), "rounds": done}
+
+    def _placement(self, until_s: float) -> tuple[dict, list[dict], dict]:
         self.combined = None
-        rounds = self._rounds(self.configs, self.budget_s * EXPLORE_SHARE)
+        rounds = self._rounds(self.configs, until_s * EXPLORE_SHARE)
         rows, winners = self._table()
         singles = {d: w for d, w in winners.items() if d not in ("threads", "combined")}
         notes = {"rounds": rounds, "confirm_rounds": 0, "threads_advice": None}
@@ -217,9 +296,9 @@ class Tuner:
             options = {k: v for w in singles.values() for k, v in w["options"].items()}
             self.combined = ("combined", "combined", options, {})
             self.runs["combined"] = []
-            notes["confirm_rounds"] = self._rounds([self.configs[0], self.combined], self.budget_s)
-        elif self.elapsed() < self.budget_s:
-            notes["rounds"] += self._rounds(self.configs, self.budget_s) if self._fits_round() else 0
+            notes["confirm_rounds"] = self._rounds([self.configs[0], self.combined], until_s)
+        elif self._fits_round(until_s):
+            notes["rounds"] += self._rounds(self.configs, until_s)
         rows, winners = self._table()
         singles = {d: w for d, w in winners.items() if d not in ("threads", "combined")}
         best = max([*singles.values(), *([winners["combined"]] if "combined" in winners else [])],
@@ -231,9 +310,9 @@ class Tuner:
             row["chosen"] = best is not None and row["name"] == best["name"]
         return placement, rows, notes
 
-    def _fits_round(self) -> bool:
+    def _fits_round(self, until_s: float) -> bool:
         per_trial = self.elapsed() / max(1, sum(len(r) for r in self.runs.values()))
-        return self.elapsed() + per_trial * len(self.configs) <= self.budget_s
+        return self.elapsed() + per_trial * len(self.configs) <= until_s
 
 
 def table(rows: list[dict]):
@@ -250,6 +329,20 @@ def table(rows: list[dict]):
                   f"{row['min_tok_s']:.2f}-{row['max_tok_s']:.2f}" if speed else "",
                   f"{row['ratio']:.3f}x" if row["ratio"] else "", f"{row['hit_rate']:.1%}" if speed else "",
                   format_bytes(row["bytes_per_token"]) if speed else "", "chosen" if row.get("chosen") else "")
+    return t
+
+
+def slots_table(rows: list[dict], chosen: int | None):
+    from rich.table import Table
+
+    t = Table(title="colibri serve --slots: tok/s of all requests together (median of its rounds)", title_justify="left")
+    for col in ("slots", "rounds", "tok/s in all", "range", ""):
+        t.add_column(col, justify="left" if col == "" else "right", no_wrap=True)
+    for row in rows:
+        speed = row["aggregate_tok_s"]
+        t.add_row(str(row["slots"]), str(row["rounds"]), f"{speed:.2f}" if speed else "failed",
+                  f"{row['min_tok_s']:.2f}-{row['max_tok_s']:.2f}" if speed else "",
+                  "chosen" if row["slots"] == chosen else "")
     return t
 
 
@@ -324,7 +417,9 @@ def tune(model_dir, duration, ram, cap, tokens, prompt_tokens, cache, name, as_j
                   prompt_tokens=prompt_tokens, cold=cold, top_k=bp.top_k, cores=cores, pin=pin, say=say)
     placement, rows, notes = tuner.run()
     seconds = time.perf_counter() - started
-    chosen = placement
+    chosen = dict(placement)
+    if notes["slots"]["chosen"] is not None:
+        chosen["slots"] = notes["slots"]["chosen"]
     doc = profiles.new_document(path, chosen, budget={k: v for k, v in base.items() if k != "backend"} | {
         "backend": backend, "cache": "cold" if cold else "warm", "tokens": tokens, "prompt_tokens": prompt_tokens},
         table=rows, facts=facts | notes, seconds=seconds)
@@ -336,6 +431,7 @@ def tune(model_dir, duration, ram, cap, tokens, prompt_tokens, cache, name, as_j
     if not out.is_terminal:
         out = Console(highlight=False, width=120)
     out.print(table(rows))
+    out.print(slots_table(notes["slots"]["rows"], notes["slots"]["chosen"]))
     advice = f"; fewer threads were faster: OMP_NUM_THREADS={notes['threads_advice']}" if notes["threads_advice"] else ""
     err.print(f"profile {target.stem}: {profiles.describe(chosen)} ({notes['rounds']} rounds"
               + (f" + {notes['confirm_rounds']} of the combination" if notes["confirm_rounds"] else "")
@@ -358,3 +454,7 @@ def _streams(path: Path, base: dict) -> bool:
     if "ram" not in base:
         return False
     return parse_size(base["ram"]) < total
+
+
+if __name__ == "__main__":  # a trial of serve's slots (slots_trial): one JSON line
+    print(json.dumps(_child_slots(json.loads(sys.argv[1]))))

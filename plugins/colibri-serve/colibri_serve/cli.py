@@ -123,7 +123,12 @@ def run_server(model_dir, host, port, api_key, slots, max_queue, served_model_na
 
     path = _check_model_dir(model_dir)
     check_draft_options(draft, draft_depth)
+    extra = {"slots": slots}  # a tuned profile's slots, when --slots is not given
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta["colibri.profile_extra"] = extra
     options = placement_kwargs(**placement) | draft_load_options(draft, mtp_int4)
+    slots = extra["slots"]
     open_backend(options["backend"], options["vram"])  # a bad --backend / --vram fails before the port is bound
     body_limit = parse_size(max_body)
     try:
