@@ -18,7 +18,7 @@ What it measures:
 Then, for ``colibri serve``, its ``--slots``: the same model under the chosen placement
 serving 1, 2, 4 and 8 concurrent requests (one per slot) in rounds; the profile takes the
 fewest slots whose aggregate tokens per second is within ``SLOTS_WITHIN`` of the best
-(more slots than that only slow each request down).
+(more slots than that only slow each request down), once two rounds or more are in.
 
 The configurations run in rounds, in a new order each round (so a slow minute of a shared
 host falls on all of them), for about 70% of the budget; each one's median decode speed
@@ -284,7 +284,8 @@ class Tuner:
             per_round = time.perf_counter() - began
         rows = [{"slots": n, "rounds": len(v), "aggregate_tok_s": statistics.median(v) if v else None,
                  "min_tok_s": min(v) if v else None, "max_tok_s": max(v) if v else None} for n, v in runs.items()]
-        return {"rows": rows, "chosen": choose_slots(rows), "rounds": done}
+        # one round cannot tell the host's noise from a difference: the profile then leaves --slots alone
+        return {"rows": rows, "chosen": choose_slots(rows) if done >= 2 else None, "rounds": done}
 
     def _placement(self, until_s: float) -> tuple[dict, list[dict], dict]:
         self.combined = None
