@@ -79,12 +79,13 @@ def test_ray_tier_gives_the_local_tokens_and_logits(suite, case, workers, pools,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         remote = _generate(fx, compute="ray", compute_options={"pool": pools[workers]})
+    stats = remote.stats.compute
+    # first what the workers did: a late answer's experts computed by the coordinator would explain other bits
+    assert stats["fallback_experts"] == 0 and stats["requests"] > 0, {k: v for k, v in stats.items() if k != "workers"}
     assert remote.token_ids == local.token_ids
     for a, b in zip(remote.logits, local.logits):
         assert np.array_equal(a, b), "logits are not bit-identical to the local run"
-    stats = remote.stats.compute
     assert not caught, [str(w.message) for w in caught]
-    assert stats["fallback_experts"] == 0 and stats["requests"] > 0
     served = [w["experts"] for w in stats["workers"].values()]
     assert len(served) == workers and sum(served) > 0
     assert stats["network_bytes_sent"] > 0 and stats["network_bytes_received"] > 0
