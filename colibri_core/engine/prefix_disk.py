@@ -60,6 +60,7 @@ class PrefixDisk:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.hit_tokens = self.hits = self.writes = self.bytes_written = self.evictions = self.errors = 0
         self.read_s = 0.0
+        self._usage = self._scan()  # (files, bytes) on disk: kept current by writes and removals, not rescanned per call
         self._pending: set[str] = set()
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
@@ -103,6 +104,7 @@ class PrefixDisk:
             except (ColibriError, OSError):
                 self.errors += 1
                 _unlink(path)
+                self._usage = self._scan()
                 continue
             self.read_s += time.perf_counter() - began
             try:
@@ -152,6 +154,17 @@ class PrefixDisk:
                     self._pending.discard(key)
                 self._jobs.task_done()
 
+    def _scan(self) -> tuple[int, int]:
+        """(files, bytes) of the prefixes in the directory now."""
+        files = size = 0
+        for path in self.dir.glob(f"*{SUFFIX}"):
+            try:
+                size += path.stat().st_size
+                files += 1
+            except OSError:  # another server removed it meanwhile
+                pass
+        return files, size
+
     def _evict(self) -> None:
         """Remove the least recently used files while the directory is over its budget."""
         files = []
@@ -161,13 +174,14 @@ class PrefixDisk:
             except OSError:
                 continue
             files.append((st.st_mtime, st.st_size, path))
-        total = sum(size for _, size, _ in files)
+        total, count = sum(size for _, size, _ in files), len(files)
         for _, size, path in sorted(files):
             if total <= self.budget:
                 break
             _unlink(path)
-            total -= size
+            total, count = total - size, count - 1
             self.evictions += 1
+        self._usage = (count, total)
 
     def flush(self) -> None:
         """Wait until every spilled prefix is written."""
@@ -179,13 +193,9 @@ class PrefixDisk:
         self._writer.join()
 
     def stats(self) -> dict:
-        files, size = 0, 0
-        for path in self.dir.glob(f"*{SUFFIX}"):
-            try:
-                size += path.stat().st_size
-                files += 1
-            except OSError:
-                pass
+        """Counters, and what is on disk as of the last write or removal (/metrics and the
+        dashboard ask every second: no directory listing per call)."""
+        files, size = self._usage
         return {"kv_disk_budget_bytes": self.budget, "kv_disk_bytes": size, "kv_disk_files": files,
                 "kv_disk_hits": self.hits, "kv_disk_hit_tokens": self.hit_tokens, "kv_disk_writes": self.writes,
                 "kv_disk_bytes_written": self.bytes_written, "kv_disk_evictions": self.evictions,
