@@ -91,6 +91,16 @@ class ResourceError(ColibriError):
     exit_code = 3
 
 
+def write_error(exc: OSError, path, what: str) -> ColibriError:
+    """The one-line error for an OSError while writing ``what`` to ``path``: the machine's
+    refusal (disk full, quota, read-only, no memory) a ResourceError (exit 3), anything
+    else (a directory in the way, no permission) a UsageError naming the path."""
+    import errno
+
+    machine = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOMEM)
+    return (ResourceError if machine else UsageError)(f"{path}: cannot write {what}: {exc.strerror or exc}")
+
+
 def out_of_memory(exc: BaseException) -> ResourceError | None:
     """The out-of-memory ResourceError for ``exc`` when it is the machine running out of
     memory or address space (MemoryError; a thread, or a shared library loaded late, that

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from colibri_core.errors import ModelFormatError, UsageError
+from colibri_core.errors import ModelFormatError, UsageError, write_error
 from colibri_core.io import smallfile
 
 FORMAT = "colibri-profile"
@@ -107,7 +107,7 @@ def write(doc: dict, name: str) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         smallfile.write_atomic(target, json.dumps(doc, indent=1))
     except OSError as exc:
-        raise UsageError(f"{target}: cannot write the profile: {exc.strerror or exc}") from None
+        raise write_error(exc, target, "the profile") from None
     return target
 
 

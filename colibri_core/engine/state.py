@@ -22,7 +22,6 @@ line naming the file and what is wrong.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import math
 import os
@@ -32,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from colibri_core.errors import ColibriError, ModelFormatError, ResourceError, UsageError
+from colibri_core.errors import ColibriError, ModelFormatError, UsageError, write_error
 from colibri_core.io import smallfile
 from colibri_core.io.jsontext import parse_json
 from colibri_core.io.safetensors import DTYPES, SafetensorsFile, as_array, write_safetensors
@@ -120,8 +119,7 @@ def write_layers(path: str | os.PathLike, doc: dict, layers: list) -> int:
     try:
         return write_safetensors(path, tensors, metadata)
     except OSError as exc:
-        cls = ResourceError if exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENOMEM) else UsageError
-        raise cls(f"{path}: cannot write the saved state: {exc.strerror or exc}") from None
+        raise write_error(exc, path, "the saved state") from None
 
 
 def _dumps(doc) -> str:

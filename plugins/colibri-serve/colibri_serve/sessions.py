@@ -124,24 +124,28 @@ class SessionStore:
     def save(self, model, system: str | None, messages: list[dict], kept, sampling) -> int:
         """Write the conversation and (when ``kept``, a KeptSequence) its state; returns the
         bytes written."""
-        from colibri_core.engine.sampling import Sampler
-        from colibri_core.engine.state import capture, model_identity
-        from colibri_core.io import smallfile
-
-        self.dir.mkdir(parents=True, exist_ok=True)
-        size, digest = 0, None
-        if kept is not None:
-            ids = kept.token_ids
-            state = capture(model, kept.cache, ids, len(ids) - 1, sampling, False, Sampler(sampling))
-            size = state.save(self.state_path)
-            digest = _file_sha256(self.state_path)
-        elif self.state_path.exists():
-            self.state_path.unlink()
         import json
 
-        text = json.dumps({"format": FORMAT, "version": VERSION, "model": model_identity(model), "system": system,
-                           "messages": messages, "state_sha256": digest}, ensure_ascii=False, indent=1)
-        smallfile.write_atomic(self.conversation_path, text)
+        from colibri_core.engine.sampling import Sampler
+        from colibri_core.engine.state import capture, model_identity
+        from colibri_core.errors import write_error
+        from colibri_core.io import smallfile
+
+        size, digest = 0, None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if kept is not None:
+                ids = kept.token_ids
+                state = capture(model, kept.cache, ids, len(ids) - 1, sampling, False, Sampler(sampling))
+                size = state.save(self.state_path)  # its own errors are one line already
+                digest = _file_sha256(self.state_path)
+            elif self.state_path.exists():
+                self.state_path.unlink()
+            text = json.dumps({"format": FORMAT, "version": VERSION, "model": model_identity(model), "system": system,
+                               "messages": messages, "state_sha256": digest}, ensure_ascii=False, indent=1)
+            smallfile.write_atomic(self.conversation_path, text)
+        except OSError as exc:  # a full disk: one line, not a traceback (the conversation so far is still on screen)
+            raise write_error(exc, exc.filename or self.conversation_path, f"session {self.name!r}") from None
         return size + len(text.encode("utf-8"))
 
 

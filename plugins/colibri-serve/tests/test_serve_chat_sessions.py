@@ -118,3 +118,28 @@ def test_a_turn_continues_the_kept_cache_or_the_common_part_of_it(random_model):
             assert session._start([1, 2, 3]) is None
         finally:
             session.close()
+
+
+def test_a_full_disk_when_saving_is_one_line_exit_3(random_model, tmp_path, monkeypatch):
+    """Saving a session onto a full disk: a ResourceError naming the file (exit 3), never a traceback."""
+    import errno
+
+    import colibri_core
+    from colibri_core.errors import ResourceError
+    from colibri_core.io import smallfile
+    from colibri_serve.chat import ChatSession
+    from colibri_serve.sessions import SessionStore
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(smallfile, "write_atomic", full)
+    with colibri_core.load(random_model, history=False) as model:
+        session = ChatSession(model, max_tokens=2, store=SessionStore(tmp_path, "full"))
+        try:
+            session.ask(TURNS[0])
+            with pytest.raises(ResourceError, match="full.json: cannot write session 'full': No space left") as exc:
+                session.save_session()
+            assert exc.value.exit_code == 3
+        finally:
+            session.close()
