@@ -44,7 +44,12 @@ def write_profile(path, options, **changes):
 
 
 def test_profile_file_round_trip_and_refusals(tmp_path_factory, config_home):
+    import colibri_core
+    from colibri_core.engine.state import model_identity
+
     path = model_dir("demo_int4", tmp_path_factory)
+    with colibri_core.load(path, history=False) as model:  # one identity for states, prefixes and profiles
+        assert profiles.model_key(path) == model_identity(model)["sha256"]
     target = write_profile(path, {"prefetch": True, "pin_share": 0.25})
     assert profiles.read(target).options == {"prefetch": True, "pin_share": 0.25}
     found, warning = profiles.resolve(path, None)

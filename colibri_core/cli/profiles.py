@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from colibri_core.errors import ModelFormatError, UsageError, write_error
+from colibri_core.errors import ColibriError, ModelFormatError, UsageError, write_error
 from colibri_core.io import smallfile
 
 FORMAT = "colibri-profile"
@@ -40,13 +40,11 @@ def profiles_dir() -> Path:
 
 
 def model_key(model_dir: Path) -> str:
-    """Who a profile belongs to: config.json's bytes and the shards' names and sizes."""
-    model_dir = Path(model_dir)
-    h = hashlib.sha256(b"colibri profile model 1\0")
-    h.update(smallfile.read_bytes(model_dir / "config.json", smallfile.CONFIG_BYTES, "config.json"))
-    for shard in sorted(model_dir.glob("*.safetensors")):
-        h.update(f"\0{shard.name}\0{shard.stat().st_size}".encode())
-    return h.hexdigest()
+    """Who a profile belongs to: the model's identity (config.json, shard names and sizes),
+    the one saved states and spilled prefixes are keyed by."""
+    from colibri_core.engine.state import directory_identity
+
+    return directory_identity(model_dir)["sha256"]
 
 
 def machine(model_dir: Path) -> dict:
@@ -144,7 +142,7 @@ def resolve(model_dir: Path, choice: str | None) -> tuple[Profile | None, str | 
         return None, None
     try:
         key = model_key(model_dir)
-    except (ModelFormatError, OSError):  # no readable model: loading it says so, after every option is checked
+    except (ColibriError, OSError):  # no readable model: loading it says so, after every option is checked
         return None, None
     if choice is not None:
         path = Path(choice) if ("/" in choice or choice.endswith(".json")) else profiles_dir() / f"{choice}.json"

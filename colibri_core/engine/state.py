@@ -52,12 +52,37 @@ def model_identity(model) -> dict:
     """Who a state belongs to: the SHA-256 of config.json's bytes and of the checkpoint's
     shard names and sizes (a state of another model, or of the same model re-quantised,
     is refused), with the model type and directory name for messages."""
-    config = smallfile.read_bytes(Path(model.model_dir) / "config.json", smallfile.CONFIG_BYTES, "config.json")
+    shards = {name: shard.file_size for name, shard in model.checkpoint.files.items()}
+    return _identity(Path(model.model_dir), _config_bytes(model.model_dir), shards, model.config.get("model_type"))
+
+
+def directory_identity(model_dir: str | os.PathLike) -> dict:
+    """``model_identity`` of a model directory without loading the model (its shards'
+    headers are read): what a tuned profile is keyed by."""
+    from colibri_core.io.checkpoint import Checkpoint
+    from colibri_core.io.jsontext import parse_json
+
+    model_dir = Path(model_dir)
+    config = _config_bytes(model_dir)
+    doc = parse_json(config, str(model_dir / "config.json"))
+    checkpoint = Checkpoint(model_dir)
+    try:
+        shards = {name: shard.file_size for name, shard in checkpoint.files.items()}
+    finally:
+        checkpoint.close()
+    return _identity(model_dir, config, shards, doc.get("model_type") if isinstance(doc, dict) else None)
+
+
+def _config_bytes(model_dir) -> bytes:
+    return smallfile.read_bytes(Path(model_dir) / "config.json", smallfile.CONFIG_BYTES, "config.json")
+
+
+def _identity(model_dir: Path, config: bytes, shards: dict[str, int], model_type) -> dict:
     h = hashlib.sha256(b"colibri model identity 1\0config.json\0")
     h.update(config)
-    for name, shard in sorted(model.checkpoint.files.items()):
-        h.update(f"\0{name}\0{shard.file_size}".encode())
-    return {"sha256": h.hexdigest(), "model_type": str(model.config.get("model_type")), "dir": Path(model.model_dir).name}
+    for name, size in sorted(shards.items()):
+        h.update(f"\0{name}\0{size}".encode())
+    return {"sha256": h.hexdigest(), "model_type": str(model_type), "dir": model_dir.name}
 
 
 @dataclass(frozen=True, eq=False)
@@ -479,5 +504,5 @@ def load_state(source) -> SequenceState:
 
 
 __all__ = ["FORMAT", "VERSION", "SequenceState", "bind", "bind_layers", "capture", "check_model", "check_saveable",
-           "export_layers", "layer_arrays", "load_state", "model_identity", "read_layers", "read_state",
+           "directory_identity", "export_layers", "layer_arrays", "load_state", "model_identity", "read_layers", "read_state",
            "resumed_sampler", "write_layers"]
