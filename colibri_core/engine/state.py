@@ -244,6 +244,24 @@ def export_layers(ops, cache: Cache) -> list:
 
 
 # -- reading -----------------------------------------------------------------------------
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 a state file records over its document and data, from its header alone
+    (``read_state`` checks that it covers them): names the file's content cheaply."""
+    path = os.fspath(path)
+    smallfile.check_regular(path, "saved state")
+    try:
+        sf = SafetensorsFile(path)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path}: not a readable saved state: {str(exc).removeprefix(f'{path}: ')}") from None
+    try:
+        digest = sf.metadata.get(DIGEST_KEY)
+    finally:
+        sf.close()
+    if not isinstance(digest, str):
+        raise _fail(path, "has no digest")
+    return digest
+
+
 def read_state(path: str | os.PathLike) -> SequenceState:
     """Read and check a saved state: a regular file, a colibri state of a version this
     colibri reads, a well-formed document whose layout is exactly the file's tensors, and
@@ -504,5 +522,5 @@ def load_state(source) -> SequenceState:
 
 
 __all__ = ["FORMAT", "VERSION", "SequenceState", "bind", "bind_layers", "capture", "check_model", "check_saveable",
-           "directory_identity", "export_layers", "layer_arrays", "load_state", "model_identity", "read_layers", "read_state",
+           "directory_identity", "export_layers", "file_digest", "layer_arrays", "load_state", "model_identity", "read_layers", "read_state",
            "resumed_sampler", "write_layers"]

@@ -2,7 +2,7 @@
 
 A session is two files in the sessions directory (``--sessions-dir``, default colibri's
 data dir): ``NAME.json``, the conversation (its messages, the model's identity, and the
-SHA-256 of the state file), and ``NAME.state``, the conversation's cache as a saved
+digest the state file records over its content), and ``NAME.state``, the conversation's cache as a saved
 sequence state (colibri_core.engine.state: every layer's keys, values, latents or
 recurrent states, checked on reading). Resuming binds the state to the model and the
 next turn continues it: only the new message is computed, and the replies are those
@@ -16,7 +16,6 @@ the file: never a continuation on the wrong state.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ class SavedConversation:
     system: str | None
     messages: list[dict]
     model: dict  # colibri_core.engine.state.model_identity
-    state_sha256: str | None  # of NAME.state, None when the conversation has no state yet
+    state_sha256: str | None  # the digest NAME.state records (document + data), None without a state
 
 
 class SessionStore:
@@ -113,7 +112,13 @@ class SessionStore:
                              f"model or choose another --session name")
         if saved.state_sha256 is None:
             return None
-        if _file_sha256(self.state_path) != saved.state_sha256:
+        from colibri_core.engine.state import file_digest
+        from colibri_core.io import smallfile
+
+        if not smallfile.present(self.state_path):
+            raise ModelFormatError(f"{self.state_path}: the session's saved state is missing: remove the session's "
+                                   ".json to start anew")
+        if file_digest(self.state_path) != saved.state_sha256:
             raise ModelFormatError(f"{self.state_path}: does not match {self.conversation_path.name} (another "
                                    "session's state, or changed since): remove both files to start the session anew")
         state = read_state(self.state_path)
@@ -127,7 +132,7 @@ class SessionStore:
         import json
 
         from colibri_core.engine.sampling import Sampler
-        from colibri_core.engine.state import capture, model_identity
+        from colibri_core.engine.state import capture, file_digest, model_identity
         from colibri_core.errors import write_error
         from colibri_core.io import smallfile
 
@@ -138,7 +143,7 @@ class SessionStore:
                 ids = kept.token_ids
                 state = capture(model, kept.cache, ids, len(ids) - 1, sampling, False, Sampler(sampling))
                 size = state.save(self.state_path)  # its own errors are one line already
-                digest = _file_sha256(self.state_path)
+                digest = file_digest(self.state_path)
             elif self.state_path.exists():
                 self.state_path.unlink()
             text = json.dumps({"format": FORMAT, "version": VERSION, "model": model_identity(model), "system": system,
@@ -147,19 +152,6 @@ class SessionStore:
         except OSError as exc:  # a full disk: one line, not a traceback (the conversation so far is still on screen)
             raise write_error(exc, exc.filename or self.conversation_path, f"session {self.name!r}") from None
         return size + len(text.encode("utf-8"))
-
-
-def _file_sha256(path: Path) -> str | None:
-    from colibri_core.io import smallfile
-
-    if not smallfile.present(path):
-        raise ModelFormatError(f"{path}: the session's saved state is missing: remove the session's .json to start anew")
-    smallfile.check_regular(path, "saved state")
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _check(doc, path: Path) -> SavedConversation:

@@ -83,11 +83,16 @@ def test_damaged_foreign_and_busy_sessions_are_refused_in_one_line(random_model,
     finally:
         store.close()
     state = sessions / "a.state"
-    data = bytearray(state.read_bytes())
+    good = state.read_bytes()
+    chat(random_model, TURNS[1] + "\n", "--session", "other", *args)
+    state.write_bytes((sessions / "other.state").read_bytes())  # another session's state under a's name
+    line = refused(random_model, "--session", "a", *args)
+    assert str(state) in line and "does not match a.json" in line
+    data = bytearray(good)
     data[-3] ^= 0xFF
     state.write_bytes(bytes(data))
     line = refused(random_model, "--session", "a", *args)
-    assert str(state) in line and "does not match a.json" in line
+    assert str(state) in line and "is damaged" in line
     state.unlink()
     assert "saved state is missing" in refused(random_model, "--session", "a", *args)
     (sessions / "b.json").write_text('{"format": "colibri-chat-session", "version": 9}')
