@@ -66,32 +66,14 @@ def parse_duration(text: str) -> float:
 def read_rates(path: Path, request: int, samples: int = 16) -> dict:
     """Bytes per second reading ``samples`` spread requests of ``request`` bytes from
     ``path``: with O_DIRECT and through the page cache (its pages forgotten first)."""
-    from colibri_core.io.drives import ALIGN, aligned_empty
-    from colibri_core.io.pagecache import drop_page_cache
+    from colibri_core.io.drives import read_rate
 
-    size = path.stat().st_size
-    request = max(ALIGN, min(request, size) // ALIGN * ALIGN)
-    offsets = [(size - request) * i // max(samples - 1, 1) // ALIGN * ALIGN for i in range(samples)]
     out = {}
-    for mode, flags in (("direct", getattr(os, "O_DIRECT", 0)), ("buffered", 0)):
-        if mode == "direct" and not flags:
-            out[mode] = None
-            continue
-        drop_page_cache(str(path))
+    for mode in ("direct", "buffered"):
         try:
-            fd = os.open(path, os.O_RDONLY | flags)
-        except OSError:
-            out[mode] = None  # a filesystem without O_DIRECT
-            continue
-        buf = aligned_empty(request)
-        try:
-            started = time.perf_counter()
-            total = sum(os.preadv(fd, [memoryview(buf)], offset) for offset in offsets)
-            out[mode] = total / (time.perf_counter() - started)
+            out[mode] = read_rate(path, request, samples, direct=mode == "direct")
         except OSError:
             out[mode] = None
-        finally:
-            os.close(fd)
     return out
 
 

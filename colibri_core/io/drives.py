@@ -253,22 +253,32 @@ def validate_mirror(primary_files: dict[str, "object"], mirror: MirrorSpec) -> t
 
 
 def measure_bandwidth(drive: Drive, samples: int = 4, chunk: int = 4 << 20) -> float:
-    """Bytes/s of a few spread-out reads from the drive's largest shard, uncached."""
+    """Bytes/s of a few spread-out reads from the drive's largest shard, uncached (O_DIRECT
+    where the file system has it, else through the page cache after forgetting it)."""
     path = max(drive.files.values(), key=lambda p: os.path.getsize(p))
+    rate = read_rate(path, chunk, samples, direct=True)
+    return rate if rate is not None else read_rate(path, chunk, samples, direct=False)
+
+
+def read_rate(path, request: int, samples: int = 4, *, direct: bool) -> float | None:
+    """Bytes/s reading ``samples`` requests of ``request`` bytes spread over ``path``: with
+    O_DIRECT (None where the file system refuses it) or through the page cache, the file's
+    pages forgotten first either way."""
     size = os.path.getsize(path)
-    chunk = max(ALIGN, min(chunk, size // ALIGN * ALIGN))
-    drop_page_cache(path)
-    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
+    request = max(ALIGN, min(request, size) // ALIGN * ALIGN)
+    drop_page_cache(str(path))
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECT", 0) if direct else 0))
     except OSError:
-        fd = os.open(path, os.O_RDONLY)
+        if direct:
+            return None
+        raise
     try:
-        buf = aligned_empty(chunk)
+        buf = aligned_empty(request)
         total = 0
         started = time.perf_counter()
         for i in range(samples):
-            offset = (size - chunk) * i // max(samples - 1, 1) // ALIGN * ALIGN
+            offset = (size - request) * i // max(samples - 1, 1) // ALIGN * ALIGN
             total += os.preadv(fd, [memoryview(buf)], offset)
         elapsed = time.perf_counter() - started
     finally:
