@@ -275,6 +275,7 @@ class Scheduler:
         self._admitting = 0  # requests out of the queue whose sequence is being set up: their slot is taken
         self._prefixes: list[_Prefix] = []
         self._calls: list = []  # (fn, result box, done event): ``call``'s, run by the engine thread
+        self._spilling: list[_Prefix] = []  # prefixes leaving memory, for prefix_disk (``_spill``)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.requests_total = 0
@@ -447,6 +448,7 @@ class Scheduler:
         whether there was anything to do."""
         self._retire_cancelled()
         self._admit()
+        self._spill_queued()  # what admitting evicted, copied out after the lock
         worked = False
         prefilling = next((s for s in self._active if s.prefilled < len(s.prompt)), None)
         if prefilling is not None:
@@ -509,22 +511,32 @@ class Scheduler:
         return True
 
     def _spill(self, p: _Prefix) -> None:
-        """A retired prefix's whole-chunk positions to disk, when the scheduler keeps some
-        there: host copies now, the file on the disk's writer thread."""
+        """Queue a prefix leaving memory for the disk, when the scheduler keeps some there
+        (``_spill_queued`` copies it out, after the lock: clients' submits and stats do not
+        wait on the copy; nothing writes a retired prefix's cache meanwhile)."""
+        if self.prefix_disk is not None and p.exact > 0:
+            self._spilling.append(p)
+
+    def _spill_queued(self) -> None:
+        """The queued prefixes' whole-chunk positions as host copies to the disk's writer
+        thread (the engine's thread: a backend's arrays belong to it)."""
         from colibri_core.engine.state import export_layers
 
-        disk, n = self.prefix_disk, p.exact
-        if disk is None or n == 0 or (self.snapshots and n not in p.snapshots):
-            return
-        cache = Cache([layer.new_state(self.ops, n) for layer in self.lm.layers])
-        p.cache.copy_prefix(cache, n, p.snapshots.get(n) if self.snapshots else None)
-        disk.spill(p.tokens[:n], export_layers(self.ops, cache))
+        while self._spilling:
+            p = self._spilling.pop(0)
+            n = p.exact
+            if self.snapshots and n not in p.snapshots:
+                continue
+            cache = Cache([layer.new_state(self.ops, n) for layer in self.lm.layers])
+            p.cache.copy_prefix(cache, n, p.snapshots.get(n) if self.snapshots else None)
+            self.prefix_disk.spill(p.tokens[:n], export_layers(self.ops, cache))
 
     def _spill_retired(self) -> None:
         """Every retained prefix to disk (the scheduler stops: they would be lost)."""
         if self.prefix_disk is not None:
             for p in [p for p in self._prefixes if not p.live]:
                 self._spill(p)
+            self._spill_queued()
 
     def _new_seq(self, handle: Handle, reserved: int) -> _Seq:
         request = handle.request
@@ -762,6 +774,7 @@ class Scheduler:
                 else:
                     self.kv.reserve(p.nbytes)
             self._lock.notify_all()
+        self._spill_queued()
         handle = seq.handle
         if seq.request.keep_cache and reason != "error":
             handle.kept = self._kept(seq)
