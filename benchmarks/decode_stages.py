@@ -1,24 +1,30 @@
-"""Where a decode step's time goes: each stage of the model timed on the host, per
-generated token, with the time the routed experts spent blocked on expert reads apart.
+"""Where a decode step's time goes: the engine's own stage clock (colibri_core.nn.stages,
+what serve's profiling page shows per turn) summed over the one-row steps of a generation,
+per generated token, with the time the routed experts spent blocked on expert reads apart.
 
-Stages: the token embedding, each layer's token mixer (attention with its norm), the
-router, the routed experts (their compute, and apart from it the wait for their reads),
-the shared expert or dense MLP, the prefetcher's prediction, and the final norm with the
-LM head; what is left of the step (the norms before the MLPs, residual adds, Python)
-is "other". Sampling happens between steps and is not part of them.
-Prefill is not counted: only steps of one row. The stages are timed by wrapping the
-model's blocks in this process, on a backend that computes on the host (``cpu``): a
-backend that queues work on a device would charge it to whichever stage waits for it.
+Stages: the token embedding, the token mixers (attention with its norm), the routers
+(with the norm before them), the routed experts (their compute, and apart from it the wait
+for their reads), the shared experts or dense MLPs, the prefetcher's prediction, and the
+final norm with the LM head; "other" is the rest of the step (residual adds, Python).
+Sampling happens between steps and is not part of them. Prefill is not counted: only
+steps of one row. On a backend that queues work on a device a stage's time is where the
+host waited for it (``Backend.deferred``): run this on ``cpu``.
 
 When the disk is not saturated (issue #20: "profile where time goes"), this says which
 compute the reads do not hide: the stages before the first MoE layer's router and after
 the last MoE layer run while no expert read can be in flight.
 
     python benchmarks/decode_stages.py --model DIR [--ram 4G] [--prefetch] [--direct-io] \
-        [--tokens 32] [--prompt-tokens 8] [--cgroup 5G] [--json OUT.json]
+        [--tokens 32] [--prompt-tokens 8] [--cgroup 5G] [--json OUT.json] [--overhead ROUNDS]
 
 With ``--cgroup`` (root) the measuring runs in a fresh child process in a memory cgroup
 of that size, after the page cache is dropped, as ``streaming_table.py`` runs colibri.
+``--overhead ROUNDS`` measures what the clock costs instead: ROUNDS generations whose
+one-row steps alternate between running with the clock and without (every other step,
+the first one's state alternating by round), so drift and noise fall on both alike; the
+median step time of each and their ratio (issue #50: "overhead measured and stated"),
+beside the same ratio from as many rounds in which neither arm has the clock (A/A: the
+noise floor the A/B ratio is read against).
 """
 
 from __future__ import annotations
@@ -34,102 +40,89 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 
-class StageClock:
-    """Time per stage over the one-row steps of a generation."""
-
-    def __init__(self, store):
-        self.store = store
-        self.decoding = False
-        self.totals: dict[str, float] = {}
-        self.order: list[str] = []
-        self.steps: list[float] = []
-
-    def add(self, stage: str, seconds: float) -> None:
-        if stage not in self.totals:
-            self.totals[stage] = 0.0
-            self.order.append(stage)
-        self.totals[stage] += seconds
-
-    def timed(self, stage: str, fn, *, reads: bool = False):
-        """``fn`` wrapped: its time goes to ``stage`` while decoding (with ``reads``, the
-        store's wait for reads inside it goes to "waiting on reads" instead)."""
-        def wrapper(*args, **kwargs):
-            if not self.decoding:
-                return fn(*args, **kwargs)
-            waited = self.store.stats.read_wait_ns if reads else 0
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent = time.perf_counter() - started
-                if reads:
-                    wait = (self.store.stats.read_wait_ns - waited) / 1e9
-                    self.add("waiting on reads", wait)
-                    spent -= wait
-                self.add(stage, spent)
-        return wrapper
-
-
-def instrument(model) -> StageClock:
-    """Wrap the blocks of ``model`` (a loaded colibri model) with a StageClock."""
-    from colibri_core.nn.layers import SparseMoE
-
+def clocked(model, clock, steps: list[float], plain: list[float] | None = None) -> None:
+    """``model``'s one-row forward passes run with ``clock``, their times appended to
+    ``steps``; with ``plain``, every other one runs without it, its time appended there
+    (``lm.forward.turn``: [steps so far, whether the clocked arm runs without it too])."""
     lm = model.lm
-    clock = StageClock(model.store)
-    lm.embed = clock.timed("embedding", lm.embed)
-    for n, layer in enumerate(lm.layers):
-        if hasattr(layer, "mix"):
-            layer.mix = clock.timed(f"layer {n} mixer", layer.mix)
-        mlp = getattr(layer, "mlp", None)
-        if isinstance(mlp, SparseMoE):
-            mlp.router = clock.timed("routers", mlp.router)
-            mlp.experts = clock.timed("routed experts (compute)", mlp.experts, reads=True)
-            if mlp.shared is not None:
-                mlp.shared = clock.timed("shared experts", mlp.shared)
-        elif mlp is not None:
-            layer.mlp = clock.timed("dense MLPs", mlp)
-    lm.norm = clock.timed("final norm and LM head", lm.norm)
-    lm.lm_head = clock.timed("final norm and LM head", lm.lm_head)
-    if lm.prefetcher is not None:
-        lm.prefetcher.after_attention = clock.timed("prefetch prediction", lm.prefetcher.after_attention)
     forward = lm.forward
+    turn = [0, False]
 
     def timed_forward(ids, cache, ops, **kwargs):
-        clock.decoding = len(ids) == 1
-        started = time.perf_counter()
-        try:
+        if len(ids) != 1:
             return forward(ids, cache, ops, **kwargs)
+        turn[0] += 1
+        off = plain is not None and turn[0] % 2 == 0
+        bare = off or turn[1]
+        started = time.perf_counter()
+        if not bare:
+            clock.start()
+        try:
+            return forward(ids, cache, ops, **kwargs) if bare else forward(ids, cache, ops, clock=clock, **kwargs)
         finally:
-            if clock.decoding:
-                clock.steps.append(time.perf_counter() - started)
-            clock.decoding = False
+            (plain if off else steps).append(time.perf_counter() - started)
 
+    timed_forward.turn = turn
     lm.forward = timed_forward
-    return clock
 
 
 def profile(spec: dict) -> dict:
     import colibri_core
     from colibri_core.cli.bench import prompt_ids
+    from colibri_core.nn.stages import StageClock
 
     with colibri_core.load(spec["model"], **spec["options"]) as model:
-        clock = instrument(model)
+        clock, steps, plain = StageClock(), [], [] if spec.get("overhead") else None
         ids = prompt_ids(model.lm.vocab_size, spec["prompt_tokens"], spec["seed"])
-        result = model.generate(token_ids=ids, max_tokens=spec["tokens"], ignore_eos=True, temperature=1.0,
-                                seed=spec["seed"])
-        steps = len(clock.steps)
+
+        def generate():
+            return model.generate(token_ids=ids, max_tokens=spec["tokens"], ignore_eos=True, temperature=1.0,
+                                  seed=spec["seed"])
+
+        if plain is not None:
+            reference = generate().token_ids  # no clock at all: the tokens the alternating runs must give
+            clocked(model, clock, steps, plain)
+            return overhead(generate, model.lm.forward.turn, steps, plain, reference, spec)
+        clocked(model, clock, steps)
+        result = generate()
         if not steps:
             raise SystemExit("no decode step ran: ask for --tokens 2 or more")
-        total = sum(clock.steps)
-        stages = {name: clock.totals[name] for name in clock.order}
-        stages["other (norms before the MLPs, residual adds, Python)"] = total - sum(stages.values())
-        return {"model": spec["model"], "options": spec["options"], "decode_steps": steps,
-                "decode_tok_s": result.stats.decode_tok_s, "step_ms_median": 1e3 * statistics.median(clock.steps),
-                "stages_ms_per_token": {k: 1e3 * v / steps for k, v in stages.items()},
+        total = sum(steps)
+        stages = clock.seconds()
+        stages["other"] += total - sum(stages.values())  # between the last lap and the step's end
+        n = len(steps)
+        return {"model": spec["model"], "options": spec["options"], "decode_steps": n,
+                "decode_tok_s": result.stats.decode_tok_s, "step_ms_median": 1e3 * statistics.median(steps),
+                "stages_ms_per_token": {k: 1e3 * v / n for k, v in stages.items()},
                 "stages_share": {k: v / total for k, v in stages.items()}, "token_ids": result.token_ids}
 
 
+def overhead(generate, turn: list[int], on: list[float], off: list[float], reference: list[int], spec: dict) -> dict:
+    """Generations whose steps alternate with and without the clock, then as many whose
+    steps alternate between two arms without it (A/A)."""
+    ratios = {}
+    for arm in ("clock", "none"):
+        on.clear()
+        off.clear()
+        turn[1] = arm == "none"
+        for r in range(spec["overhead"]):
+            turn[0] = r % 2  # which state a round's first step takes alternates
+            if generate().token_ids != reference:
+                raise SystemExit("the clock changed the tokens: a bug")
+        ratios[arm] = (1e3 * statistics.median(on), 1e3 * statistics.median(off), len(on), len(off))
+    on_ms, off_ms, n_on, n_off = ratios["clock"]
+    return {"model": spec["model"], "options": spec["options"], "rounds": spec["overhead"], "tokens": spec["tokens"],
+            "steps_on": n_on, "steps_off": n_off, "median_step_ms_on": on_ms, "median_step_ms_off": off_ms,
+            "ratio_tok_s_on_to_off": off_ms / on_ms, "aa_ratio": ratios["none"][1] / ratios["none"][0]}
+
+
 def render(data: dict) -> str:
+    if "ratio_tok_s_on_to_off" in data:
+        return (f"{data['model']}: {data['rounds']} generations of {data['tokens']} tokens, steps alternating; median "
+                f"decode step with the stage clock {data['median_step_ms_on']:.3f} ms ({data['steps_on']} steps), "
+                f"without {data['median_step_ms_off']:.3f} ms ({data['steps_off']}): tokens/s "
+                f"{data['ratio_tok_s_on_to_off']:.4f}x (A/A, neither arm clocked: {data['aa_ratio']:.4f}x); "
+                f"options {json.dumps(data['options'])}")
     lines = [f"{data['model']}: {data['decode_steps']} decode steps, {data['decode_tok_s']:.2f} tok/s, "
              f"median step {data['step_ms_median']:.1f} ms; options {json.dumps(data['options'])}", "",
              "| stage | ms per token | share |", "|---|---|---|"]
@@ -150,6 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cgroup", default=None, help="memory cgroup size for a fresh child process (root)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--overhead", type=int, default=0, metavar="ROUNDS",
+                   help="measure the clock's cost: ROUNDS generations, steps alternating with and without it")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child is not None:
@@ -162,7 +157,7 @@ def main(argv=None) -> int:
         if getattr(a, key) is not None:
             options[key] = getattr(a, key)
     spec = {"model": str(a.model), "options": options, "tokens": a.tokens, "prompt_tokens": a.prompt_tokens,
-            "seed": a.seed}
+            "seed": a.seed, "overhead": a.overhead}
     from colibri_core.errors import ColibriError
 
     try:

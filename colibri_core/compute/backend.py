@@ -117,6 +117,9 @@ class Backend(abc.ABC):
     kv_dtype: str | None = None
     float_dtypes: tuple[str, ...] = ("float32",)
     unified_memory = False
+    # True when work is queued and runs once the host needs a result (to_host): time measured
+    # on the host between two calls is then not the work between them (the profiling page says so)
+    deferred = False
     # a colibri_core.experts.tiers.DeviceTier subclass of the backend's own ("module:Class"
     # or the class); None: the registered device tier (the generic one)
     device_tier: Any = None

@@ -59,6 +59,7 @@ import numpy as np
 from colibri_core.engine import generation
 from colibri_core.engine.batching import RowInvariantOps
 from colibri_core.engine.generation import TokenEvent, check_logits
+from colibri_core.engine.profiling import Profiler, TurnProfile
 from colibri_core.engine.sampling import Sampler, SamplingParams
 from colibri_core.engine.speculative import DEFAULT_DRAFT_DEPTH, Speculation
 from colibri_core.errors import ColibriError, UsageError
@@ -84,6 +85,8 @@ class Request:
     start_cache: Cache | None = None
     # hand the sequence's cache back when the request ends (Handle.kept), to continue it later
     keep_cache: bool = False
+    # seconds the caller took to render and tokenize the prompt: the turn's profile shows it
+    tokenize_s: float = 0.0
 
 
 @dataclass
@@ -142,6 +145,7 @@ class Handle:
         self.ttft_s: float | None = None
         self.stop_id: int | None = None  # the stop token that ended it, if one did
         self.kept: KeptSequence | None = None  # with Request.keep_cache, once done (not after an error)
+        self.profile = TurnProfile(request.tokenize_s)  # where its time goes (colibri_core.engine.profiling)
         self._on_event = on_event
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
@@ -232,6 +236,7 @@ class _Seq:
     speculation: Speculation | None = None  # drafting, when the request asks for it
     constraint: Any = None  # the request's constraint's matcher for this sequence
     snapshots: dict = field(default_factory=dict)  # with keep_cache: KeptSequence.snapshots
+    setup_ns: int = 0  # setting it up (a prefix reused included), counted in its prefill's time
 
     @property
     def request(self) -> Request:
@@ -288,6 +293,7 @@ class Scheduler:
         self.accepted_tokens = 0
         self._decoded = collections.deque(maxlen=64)  # (time, tokens) of recent decode steps
         self._ttft = collections.deque(maxlen=64)
+        self.profiler = Profiler(model)  # the last turns' phases, for the profiling page
 
     # -- sizes ------------------------------------------------------------------------
     def _reservation(self, tokens: int) -> int:
@@ -486,8 +492,11 @@ class Scheduler:
                 self._waiting.popleft()
                 self.kv.reserve(need)
                 self._admitting += 1
+            began = time.perf_counter_ns()
+            handle.profile.admitted = began / 1e9
             try:
                 seq = self._new_seq(handle, need)
+                seq.setup_ns = time.perf_counter_ns() - began
             except Exception as exc:
                 self.kv.release(need)
                 handle._finish("error", exc)
@@ -609,13 +618,18 @@ class Scheduler:
         end = min(len(seq.prompt), begin + self.prefill_chunk)
         spec = seq.speculation
         hidden = [] if spec is not None and spec.wants_hidden else None
+        clock, counted = self.profiler.begin()
         try:
-            logits = self.lm.forward(np.asarray(seq.prompt[begin:end]), seq.cache, self.ops, hidden=hidden)
+            logits = self.lm.forward(np.asarray(seq.prompt[begin:end]), seq.cache, self.ops, hidden=hidden, clock=clock)
         except Exception as exc:
             self._retire(seq, "error", exc)
             return
+        self.profiler.prefilled(seq.handle.profile, clock, counted, seq.setup_ns)
+        seq.setup_ns = 0
         if hidden:
+            began = time.perf_counter()
             spec.observe(hidden[0])
+            seq.handle.profile.add("drafting", time.perf_counter() - began)
         seq.prefilled = end
         self.prefill_tokens += end - begin
         if self.model.store is not None:
@@ -649,27 +663,37 @@ class Scheduler:
         feed, drafts = [], []
         for s in seqs:
             spec = s.speculation
+            if spec is None:
+                feed.append((np.asarray([s.next_token]), s.cache))
+                drafts.append([])
+                continue
+            began = time.perf_counter()
             room = min(s.request.max_tokens - len(s.handle.token_ids) - 1, self.lm.max_context - s.cache.length - 1)
-            forced = s.constraint.forced() if spec is not None and s.constraint is not None else None
-            d = spec.drafts(s.prompt + s.handle.token_ids, room, forced) if spec is not None else []
+            forced = s.constraint.forced() if s.constraint is not None else None
+            d = spec.drafts(s.prompt + s.handle.token_ids, room, forced)
             feed += spec.feed(s.cache, s.next_token, d) if d else [(np.asarray([s.next_token]), s.cache)]
             drafts.append(d)
+            s.handle.profile.add("drafting", time.perf_counter() - began)
         keep = [] if any(s.speculation is not None and s.speculation.wants_hidden for s in seqs) else None
+        clock, counted = self.profiler.begin()
         try:
             if len(feed) == 1:
-                rows = self.lm.forward(feed[0][0], feed[0][1], self.ops, hidden=keep)[None]
+                rows = self.lm.forward(feed[0][0], feed[0][1], self.ops, hidden=keep, clock=clock)[None]
             else:
-                rows = self.lm.forward_batch(feed, self.batch_ops, all_logits=True, hidden=keep)
+                rows = self.lm.forward_batch(feed, self.batch_ops, all_logits=True, hidden=keep, clock=clock)
         except Exception as exc:
             for s in seqs:
                 self._retire(s, "error", exc)
             return
+        self.profiler.decoded([(s.handle.profile, 1 + len(d)) for s, d in zip(seqs, drafts)], clock, counted)
         if keep:  # each drafter reading hidden states gets its sequence's rows
             begin = 0
             for s, d in zip(seqs, drafts):
                 spec, end = s.speculation, begin + 1 + len(d)
                 if spec is not None and spec.wants_hidden:
+                    began = time.perf_counter()
                     spec.verified(keep[0][begin:end]) if d else spec.observe(keep[0][begin:end])
+                    s.handle.profile.add("drafting", time.perf_counter() - began)
                 begin = end
         if self.model.store is not None:
             self.model.store.after_tokens(len(feed))
@@ -713,37 +737,50 @@ class Scheduler:
     def _sampled(self, seq: _Seq, logits, length: int | None = None) -> None:
         """Choose the next token from ``logits``, emit it, decide whether to go on;
         ``length``: the sequence's positions so far, if not its cache's (drafts fed)."""
-        handle, request = seq.handle, seq.request
+        began = time.perf_counter()
         try:
-            if len(handle.token_ids) >= request.max_tokens:
-                return self._retire(seq, "length")
-            # NaN or degenerate logits end this sequence with an error naming the faulty layer
-            check_logits(logits, self.lm, self.ops, seq.prompt + handle.token_ids, self.model)
-            constraint = seq.constraint
-            token, logprob = seq.sampler.sample(logits if constraint is None else constraint.mask(logits))
-            if handle.ttft_s is None:
-                handle.ttft_s = time.perf_counter() - handle.submitted
-                self._ttft.append(handle.ttft_s)
-            if token in request.stop_ids:
-                handle.stop_id = token
-                return self._retire(seq, "stop")
-            handle.token_ids.append(token)
-            if logprob is not None:
-                handle.logprobs.append(logprob)
-            self.tokens_total += 1
-            text = seq.decoder.add(token) if seq.decoder is not None else ""
-            handle._emit(TokenEvent(token, text, logprob=logprob))
-            if constraint is not None:
-                constraint.advance(token)
-                if constraint.finished:  # the output is complete
-                    return self._retire(seq, "stop")
-            if len(handle.token_ids) >= request.max_tokens:
-                return self._retire(seq, "length")
-            if (seq.cache.length if length is None else length) >= self.lm.max_context:
-                return self._retire(seq, "context")
-            seq.next_token = token
+            ended = self._choose(seq, logits, length)
         except Exception as exc:
-            self._retire(seq, "error", exc)
+            ended = ("error", exc)
+        seq.handle.profile.add("sampling", time.perf_counter() - began)
+        if ended is not None:
+            self._retire(seq, *ended)
+
+    def _choose(self, seq: _Seq, logits, length: int | None) -> tuple | None:
+        """``_sampled``'s work: (reason,) when the sequence ends here, else None."""
+        handle, request = seq.handle, seq.request
+        if len(handle.token_ids) >= request.max_tokens:
+            return ("length",)
+        # NaN or degenerate logits end this sequence with an error naming the faulty layer
+        check_logits(logits, self.lm, self.ops, seq.prompt + handle.token_ids, self.model)
+        constraint = seq.constraint
+        token, logprob = seq.sampler.sample(logits if constraint is None else constraint.mask(logits))
+        if handle.ttft_s is None:
+            handle.ttft_s = time.perf_counter() - handle.submitted
+            self._ttft.append(handle.ttft_s)
+        if token in request.stop_ids:
+            handle.stop_id = token
+            return ("stop",)
+        handle.token_ids.append(token)
+        if logprob is not None:
+            handle.logprobs.append(logprob)
+        self.tokens_total += 1
+        began = time.perf_counter()
+        text = seq.decoder.add(token) if seq.decoder is not None else ""
+        took = time.perf_counter() - began  # detokenizing: apart from the sampling it sits in
+        handle.profile.add("detokenize", took)
+        handle.profile.add("sampling", -took)
+        handle._emit(TokenEvent(token, text, logprob=logprob))
+        if constraint is not None:
+            constraint.advance(token)
+            if constraint.finished:  # the output is complete
+                return ("stop",)
+        if len(handle.token_ids) >= request.max_tokens:
+            return ("length",)
+        if (seq.cache.length if length is None else length) >= self.lm.max_context:
+            return ("context",)
+        seq.next_token = token
+        return None
 
     def _kept(self, seq: _Seq) -> KeptSequence | None:
         """The sequence's cache and the ids it holds, plus the id to feed next; None when
@@ -780,9 +817,12 @@ class Scheduler:
             handle.kept = self._kept(seq)
         if reason != "error" and seq.decoder is not None:
             try:
+                began = time.perf_counter()
                 tail = seq.decoder.flush()
+                handle.profile.add("detokenize", time.perf_counter() - began)
                 if tail:
                     handle._emit(TokenEvent(-1, tail))
             except Exception as exc:
                 reason, error = "error", exc
+        self.profiler.finished(handle, reason)  # before the client hears of the end: its turn is there
         handle._finish(reason, error)

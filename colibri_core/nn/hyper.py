@@ -22,6 +22,7 @@ every backend runs it; all of it is per token, so a batched step's rows stay ind
 from __future__ import annotations
 
 from colibri_core.nn.layers import DecoderLayer, Embedding, Linear, Step
+from colibri_core.nn.stages import ATTENTION, OTHER, PREFETCH
 from colibri_core.nn.weights import Param
 
 
@@ -143,12 +144,25 @@ class HyperDecoderLayer(DecoderLayer):
         self.attn_hc, self.ffn_hc = attn_hc, ffn_hc
 
     def __call__(self, x, step: Step):
+        clock = step.clock
         post, comb, h = self._collapse(self.attn_hc, x, step)
-        x = self.attn_hc.expand(self.mix(h, step), x, post, comb, step)
+        if clock is not None:  # the streams' collapse and expand count as "other"
+            clock.lap(OTHER)
+        mixed = self.mix(h, step)
+        if clock is not None:
+            clock.lap(ATTENTION)
+        x = self.attn_hc.expand(mixed, x, post, comb, step)
         post, comb, h = self._collapse(self.ffn_hc, x, step)
+        if clock is not None:
+            clock.lap(OTHER)
         if step.prefetcher is not None:  # the exact input of this layer's MLP norm
             step.prefetcher.after_attention(self, h, step)
-        return self.ffn_hc.expand(self.mlp(self.mlp_norm(h, step), step), x, post, comb, step)
+            if clock is not None:
+                clock.lap(PREFETCH)
+        out = self.mlp(self.mlp_norm(h, step), step)
+        if clock is not None:
+            self.lap_mlp(clock)
+        return self.ffn_hc.expand(out, x, post, comb, step)
 
     @staticmethod
     def _collapse(hc: HyperConnection, x, step: Step):

@@ -16,6 +16,8 @@ from colibri_core.compute.backend import UngatedActivation
 from colibri_core.compute.composites import ungated_activation
 from colibri_core.nn.cache import Cache, KVCache, LayerStates, SlidingKVCache, attention_cache
 from colibri_core.nn.rope import RoPE
+from colibri_core.nn.stages import (ATTENTION, DENSE_MLP, EMBED, EXPERT_READS, LM_HEAD, OTHER, PREFETCH, ROUTED_EXPERTS,
+                                    ROUTERS, SHARED_EXPERTS, StageClock)
 
 if TYPE_CHECKING:  # annotations only: weights.py builds these blocks, so it imports this module
     from colibri_core.nn.weights import ExpertDecl, Param
@@ -42,6 +44,7 @@ class Step:
     segments: list["Step"] | None = None  # batched step: one Step per sequence
     rows: list[tuple[int, int]] | None = None  # the rows of each segment
     ids: np.ndarray | None = None  # the step's token ids, one per row (hash-routed MoE layers read them)
+    clock: StageClock | None = None  # told each stage's end, to profile where the step's time goes
 
     @property
     def start(self) -> int:
@@ -271,9 +274,15 @@ class RoutedExperts:
         store = self.store
         # a token's k experts are distinct: sorting them is enough (np.unique costs more)
         experts = np.sort(indices[0]) if indices.shape[0] == 1 else np.unique(indices)
+        clock = step.clock
+        if clock is not None:  # since the previous lap: the MLP's norm and the router
+            clock.lap(ROUTERS)
+            waited = store.stats.read_wait_ns
         if store.compute is not None:  # computed elsewhere (a compute tier), the same sums
             out = store.compute.routed_experts(self.decl, x, indices, weights, step.ops, lambda e: store.get(layer, e))
             store.end_layer(layer, indices, experts)
+            if clock is not None:
+                self._lap(clock, store.stats.read_wait_ns - waited)
             return out
         at_hand = store.request(layer, experts)  # the misses are read together
         def fetch(e):
@@ -287,7 +296,14 @@ class RoutedExperts:
         else:
             out = step.ops.routed_experts(x, indices, weights, fetch, store.io_window, ready)
         store.end_layer(layer, indices, experts)
+        if clock is not None:
+            self._lap(clock, store.stats.read_wait_ns - waited)
         return out
+
+    @staticmethod
+    def _lap(clock: StageClock, waited_ns: int) -> None:
+        clock.lap(ROUTED_EXPERTS)
+        clock.move(waited_ns, ROUTED_EXPERTS, EXPERT_READS)
 
 
 class SparseMoE:
@@ -346,16 +362,29 @@ class DecoderLayer:
         return parts[0] if len(parts) == 1 else step.ops.concat(parts, 0)
 
     def __call__(self, x, step: Step):
-        h = x
+        h, clock = x, step.clock
         if self.attn is not None:
+            if clock is not None:
+                clock.lap(OTHER)
             mixed = self.mix(x, step)
             h = x + (mixed if self.attn_post is None else self.attn_post(mixed, step))
+            if clock is not None:
+                clock.lap(ATTENTION)
         if step.prefetcher is not None:
             step.prefetcher.after_attention(self, h, step)
+            if clock is not None:
+                clock.lap(PREFETCH)
         if self.mlp is None:
             return h
         out = self.mlp(self.mlp_norm(h, step), step)
+        if clock is not None:
+            self.lap_mlp(clock)
         return h + (out if self.mlp_post is None else self.mlp_post(out, step))
+
+    def lap_mlp(self, clock: StageClock) -> None:
+        """The MLP's end: a MoE's time after its routed experts (shared experts, the sum),
+        or a dense MLP's whole."""
+        clock.lap(SHARED_EXPERTS if isinstance(self.mlp, SparseMoE) else DENSE_MLP)
 
 
 class ParallelDecoderLayer(DecoderLayer):
@@ -366,11 +395,21 @@ class ParallelDecoderLayer(DecoderLayer):
         super().__init__(norm, attn, norm, mlp)
 
     def __call__(self, x, step: Step):
+        clock = step.clock
+        if clock is not None:
+            clock.lap(OTHER)
         normed = self.attn_norm(x, step)
         mixed = self.mix_normed(normed, step)
+        if clock is not None:
+            clock.lap(ATTENTION)
         if step.prefetcher is not None:  # predicts the next MoE layer's experts from the layer's input
             step.prefetcher.after_attention(self, x, step)
-        return x + mixed + self.mlp(normed, step)
+            if clock is not None:
+                clock.lap(PREFETCH)
+        out = self.mlp(normed, step)
+        if clock is not None:
+            self.lap_mlp(clock)
+        return x + mixed + out
 
 
 class NormedEmbedding(Embedding):
@@ -447,19 +486,18 @@ class CausalLM:
         return [layer.mlp.experts for layer in layers if isinstance(getattr(layer, "mlp", None), SparseMoE)]
 
     def forward(self, ids: np.ndarray, cache: Cache, ops, *, all_logits: bool = False, routing: list | None = None,
-                watch=None, after_layer=None, hidden: list | None = None):
+                watch=None, after_layer=None, hidden: list | None = None, clock: StageClock | None = None):
         """Run new tokens ``ids`` through the model, extending ``cache``. Returns float32
         logits on the host: (T, vocab) with ``all_logits``, else (vocab,) of the last.
         ``watch(stage, x)``, when given, sees the activations after every stage;
         ``after_layer(n)``, when given, is told after each layer how many are done;
         ``hidden``, when a list, gets the final-normed hidden states of every new token
-        (a backend array, (T, hidden)): what multi-token-prediction layers read."""
+        (a backend array, (T, hidden)): what multi-token-prediction layers read;
+        ``clock``: a ``StageClock`` told where the time goes."""
         ids = np.asarray(ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
-        step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher, ids=ids)
-        if self.prefetcher is not None:
-            self.prefetcher.after_embedding(step)
-        x = self.embed(ids, step)
+        step = Step(ops, positions, cache, routing=routing, prefetcher=self.prefetcher, ids=ids, clock=clock)
+        x = self._embed(ids, step)
         if watch is not None:
             watch("the token embeddings", x)
         for n, layer in enumerate(self.layers):
@@ -468,8 +506,7 @@ class CausalLM:
                 watch(f"layer {n} (of {len(self.layers)}, counting from 0 as the weight names do)", x)
             if after_layer is not None:
                 after_layer(n + 1)
-        if self.prefetcher is not None:
-            self.prefetcher.after_layers(step)
+        self._after_layers(step)
         cache.length += len(ids)
         if hidden is not None:  # normed apart: the logits' rows stay the very computation they are without
             hidden.append(self.norm(x, step))
@@ -478,9 +515,31 @@ class CausalLM:
         if watch is not None:
             watch("the final norm", x)
         logits = ops.to_host(self.lm_head(x, step))
+        if clock is not None:
+            clock.lap(LM_HEAD)
         if watch is not None:
             watch("the LM head", logits)
         return logits if all_logits else logits[0]
+
+    def _embed(self, ids: np.ndarray, step: Step):
+        clock = step.clock
+        if self.prefetcher is not None:
+            self.prefetcher.after_embedding(step)
+            if clock is not None:
+                clock.lap(PREFETCH)
+        x = self.embed(ids, step)
+        if clock is not None:
+            clock.lap(EMBED)
+        return x
+
+    def _after_layers(self, step: Step) -> None:
+        clock = step.clock
+        if clock is not None:
+            clock.lap(OTHER)
+        if self.prefetcher is not None:
+            self.prefetcher.after_layers(step)
+            if clock is not None:
+                clock.lap(PREFETCH)
 
     def first_faulty_stage(self, ids: list[int], ops, chunk: int = 256) -> tuple[str, str] | None:
         """Re-run ``ids`` from an empty cache, looking at the activations after every
@@ -507,7 +566,8 @@ class CausalLM:
         return None
 
     def forward_batch(self, seqs: list[tuple[np.ndarray, Cache]], ops, *, routing: list | None = None,
-                      all_logits: bool = False, hidden: list | None = None) -> np.ndarray:
+                      all_logits: bool = False, hidden: list | None = None,
+                      clock: StageClock | None = None) -> np.ndarray:
         """One batched step: ``seqs`` lists (new token ids, cache) of distinct sequences,
         each at its own position. Entries may share a cache: they are consecutive positions
         of one sequence, each computed as a step of its own in this order (a speculative
@@ -515,7 +575,7 @@ class CausalLM:
         every cache; returns host float32 logits
         (len(seqs), vocab), the row of each sequence's last new token, or with
         ``all_logits`` every new token's row, sequence after sequence. ``hidden``: as in
-        ``forward``, every row's."""
+        ``forward``, every row's; ``clock``: as in ``forward``."""
         ids = [np.asarray(i, dtype=np.int64) for i, _ in seqs]
         segments, rows, begin = [], [], 0
         fed: dict[int, int] = {}  # tokens of each cache earlier in ``seqs``
@@ -527,14 +587,11 @@ class CausalLM:
             rows.append((begin, begin + len(seq_ids)))
             begin += len(seq_ids)
         step = Step(ops, np.concatenate([s.positions for s in segments]), None, routing=routing,
-                    prefetcher=self.prefetcher, segments=segments, rows=rows, ids=np.concatenate(ids))
-        if self.prefetcher is not None:
-            self.prefetcher.after_embedding(step)
-        x = self.embed(step.ids, step)
+                    prefetcher=self.prefetcher, segments=segments, rows=rows, ids=np.concatenate(ids), clock=clock)
+        x = self._embed(step.ids, step)
         for layer in self.layers:
             x = layer(x, step)
-        if self.prefetcher is not None:
-            self.prefetcher.after_layers(step)
+        self._after_layers(step)
         for seq_ids, (_, cache) in zip(ids, seqs):
             cache.length += len(seq_ids)
         last = np.asarray([b - 1 for _, b in rows], dtype=np.int64)
@@ -542,11 +599,15 @@ class CausalLM:
             x = self.norm(x, step)
             if hidden is not None:
                 hidden.append(x)
-            return ops.to_host(self.lm_head(x, step))
-        if hidden is not None:
-            hidden.append(self.norm(x, step))
-        x = ops.take_rows(x, last)  # some sequence brought several tokens: keep each one's last
-        return ops.to_host(self.lm_head(self.norm(x, step), step))
+            logits = ops.to_host(self.lm_head(x, step))
+        else:
+            if hidden is not None:
+                hidden.append(self.norm(x, step))
+            x = ops.take_rows(x, last)  # some sequence brought several tokens: keep each one's last
+            logits = ops.to_host(self.lm_head(self.norm(x, step), step))
+        if clock is not None:
+            clock.lap(LM_HEAD)
+        return logits
 
 
 # A row whose sum of squares passes this overflows in float32: the RMS norm that reads it

@@ -53,6 +53,7 @@ def fused_layouts(experts: list) -> bool:
 
 class CudaBackend(Backend):
     name = "cuda"
+    deferred = True  # kernels run on a stream, asynchronously to the host
     device_tier = "colibri_cuda.tier:CudaDeviceTier"
 
     def __init__(self, device=None, kernels=None):

@@ -57,6 +57,7 @@ def host_memory() -> int:
 class MlxBackend(Backend):
     name = "mlx"
     unified_memory = True  # MLX arrays live in host memory on Apple silicon and on the CPU build alike
+    deferred = True  # lazy arrays: evaluated when the host reads one
 
     def __init__(self, device: str | None = None):
         """``device``: "gpu" or "cpu"; by default Metal's GPU where it exists, else the CPU."""

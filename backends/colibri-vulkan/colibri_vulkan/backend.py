@@ -95,6 +95,7 @@ def packed_device_bytes(kind: str, shape: tuple[int, int], block=(128, 128)) -> 
 
 class VulkanBackend(Backend):
     name = "vulkan"
+    deferred = True  # dispatches are recorded and submitted when the host downloads a result
 
     def __init__(self, device_index: int | None = None, context=None):
         super().__init__()

@@ -120,25 +120,25 @@ def _event(name: str, data: dict) -> str:
 def router(service: Service) -> APIRouter:
     api = APIRouter(route_class=JsonRoute)
 
-    async def prompt_ids(body) -> tuple[list[int], list[dict] | None]:
+    async def prompt_ids(body) -> tuple[list[int], list[dict] | None, float]:
         service.check_model(body.model)
         service.require_ready()
         tools = _tools(body)
-        ids = await service.tokenize(service.chat_ids, template_messages(body), tools)
-        return ids, tools
+        ids, took = await service.tokenize(service.chat_ids, template_messages(body), tools)
+        return ids, tools, took
 
     @api.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
-        ids, _ = await prompt_ids(body)
+        ids, _, _ = await prompt_ids(body)
         return {"input_tokens": len(ids)}
 
     @api.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
         check_unsupported(body)
-        ids, tools = await prompt_ids(body)
+        ids, tools, took = await prompt_ids(body)
         service.check_prompt(ids, "messages")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop_sequences, "stop_sequences"),
-                  tools=tools, **service.sampling(body.temperature, body.top_p, body.top_k))
+                  tools=tools, tokenize_s=took, **service.sampling(body.temperature, body.top_p, body.top_k))
         mid = f"msg_{uuid.uuid4().hex}"
         head = {"id": mid, "type": "message", "role": "assistant", "model": service.model_name}
         if not body.stream:

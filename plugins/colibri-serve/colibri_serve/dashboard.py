@@ -3,8 +3,10 @@ shipped in this package, nothing fetched from anywhere else) that polls
 ``GET /dashboard.json`` about once a second and draws tokens/s, the queue, the slots
 and a heat map of the routed experts (one row per MoE layer, one cell per expert; the
 colour says which tier holds it, the intensity how often the router chose it).
+``GET /profile`` draws the same JSON's ``turns``: where each of the last 30 requests'
+time went, phase by phase (colibri_core.engine.profiling).
 
-The page and its two files hold no data and are open; ``/dashboard.json`` is behind the
+The pages and their files hold no data and are open; ``/dashboard.json`` is behind the
 API key like every other route (the page asks for the key and keeps it in
 ``sessionStorage``)."""
 
@@ -17,6 +19,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from colibri_core.engine.profiling import PHASES
 from colibri_serve.service import Service
 
 # the page's files: route -> (file in colibri_serve/static, media type)
@@ -32,7 +35,11 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           # the expert atlas page (its data: /atlas.json, colibri_serve/atlas.py)
           "/atlas": ("atlas.html", "text/html; charset=utf-8"),
           "/static/atlas.js": ("atlas.js", "text/javascript; charset=utf-8"),
-          "/static/atlas.css": ("atlas.css", "text/css; charset=utf-8")}
+          "/static/atlas.css": ("atlas.css", "text/css; charset=utf-8"),
+          # the profiling page: the last turns' phases, from /dashboard.json's ``turns``
+          "/profile": ("profile.html", "text/html; charset=utf-8"),
+          "/static/profile.js": ("profile.js", "text/javascript; charset=utf-8"),
+          "/static/profile.css": ("profile.css", "text/css; charset=utf-8")}
 # the page loads nothing from elsewhere, and may not be framed
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                            "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -107,6 +114,44 @@ class TierBar(BaseModel):
                                     "experts read ahead)")
 
 
+class TurnHits(BaseModel):
+    device: int
+    ram: int = Field(description="Pinned and LRU")
+    prefetched: int
+
+
+class Turn(BaseModel):
+    """A finished request, and where the engine's time for it went
+    (colibri_core.engine.profiling): a batched step's time, lookups and bytes are shared
+    among its requests by the tokens each brought."""
+
+    id: int
+    time: float = Field(description="Unix time it ended")
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    steps: int = Field(description="Decode steps it took part in")
+    wall_s: float = Field(description="From submission to the end, waiting included")
+    queued_s: float = Field(description="Waiting for a slot")
+    ttft_s: float | None
+    seconds: dict[str, float] = Field(description="Seconds per phase, keys as profile.phases; the forward stages "
+                                                  "are its decode steps' (its prefill is one phase)")
+    prefill_stages: dict[str, float] = Field(description="The prefill's seconds per forward stage")
+    lookups: int = Field(description="Routed-expert lookups (its share)")
+    misses: int = Field(description="Of those, read from disk")
+    hits: TurnHits
+    hit_rate: float | None = Field(description="1 - misses / lookups; null without lookups")
+    bytes_read: int = Field(description="Expert bytes read from disk (its share)")
+
+
+class ProfileInfo(BaseModel):
+    phases: list[str] = Field(description="A turn's phases in drawing order")
+    backend: str
+    deferred: bool = Field(description="The backend queues work until the host reads a result: a phase's time is "
+                                       "where the engine waited for it")
+
+
 class Dashboard(BaseModel):
     model: str
     time: float = Field(description="Unix time of the snapshot")
@@ -117,6 +162,8 @@ class Dashboard(BaseModel):
     experts: ExpertMap | None = Field(description="null for a model without routed experts")
     tier_bars: list[TierBar] = Field(description="Device (on a backend with one), RAM and disk: bytes held, budget and "
                                                  "lookups served; empty for a model without routed experts")
+    profile: ProfileInfo
+    turns: list[Turn] = Field(description="The last 30 finished requests, oldest first")
 
 
 def snapshot(service: Service) -> dict:
@@ -139,6 +186,9 @@ def snapshot(service: Service) -> dict:
         "reads": stats.get("reads", 0), "bytes_read": sum((stats.get("bytes_by_drive") or {}).values()),
         "experts": experts,
         "tier_bars": tier_bars(service.model, stats) if store is not None else [],
+        "profile": {"phases": list(PHASES), "backend": service.model.backend.name,
+                    "deferred": bool(service.model.backend.deferred)},
+        "turns": service.scheduler.profiler.turns(),
     }
 
 

@@ -178,13 +178,13 @@ def router(service: Service) -> APIRouter:
         tools = _tools(body)
         penalties = _penalties(body, service)
         # rendering and tokenising a large prompt takes a while: off the event loop
-        ids = await service.tokenize(service.chat_ids, template_messages(body.messages), tools)
+        ids, took = await service.tokenize(service.chat_ids, template_messages(body.messages), tools)
         service.check_prompt(ids, "messages")
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         def new_job(i: int) -> Job:  # choice i: its own sequence; with a seed, seed + i (each choice its own draw)
             seed = body.seed + i if body.seed is not None and i else body.seed
             return Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools,
-                       logprobs=top_logprobs, constraint=constraint, **penalties,
+                       logprobs=top_logprobs, constraint=constraint, tokenize_s=took if i == 0 else 0.0, **penalties,
                        **service.sampling(body.temperature, body.top_p, body.top_k, seed))
 
         job = new_job(0)
@@ -273,6 +273,7 @@ def router(service: Service) -> APIRouter:
         service.require_ready()
         penalties = _penalties(body, service)
         prompt = body.prompt
+        took = 0.0
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
             ids = list(prompt)
         else:
@@ -280,10 +281,10 @@ def router(service: Service) -> APIRouter:
                 if len(prompt) != 1:
                     raise unsupported("prompt", "a batch of prompts")
                 prompt = prompt[0]
-            ids = await service.tokenize(service.text_ids, prompt)
+            ids, took = await service.tokenize(service.text_ids, prompt)
         service.check_prompt(ids, "prompt")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop, "stop"),
-                  logprobs=body.logprobs, **penalties, **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
+                  logprobs=body.logprobs, tokenize_s=took, **penalties, **service.sampling(body.temperature, body.top_p, body.top_k, body.seed))
         writer = LogprobWriter(service.token_bytes) if body.logprobs is not None else None
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": created, "model": service.model_name}

@@ -102,6 +102,7 @@ class Job:
     stops: list[str] = field(default_factory=list)
     tools: list[dict] | None = None  # OpenAI-style definitions; None: tool calls are not parsed
     constraint: Any = None  # what the reply must fit (colibri_core.engine.constraints.ConstraintSpec); None: anything
+    tokenize_s: float = 0.0  # rendering and tokenizing the prompt took this long (the profiling page shows it)
     # results
     finish_reason: str | None = None  # stop | length | stop_sequence | tool_calls | cancelled
     stop_sequence: str | None = None
@@ -291,17 +292,22 @@ class Service:
                            f"context of {self.max_context} tokens can hold ({limit} characters at most with this "
                            "tokenizer)", param=param)
 
-    async def tokenize(self, work: Callable[..., list[int]], *args) -> list[int]:
+    async def tokenize(self, work: Callable[..., list[int]], *args) -> tuple[list[int], float]:
         """``work(*args)`` (rendering and tokenizing a prompt) on the tokenizing threads,
-        one per slot; a request that finds them all busy waits, and counts against
-        max_queue as a request waiting for a slot does (429 beyond it)."""
+        one per slot, and the seconds it took there; a request that finds them all busy
+        waits, and counts against max_queue as a request waiting for a slot does (429
+        beyond it)."""
         with self._lock:
             if self._tokenizing >= self.slots + self.max_queue:
                 raise ApiError("queue_full", f"every slot is busy and the queue is full (--max-queue {self.max_queue}); "
                                "retry shortly", retry_after=1)
             self._tokenizing += 1
+        def timed():
+            began = time.perf_counter()
+            return work(*args), time.perf_counter() - began
+
         try:
-            future = self._tokenizer.submit(work, *args)
+            future = self._tokenizer.submit(timed)
         except BaseException:
             self._tokenized(None)
             raise
@@ -384,7 +390,8 @@ class Service:
         events: asyncio.Queue = asyncio.Queue()
         request = Request(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens, sampling=sampling,
                           stop_ids=frozenset(model.eos_ids), draft=self.draft, draft_depth=self.draft_depth,
-                          constraint=self.compiled(job.constraint) if job.constraint is not None else None)
+                          constraint=self.compiled(job.constraint) if job.constraint is not None else None,
+                          tokenize_s=job.tokenize_s)
         started = time.perf_counter()
         try:
             handle = self.scheduler.submit(request, on_event=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
