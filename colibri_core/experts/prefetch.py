@@ -214,6 +214,7 @@ class Prefetcher:
         if nxt is None:
             return
         indices, weights = nxt.router(nxt.norm(h, step), step)
-        chosen = ranked(indices, weights)[: nxt.slots]
+        real = len(self.store.layouts[nxt.moe_index])  # beyond: zero-computation experts, never read
+        chosen = [e for e in ranked(indices, weights) if e < real][: nxt.slots]
         self.store.prefetch(nxt.moe_index, chosen, behind=nxt.behind, issue=self._ahead,
                             several=len(step.positions) > 1)

@@ -20,13 +20,16 @@ from colibri_core.nn.layers import (
     SwiGLU,
     UngatedMLP,
 )
+from colibri_core.nn.lightning import LightningAttention, lightning_slopes
 from colibri_core.nn.mamba import Mamba2Mixer
+from colibri_core.nn.mamba1 import Mamba1Mixer
 from colibri_core.nn.mla import MLACache, MLAttention, mla_softmax_scale
 from colibri_core.nn.norms import GatedRMSNorm
 from colibri_core.nn.rope import RoPE, build_rope, rope_parameters
 from colibri_core.nn.shortconv import GatedShortConv
-from colibri_core.nn.routers import (HashRouter, ScoredTopKRouter, SigmoidGroupedTopKRouter, SoftmaxGroupedTopKRouter,
-                                     SparseMixerRouter)
+from colibri_core.nn.routers import (HashRouter, ScoredTopKRouter, SigmoidGroupedTopKRouter, SigmoidTopKRouter,
+                                     SoftmaxGroupedTopKRouter, SparseMixerRouter)
+from colibri_core.nn.chunked import temperature_tuning
 from colibri_core.nn.weights import ExpertDecl, ExpertMatrices, Param, Weights
 
 __all__ = [
@@ -51,4 +54,12 @@ __all__ = [
     "HyperConnection", "HyperDecoderLayer", "HyperHead",
     # Mamba-2 and squared-ReLU MLPs and experts without a gate (Nemotron-H, Granite 4)
     "Mamba2Mixer", "UngatedActivation", "UngatedMLP",
+    # Mamba (v1), its per-channel selective scan (Jamba)
+    "Mamba1Mixer",
+    # lightning attention: linear attention with a fixed decay per head (MiniMax-Text-01 / M1)
+    "LightningAttention", "lightning_slopes",
+    # Llama 4: its router (sigmoid of the top logits, weighting the experts' inputs:
+    # SparseMoE(weight_inputs=True)) and its NoPE layers' attention temperature
+    # (Attention's query_scale; chunked attention is Attention's chunk)
+    "SigmoidTopKRouter", "temperature_tuning",
 ]

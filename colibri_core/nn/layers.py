@@ -8,14 +8,16 @@ these; what is truly family-specific stays in the family's own file.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from colibri_core.compute.backend import UngatedActivation
 from colibri_core.compute.composites import ungated_activation
 from colibri_core.nn.cache import Cache, KVCache, LayerStates, SlidingKVCache, attention_cache
+from colibri_core.nn.chunked import chunked_attention, query_scales
 from colibri_core.nn.rope import RoPE
+from colibri_core.nn.zero_experts import split_zero_experts
 from colibri_core.nn.stages import (ATTENTION, DENSE_MLP, EMBED, EXPERT_READS, LM_HEAD, OTHER, PREFETCH, ROUTED_EXPERTS,
                                     ROUTERS, SHARED_EXPERTS, StageClock)
 
@@ -137,7 +139,15 @@ class Attention:
     ``SlidingKVCache``) and learned attention ``sinks`` (one logit per query head that
     joins the softmax, gpt-oss); the last two go through ``ops.windowed_attention``.
     ``gate``: the output gate as a projection of its own of the attention's input (AFMoE's
-    ``gate_proj``): the output times sigmoid(gate(x)) before o_proj."""
+    ``gate_proj``): the output times sigmoid(gate(x)) before o_proj. ``v_head_dim``: value
+    heads narrower (or wider) than the q/k heads (MiMo-V2-Flash's 128 beside 192; the
+    output has ``n_heads * v_head_dim`` features); ``value_scale``: the values multiplied
+    by a constant before they are cached (MiMo-V2-Flash's ``attention_value_scale``).
+    ``chunk``: chunked attention (Llama 4's ``attention_chunk_size``: a query sees the keys
+    of its own chunk of ``chunk`` positions up to itself, ``nn.chunked``; the cache keeps
+    the last ``chunk`` positions); ``query_scale``: a host function of the positions giving
+    each query a factor, applied after RoPE and the q/k norms (Llama 4's attention
+    temperature tuning, ``nn.chunked.temperature_tuning``)."""
 
     def __init__(
         self,
@@ -161,12 +171,22 @@ class Attention:
         window: int | None = None,
         sinks: Param | None = None,
         gate: Linear | None = None,
+        v_head_dim: int | None = None,
+        value_scale: float = 1.0,
+        chunk: int | None = None,
+        query_scale: Callable[[np.ndarray], np.ndarray] | None = None,
     ):
         if gate is not None and output_gate:
             raise ValueError("attention takes its output gate from q_proj (output_gate) or from gate, not both")
         self.layer = layer
         self.q, self.k, self.v, self.o = q, k, v, o
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        if self.v_head_dim < 1:
+            raise ValueError(f"attention v_head_dim must be >= 1, got {v_head_dim}")
+        if output_gate and self.v_head_dim != head_dim:
+            raise ValueError("an output gate from q_proj (output_gate) needs v_head_dim == head_dim")
+        self.value_scale = float(value_scale)
         self.rope = rope
         self.q_norm, self.k_norm, self.qk_norm_per_head = q_norm, k_norm, qk_norm_per_head
         if qk_norm_after_rope and (q_norm is None or not qk_norm_per_head):
@@ -179,9 +199,13 @@ class Attention:
             raise ValueError(f"attention window must be >= 1, got {window}")
         self.window, self.sinks = window, sinks
         self.gate = gate
+        if chunk is not None and (chunk < 1 or window is not None or sinks is not None):
+            raise ValueError(f"attention chunk must be >= 1 and goes without a window or sinks, got {chunk}")
+        self.chunk, self.query_scale = chunk, query_scale
 
     def new_state(self, backend, max_len: int) -> KVCache | SlidingKVCache:
-        return attention_cache(backend, self.n_kv_heads, self.head_dim, self.head_dim, max_len, self.window)
+        return attention_cache(backend, self.n_kv_heads, self.head_dim, self.v_head_dim, max_len,
+                               self.window if self.chunk is None else self.chunk)
 
     def _project(self, x, ops) -> list:
         """q, k, v (and the gate's projection, when separate) of rows x."""
@@ -214,7 +238,9 @@ class Attention:
             q, k, v = ops.clip(q, self.clip_qkv), ops.clip(k, self.clip_qkv), ops.clip(v, self.clip_qkv)
         q = q.reshape(t, self.n_heads, self.head_dim)
         k = k.reshape(t, self.n_kv_heads, self.head_dim)
-        v = v.reshape(t, self.n_kv_heads, self.head_dim)
+        v = v.reshape(t, self.n_kv_heads, self.v_head_dim)
+        if self.value_scale != 1.0:
+            v = v * self.value_scale
         if self.q_norm is not None and self.qk_norm_per_head and not self.qk_norm_after_rope:
             q, k = self.q_norm(q, step), self.k_norm(k, step)
         if self.rope is not None:
@@ -223,14 +249,19 @@ class Attention:
             k = ops.rope(k, cos, sin, self.rope.rotary_dim)
         if self.qk_norm_after_rope:
             q, k = self.q_norm(q, step), self.k_norm(k, step)
+        if self.query_scale is not None:
+            q = q * query_scales(self.query_scale, step)
         state = step.cache.layers[self.layer]
         keys, values = state.append(k, v)
-        if self.window is None and self.sinks is None:
+        if self.chunk is not None:  # row 0 of a sliding cache's keys is ``offset`` positions before this step
+            first = step.start - (state.offset if isinstance(state, SlidingKVCache) else step.start)
+            out = chunked_attention(ops, q, keys, values, step.start, first, self.scale, self.chunk)
+        elif self.window is None and self.sinks is None:
             out = ops.attention(q, keys, values, step.start, self.scale)
         else:  # a sliding cache holds the last positions only: its offset is where this step starts
             start = state.offset if isinstance(state, SlidingKVCache) else step.start
             out = ops.windowed_attention(q, keys, values, start, self.scale, self.window, _v(self.sinks))
-        out = out.reshape(t, self.n_heads * self.head_dim)
+        out = out.reshape(t, self.n_heads * self.v_head_dim)
         if gate is not None:
             out = out * ops.sigmoid(gate)
         return out
@@ -267,20 +298,27 @@ class RoutedExperts:
         self.decl = decl
         self.store = None  # attached when the model is placed
 
-    def __call__(self, x, indices: np.ndarray, weights: np.ndarray, step: Step):
+    def __call__(self, x, indices: np.ndarray, weights: np.ndarray, step: Step, counted: np.ndarray | None = None):
+        """``counted``: the routing the statistics see (``Step.routing``, the store's
+        counts) when it is not ``indices`` (``SparseMoE``'s zero experts: the real experts
+        chosen, without the padding slots)."""
         layer = self.decl.moe_index
+        counted = indices if counted is None else counted
         if step.routing is not None:
-            step.routing.append((self.decl.layer, indices.copy()))
+            step.routing.append((self.decl.layer, counted.copy()))
         store = self.store
         # a token's k experts are distinct: sorting them is enough (np.unique costs more)
         experts = np.sort(indices[0]) if indices.shape[0] == 1 else np.unique(indices)
+        if indices.shape[1] == 0:  # no real expert chosen (zero experts only): nothing to read
+            store.end_layer(layer, counted, experts)
+            return step.ops.zeros(tuple(x.shape), step.ops.activation_dtype)
         clock = step.clock
         if clock is not None:  # since the previous lap: the MLP's norm and the router
             clock.lap(ROUTERS)
             waited = store.stats.read_wait_ns
         if store.compute is not None:  # computed elsewhere (a compute tier), the same sums
             out = store.compute.routed_experts(self.decl, x, indices, weights, step.ops, lambda e: store.get(layer, e))
-            store.end_layer(layer, indices, experts)
+            store.end_layer(layer, counted, experts)
             if clock is not None:
                 self._lap(clock, store.stats.read_wait_ns - waited)
             return out
@@ -295,7 +333,7 @@ class RoutedExperts:
                                               window=store.io_window, ready=ready)
         else:
             out = step.ops.routed_experts(x, indices, weights, fetch, store.io_window, ready)
-        store.end_layer(layer, indices, experts)
+        store.end_layer(layer, counted, experts)
         if clock is not None:
             self._lap(clock, store.stats.read_wait_ns - waited)
         return out
@@ -307,15 +345,60 @@ class RoutedExperts:
 
 
 class SparseMoE:
-    """Router + routed experts, with an optional shared expert (optionally gated)."""
+    """Router + routed experts, with an optional shared expert (optionally gated).
+    ``weight_inputs``: each routing weight scales its expert's input instead of its output,
+    sum_k expert_k(w_k * x) (Llama 4: the experts are not linear, so this differs from
+    sum_k w_k * expert_k(x)); the store then computes each (token, expert) pair as a row
+    of its own, weighted 1, whatever tier serves the experts. ``zero_experts``: the
+    router's slots from the experts' count on are that many zero-computation experts
+    (LongCat-Flash): each adds the token itself times its routing weight, after the real
+    experts; they are never read nor given a cache slot, and the routing statistics
+    (``Step.routing``, the store's counts and history) count the real experts only,
+    ``zero_slots`` the slots that went to zero experts (``nn.zero_experts``)."""
 
-    def __init__(self, router, experts: RoutedExperts, shared=None, shared_gate: Linear | None = None):
+    def __init__(self, router, experts: RoutedExperts, shared=None, shared_gate: Linear | None = None,
+                 weight_inputs: bool = False, zero_experts: int = 0):
         self.router, self.experts = router, experts
         self.shared, self.shared_gate = shared, shared_gate
+        self.weight_inputs = weight_inputs
+        if zero_experts < 0 or (zero_experts and weight_inputs):
+            raise ValueError(f"zero_experts must be >= 0 and without weight_inputs, got {zero_experts}")
+        self.zero_experts, self.zero_slots = zero_experts, 0
+
+    def _with_zero_experts(self, x, indices: np.ndarray, weights: np.ndarray, step: Step):
+        """The real experts' slots through the store, then x times each token's zero slots' weight."""
+        real, real_weights, counted, identity = split_zero_experts(indices, weights, self.experts.decl.count)
+        out = self.experts(x, real, real_weights, step, counted=counted)
+        self.zero_slots += indices.size - counted.size
+        if identity.any():
+            out = step.ops.add_rows(out, np.arange(identity.shape[0]), x, identity)
+        return out
+
+    def _input_weighted(self, x, indices: np.ndarray, weights: np.ndarray, step: Step):
+        """sum_k expert_k(w_k * x): rows (token, k) of x scaled by their weight, each routed to
+        its one expert with weight 1, then summed over k in rank order."""
+        ops = step.ops
+        t, k = indices.shape
+        if k > 1:
+            x = ops.take_rows(x, np.repeat(np.arange(t), k))
+        scaled = x * ops.asarray(np.ascontiguousarray(weights.reshape(t * k, 1), dtype=np.float32))
+        out = self.experts(scaled, indices.reshape(t * k, 1), np.ones((t * k, 1), np.float32), step)
+        if k == 1:
+            return out
+        out = out.reshape(t, k, out.shape[-1])
+        total = out[:, 0]
+        for j in range(1, k):
+            total = total + out[:, j]
+        return total
 
     def __call__(self, x, step: Step):
         indices, weights = self.router(x, step)
-        out = self.experts(x, indices, weights, step)
+        if self.weight_inputs:
+            out = self._input_weighted(x, indices, weights, step)
+        elif self.zero_experts:
+            out = self._with_zero_experts(x, indices, weights, step)
+        else:
+            out = self.experts(x, indices, weights, step)
         if self.shared is not None:
             shared = self.shared(x, step)
             if self.shared_gate is not None:

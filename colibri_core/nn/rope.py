@@ -108,14 +108,17 @@ def _llama3(inv_freq: np.ndarray, params: dict, source: str) -> np.ndarray:
     low = _positive(params, "low_freq_factor", source)
     high = _positive(params, "high_freq_factor", source)
     old_len = _positive(params, "original_max_position_embeddings", source)
-    if high == low:
-        raise ModelFormatError(f"{source}: llama3 rope needs high_freq_factor != low_freq_factor")
     low_wavelen, high_wavelen = old_len / low, old_len / high
     wavelen = np.float32(2 * math.pi) / inv_freq
     scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(factor), inv_freq).astype(np.float32)
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    if high == low:  # no band to smooth (Llama 4 Scout's 1.0 and 1.0): transformers' 0 / 0 is used only on its edge
+        if medium.any():
+            raise ModelFormatError(f"{source}: llama3 rope with high_freq_factor == low_freq_factor has a wavelength "
+                                   "on the band's edge, where transformers divides by zero")
+        return scaled
     smooth = ((old_len / wavelen - low) / (high - low)).astype(np.float32)
     smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
-    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 

@@ -197,3 +197,27 @@ class HashRouter(ScoredTopKRouter):
             raise ValueError("a hash-routed MoE layer needs the step's token ids, one per row")
         return step.ops.scored_top_k(x, self.gate.weight.value, None, self.top_k, self.scoring,
                                      self.routed_scaling_factor, self.experts_for(step.ids, step.ops))
+
+
+class SigmoidTopKRouter:
+    """Llama 4's router: the ``top_k`` experts of the highest logits x @ gate.T (of equal
+    ones the lower index), each weighted by the sigmoid of its logit, not renormalised
+    (transformers' ``Llama4Router``). The backend computes the logits (at the router's
+    precision), the host chooses: one synchronisation per call, as every router. Llama 4
+    applies the weights to the experts' inputs: ``SparseMoE(weight_inputs=True)``."""
+
+    def __init__(self, gate: Linear, top_k: int):
+        if not 1 <= top_k <= gate.out_features:
+            raise ValueError(f"top_k {top_k} must be within 1..{gate.out_features} experts")
+        self.gate, self.top_k = gate, top_k
+        gate.weight.role = "router"  # routing decisions stay at the stored precision
+
+    def __call__(self, x, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        from colibri_core.compute import host
+
+        ops = step.ops
+        bias = None if self.gate.bias is None else self.gate.bias.value
+        logits = ops.to_host(ops.linear(x, self.gate.weight.value, bias)).astype(np.float32, copy=False)
+        indices = host.top_k_indices(logits, self.top_k)
+        chosen = np.take_along_axis(logits, indices, axis=-1)
+        return indices, (np.float32(1.0) / (np.float32(1.0) + np.exp(-chosen))).astype(np.float32)

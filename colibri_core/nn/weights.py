@@ -307,14 +307,17 @@ class Weights:
         return RoutedExperts(self.expert_layer(layer, count, matrices, activation=activation))
 
     def attention_projections(self, prefix: str, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
-                              qkv_bias: bool = False, o_bias: bool = False, q_per_head: int = 1) -> dict:
+                              qkv_bias: bool = False, o_bias: bool = False, q_per_head: int = 1,
+                              v_head_dim: int | None = None) -> dict:
         """``prefix.{q,k,v,o}_proj`` as keyword arguments of ``Attention``. ``q_per_head``
-        = 2 when q_proj also produces an output gate per head (Qwen3-Next)."""
+        = 2 when q_proj also produces an output gate per head (Qwen3-Next); ``v_head_dim``:
+        the value heads' width when it is not ``head_dim`` (give ``Attention`` the same)."""
+        dv = head_dim if v_head_dim is None else v_head_dim
         return {
             "q": self.linear(f"{prefix}.q_proj", n_heads * head_dim * q_per_head, hidden, bias=qkv_bias),
             "k": self.linear(f"{prefix}.k_proj", n_kv_heads * head_dim, hidden, bias=qkv_bias),
-            "v": self.linear(f"{prefix}.v_proj", n_kv_heads * head_dim, hidden, bias=qkv_bias),
-            "o": self.linear(f"{prefix}.o_proj", hidden, n_heads * head_dim, bias=o_bias),
+            "v": self.linear(f"{prefix}.v_proj", n_kv_heads * dv, hidden, bias=qkv_bias),
+            "o": self.linear(f"{prefix}.o_proj", hidden, n_heads * dv, bias=o_bias),
         }
 
     @property
