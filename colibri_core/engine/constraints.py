@@ -135,14 +135,20 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, vocab_size: int) -> Comp
 
 def for_model(model, spec: ConstraintSpec) -> CompiledConstraint:
     """``spec`` compiled for a loaded model (its llguidance tokenizer built once)."""
+    return compile_constraint(spec, model_grammar_tokenizer(model, spec.name or spec.kind), model.lm.vocab_size)
+
+
+def model_grammar_tokenizer(model, what: str = "constrained decoding") -> Any:
+    """A loaded model's llguidance tokenizer, built once (a grammar that names a special
+    token by id looks its id up here); a UsageError naming ``what`` without a tokenizer."""
     tokenizer = getattr(model, "_grammar_tokenizer", None)
     if tokenizer is None:
         if model.tokenizer is None:
-            raise UsageError(f"{spec.name or spec.kind}: constrained decoding needs the model's tokenizer "
+            raise UsageError(f"{what}: constrained decoding needs the model's tokenizer "
                              f"(tokenizer.json in {model.model_dir})")
         tokenizer = grammar_tokenizer(model.tokenizer.to_json(), model.lm.vocab_size, model.eos_ids)
         model._grammar_tokenizer = tokenizer
-    return compile_constraint(spec, tokenizer, model.lm.vocab_size)
+    return tokenizer
 
 
 def grammar_tokenizer(tokenizer_json: str, vocab_size: int, eos_ids) -> Any:

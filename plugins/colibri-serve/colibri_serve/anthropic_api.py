@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from colibri_serve.jsonbody import JsonRoute
 from colibri_serve.schemas import CountTokensRequest, MessagesRequest, stop_list, text_field, unsupported
 from colibri_serve.service import ApiError, Job, Service, started
+from colibri_serve.toolgrammar import ToolChoice, tool_constraint
 
 STOP_REASON = {"stop": "end_turn", "cancelled": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens",
                "tool_calls": "tool_use"}
@@ -82,16 +83,40 @@ def template_messages(body) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(body) -> list[dict] | None:
-    choice = (body.tool_choice or {}).get("type", "auto")
-    if choice in ("any", "tool"):
-        raise unsupported("tool_choice", "forcing a tool call (no constrained decoding)")
-    if choice not in ("auto", "none"):
-        raise ApiError("bad_request", f"tool_choice.type must be auto, any, tool or none, got {choice!r}", param="tool_choice")
-    if not body.tools or choice == "none":
+def _tool_choice(body) -> ToolChoice | None:
+    """``tool_choice`` as a ToolChoice; None: "none"."""
+    raw = body.tool_choice or {}
+    choice = raw.get("type", "auto")
+    parallel = not raw.get("disable_parallel_tool_use", False)
+    if choice == "any":
+        return ToolChoice(forced=True, parallel=parallel)
+    if choice == "tool":
+        if not isinstance(raw.get("name"), str):
+            raise ApiError("bad_request", "tool_choice: type tool needs the tool's name", param="tool_choice.name")
+        return ToolChoice(forced=True, name=raw["name"], parallel=parallel)
+    if choice == "none":
         return None
-    return [{"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
-            for t in body.tools]
+    if choice != "auto":
+        raise ApiError("bad_request", f"tool_choice.type must be auto, any, tool or none, got {choice!r}", param="tool_choice")
+    return ToolChoice(parallel=parallel)
+
+
+def _tools(body, service: Service | None = None):
+    """The tools as templates take them, and the constraint that forced or strict calls
+    put on the reply (None: none; ``service`` None: no constraint, for count_tokens)."""
+    choice = _tool_choice(body)
+    if choice is None or not body.tools:
+        if choice is not None and choice.forced:
+            raise ApiError("bad_request", "tool_choice: forcing a tool call needs tools", param="tool_choice")
+        return None, None
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
+             for t in body.tools]
+    if service is None:
+        return tools, None
+    strict = [bool(getattr(t, "strict", None)) for t in body.tools]
+    constraint = tool_constraint(service, tools, choice, strict, lambda i: f"tools[{i}].input_schema",
+                                 lambda i: f"tools[{i}].strict")
+    return tools, constraint
 
 
 def check_unsupported(body: MessagesRequest) -> None:
@@ -120,25 +145,26 @@ def _event(name: str, data: dict) -> str:
 def router(service: Service) -> APIRouter:
     api = APIRouter(route_class=JsonRoute)
 
-    async def prompt_ids(body) -> tuple[list[int], list[dict] | None, float]:
+    async def prompt_ids(body, constrain: bool = True) -> tuple[list[int], list[dict] | None, Any, float]:
         service.check_model(body.model)
         service.require_ready()
-        tools = _tools(body)
+        tools, constraint = _tools(body, service if constrain else None)
         ids, took = await service.tokenize(service.chat_ids, template_messages(body), tools)
-        return ids, tools, took
+        return ids, tools, constraint, took
 
     @api.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
-        ids, _, _ = await prompt_ids(body)
+        ids, _, _, _ = await prompt_ids(body, constrain=False)
         return {"input_tokens": len(ids)}
 
     @api.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
         check_unsupported(body)
-        ids, tools, took = await prompt_ids(body)
+        ids, tools, constraint, took = await prompt_ids(body)
         service.check_prompt(ids, "messages")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop_sequences, "stop_sequences"),
-                  tools=tools, tokenize_s=took, **service.sampling(body.temperature, body.top_p, body.top_k))
+                  tools=tools, constraint=constraint, constraint_param="tools", tokenize_s=took,
+                  **service.sampling(body.temperature, body.top_p, body.top_k))
         mid = f"msg_{uuid.uuid4().hex}"
         head = {"id": mid, "type": "message", "role": "assistant", "model": service.model_name}
         if not body.stream:

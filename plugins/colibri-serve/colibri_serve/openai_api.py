@@ -15,6 +15,7 @@ from colibri_serve.jsonbody import JsonRoute
 from colibri_serve.logprobs import LogprobWriter, chat_logprobs, logit_bias, response_constraint
 from colibri_serve.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, stop_list, text_field, unsupported
 from colibri_serve.service import ApiError, Job, Service, started
+from colibri_serve.toolgrammar import ToolChoice, tool_constraint
 
 FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "cancelled": "stop"}
 
@@ -83,15 +84,36 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(req: ChatCompletionRequest) -> list[dict] | None:
-    choice = req.tool_choice
-    if isinstance(choice, dict) or choice == "required":
-        raise unsupported("tool_choice", "forcing a tool call (no constrained decoding)")
-    if choice not in (None, "auto", "none"):
-        raise ApiError("bad_request", f"tool_choice must be 'auto', 'none' or 'required', got {choice!r}", param="tool_choice")
-    if not req.tools or choice == "none":
+def _tool_choice(req: ChatCompletionRequest) -> ToolChoice | None:
+    """``tool_choice`` (and ``parallel_tool_calls``) as a ToolChoice; None: "none"."""
+    choice, parallel = req.tool_choice, req.parallel_tool_calls is not False
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError("bad_request", "tool_choice: an object must be {\"type\": \"function\", \"function\": "
+                           "{\"name\": ...}}", param="tool_choice")
+        return ToolChoice(forced=True, name=fn["name"], parallel=False)
+    if choice == "required":
+        return ToolChoice(forced=True, parallel=parallel)
+    if choice == "none":
         return None
-    return [t.model_dump(exclude_none=True) for t in req.tools]
+    if choice not in (None, "auto"):
+        raise ApiError("bad_request", f"tool_choice must be 'auto', 'none', 'required' or a named function, got {choice!r}",
+                       param="tool_choice")
+    return ToolChoice(parallel=parallel)
+
+
+def _tools(req: ChatCompletionRequest, service: Service):
+    """The tools as templates take them, and the constraint that forced or strict calls
+    put on the reply (None: none)."""
+    choice = _tool_choice(req)
+    if choice is None:
+        return None, None
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    strict = [bool(t.function.strict) for t in req.tools or []]
+    constraint = tool_constraint(service, tools, choice, strict, lambda i: f"tools[{i}].function.parameters",
+                                 lambda i: f"tools[{i}].function.strict")
+    return tools, constraint
 
 
 def _penalties(body, service: Service) -> dict:
@@ -175,7 +197,11 @@ def router(service: Service) -> APIRouter:
         constraint = response_constraint(body.response_format)
         top_logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
         service.require_ready()
-        tools = _tools(body)
+        tools, calls_constraint = _tools(body, service)
+        if calls_constraint is not None:
+            if constraint is not None:
+                raise unsupported("response_format", "response_format together with a forced call or a strict tool")
+            constraint = calls_constraint
         penalties = _penalties(body, service)
         # rendering and tokenising a large prompt takes a while: off the event loop
         ids, took = await service.tokenize(service.chat_ids, template_messages(body.messages), tools)
@@ -185,6 +211,7 @@ def router(service: Service) -> APIRouter:
             seed = body.seed + i if body.seed is not None and i else body.seed
             return Job(ids, service.max_tokens(asked, len(ids)), stops=stop_list(body.stop, "stop"), tools=tools,
                        logprobs=top_logprobs, constraint=constraint, tokenize_s=took if i == 0 else 0.0, **penalties,
+                       constraint_param="tools" if calls_constraint is not None else "response_format",
                        **service.sampling(body.temperature, body.top_p, body.top_k, seed))
 
         job = new_job(0)

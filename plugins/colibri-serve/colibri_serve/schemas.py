@@ -25,6 +25,7 @@ class FunctionDef(_Loose):
     name: str = Field(min_length=1, max_length=256)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # true: a call's arguments are constrained to ``parameters``
 
 
 class ToolDef(_Loose):
@@ -69,6 +70,7 @@ class ChatCompletionRequest(_Loose):
     stop: str | list[str] | None = None
     tools: list[ToolDef] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call (held where a grammar writes the calls)
     n: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -106,6 +108,7 @@ class AnthropicTool(_Loose):
     name: str = Field(min_length=1, max_length=256)
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=dict)
+    strict: bool | None = None  # true: a call's input is constrained to ``input_schema``
 
 
 class AnthropicMessage(_Loose):

@@ -102,6 +102,7 @@ class Job:
     stops: list[str] = field(default_factory=list)
     tools: list[dict] | None = None  # OpenAI-style definitions; None: tool calls are not parsed
     constraint: Any = None  # what the reply must fit (colibri_core.engine.constraints.ConstraintSpec); None: anything
+    constraint_param: str = "response_format"  # the request field a constraint that does not compile is blamed on
     tokenize_s: float = 0.0  # rendering and tokenizing the prompt took this long (the profiling page shows it)
     # results
     finish_reason: str | None = None  # stop | length | stop_sequence | tool_calls | cancelled
@@ -137,6 +138,7 @@ class Service:
         self.model = None
         self.scheduler = None
         self.tool_format: ToolCallFormat | None = None
+        self.template_source: str | None = None  # the chat template's text (which tool-call convention, toolgrammar)
         self.defaults = dict(SAMPLING_DEFAULTS)
         self.created = int(time.time())
         self.closing = False  # the server is shutting down: no new generations, open ones end
@@ -181,6 +183,7 @@ class Service:
         source = template.source if template is not None else None
         self.model, self.scheduler = model, scheduler
         self.tool_format = detect_format(source, model.family.spec.name)
+        self.template_source = source
         self.defaults = sampling_defaults(model.model_dir)
         self._file_sizes = {sf.path: sf.file_size for sf in model.checkpoint.files.values()}
         per_token = model.tokenizer.max_chars_per_token() if model.tokenizer is not None else None
@@ -336,9 +339,10 @@ class Service:
         room = self.max_context - prompt_len
         return room if asked is None else min(asked, room)
 
-    def compiled(self, spec):
+    def compiled(self, spec, param: str = "response_format"):
         """A constraint compiled for the model, the last few kept (a schema takes milliseconds
-        to compile, and clients repeat theirs); a bad one is a 400 naming it."""
+        to compile, and clients repeat theirs); a bad one is a 400 naming it (``param``: the
+        request field it came from)."""
         import json as _json
 
         from colibri_core.engine.constraints import for_model
@@ -353,7 +357,7 @@ class Service:
         try:
             compiled = for_model(self.model, spec)
         except UsageError as exc:
-            raise ApiError("bad_request", str(exc), param="response_format") from None
+            raise ApiError("bad_request", str(exc), param=param) from None
         with self._lock:
             self._constraints[key] = compiled
             while len(self._constraints) > 32:
@@ -390,7 +394,7 @@ class Service:
         events: asyncio.Queue = asyncio.Queue()
         request = Request(prompt_ids=list(job.prompt_ids), max_tokens=job.max_tokens, sampling=sampling,
                           stop_ids=frozenset(model.eos_ids), draft=self.draft, draft_depth=self.draft_depth,
-                          constraint=self.compiled(job.constraint) if job.constraint is not None else None,
+                          constraint=self.compiled(job.constraint, job.constraint_param) if job.constraint is not None else None,
                           tokenize_s=job.tokenize_s)
         started = time.perf_counter()
         try:
