@@ -61,12 +61,12 @@ def test_every_moe_type_of_transformers_runs_or_is_listed_as_not_yet():
 
 
 def test_colibri_run_on_a_type_not_run_yet_says_why_and_what_is_near(tmp_path):
-    model = tmp_path / "jamba"
+    model = tmp_path / "jetmoe"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "jamba", "architectures": ["JambaForCausalLM"]}))
+    (model / "config.json").write_text(json.dumps({"model_type": "jetmoe", "architectures": ["JetMoeForCausalLM"]}))
     out = run_colibri("run", "--model", str(model), "--token-ids", "1,2")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     line = out.stderr
-    assert "no installed family runs model_type 'jamba'" in line
-    assert "Colibri does not run jamba yet (Mamba (v1) layers: a selective scan with a per-channel state" in line
+    assert "no installed family runs model_type 'jetmoe'" in line
+    assert "Colibri does not run jetmoe yet (mixture-of-attention-heads: attention heads routed as experts)" in line
     assert "the nearest types it runs: " in line and "docs/families.md" in line

@@ -1,4 +1,5 @@
-"""colibri-minimax: MiniMax's MiniMax-M2 family (Hugging Face model_type ``minimax_m2``)."""
+"""colibri-minimax: MiniMax's families, MiniMax-M2 (Hugging Face model_type ``minimax_m2``) and
+MiniMax-Text-01 / MiniMax-M1 (``minimax``)."""
 
 from colibri_core.plugins.registry import FamilySpec, family_hook
 
@@ -7,4 +8,9 @@ colibri_register_families = family_hook(
                impl="colibri_minimax.model:MiniMaxM2",
                description="MiniMax-M2: GQA with q/k RMSNorm over the full projection and partial RoPE, sigmoid "
                            "top-k router choosing with a score correction bias, renormalised, every layer MoE"),
+    FamilySpec(name="minimax", model_types=("minimax",), architectures=("MiniMaxForCausalLM",),
+               impl="colibri_minimax.text01:MiniMax",
+               description="MiniMax-Text-01 / M1: lightning attention (linear, a fixed decay per head) "
+                           "interleaved with GQA softmax attention, residuals from the normalised input scaled, "
+                           "softmax top-k router renormalised, every layer MoE"),
 )
