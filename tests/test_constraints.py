@@ -120,3 +120,60 @@ def test_tokens_a_schema_forces_are_drafted_and_change_nothing(model):
         jsonschema.validate(json.loads(drafted.text), schema)
     with pytest.raises(UsageError, match="ConstraintSpec"):
         model.generate("x", constraint="[0-9]+")
+
+
+GREEDY_GRAMMARS = [
+    ConstraintSpec.regex(r'\{"n": [0-9]{1,3}, "s": "[a-z ]{0,12}"\}'),
+    ConstraintSpec.json_schema({"type": "object", "properties": {
+        "path": {"type": "string", "maxLength": 16}, "lines": {"type": "integer", "minimum": 1},
+        "kind": {"enum": ["module", "script", "package"]}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["path", "lines", "kind"], "additionalProperties": False}),
+    ConstraintSpec.grammar('start: "def " NAME "(" NAME ("," " " NAME)* "):"\nNAME: /[a-z_]{1,8}/', "lark"),
+]
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("spec", GREEDY_GRAMMARS, ids=["regex", "json-schema", "lark"])
+def test_greedy_under_a_grammar_takes_the_masked_argmax_without_the_mask(model, spec, ties):
+    """Plain greedy decoding tries the likeliest tokens one by one before computing the
+    whole mask (Constraint.choose): at every step it must take exactly the masked
+    logits' argmax, lowest id first among ties, where the argmax is forbidden and where
+    the seven likeliest are, and where the grammar forces text (the mask then allows only
+    its canonical tokenization); and it must compute the mask only where it has to."""
+    import numpy as np
+
+    from colibri_core.engine.sampling import Sampler
+
+    compiled = for_model(model, spec)
+    lazy, masked = compiled.new(), compiled.new()
+    greedy = Sampler(SamplingParams())
+    rng = np.random.default_rng(7)
+    vocab = model.lm.vocab_size
+    lazy_masks = 0
+    steps = 150
+    for step in range(steps):
+        if masked.finished:
+            lazy, masked = compiled.new(), compiled.new()
+        logits = rng.standard_normal(vocab).astype(np.float32)
+        if ties:  # rounded: the likeliest few share values
+            logits = np.round(logits * 2) / 2
+        allowed = np.flatnonzero(masked.allowed())
+        forbidden = np.setdiff1d(np.arange(vocab), allowed)
+        top = logits.max()
+        if step % 3 == 0 and len(allowed) >= 2:  # the argmax forbidden, allowed tokens tie next: the lowest id
+            logits[forbidden[0]] = top + 2
+            logits[allowed[-2:]] = top + 1
+            logits[allowed[len(allowed) // 2]] = top + 1
+        elif step % 3 == 1:  # seven forbidden tokens lead, every allowed one ties below them: the mask decides
+            logits[forbidden[:7]] = top + 1 + np.arange(7)
+            logits[allowed] = top
+        want = int(np.argmax(masked.mask(logits)))
+        masked.advance(want)
+        calls = []
+        real_mask = lazy.mask
+        lazy.mask = lambda row: calls.append(1) or real_mask(row)
+        got, logprob = lazy.choose(greedy, logits)
+        del lazy.mask
+        assert (got, logprob) == (want, None), (step, model.tokenizer.decode([got]), model.tokenizer.decode([want]))
+        lazy_masks += len(calls)
+    assert steps // 3 <= lazy_masks < steps, lazy_masks

@@ -29,6 +29,7 @@ KINDS = ("json_object", "json_schema", "regex", "lark", "gbnf")
 # JSON as json.dumps writes it (", " and ": " between items): no free whitespace, which a
 # model could otherwise spend its whole budget on; a schema's "x-guidance" options override
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+GREEDY_TRIES = 8  # greedy decoding checks this many likeliest tokens before computing a whole mask
 
 
 def _llguidance():
@@ -179,6 +180,48 @@ class Constraint:
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with -inf where the grammar forbids the token (a copy)."""
         return np.where(self.allowed(), logits, self._ninf)
+
+    def choose(self, sampler, logits: np.ndarray):
+        """The sampler's (token, logprob) from ``logits`` with the grammar's mask applied,
+        and the matcher moved past the token (no ``advance`` after it).
+
+        Plain greedy decoding first tries the likeliest tokens one by one (``_greedy``):
+        checking a token costs ~2 us against ~35-55 us for the whole vocabulary's mask
+        inside a JSON string (docs/benchmarks.md). Any other sampling (temperature,
+        penalties, bias, logprobs of the masked distribution) samples the masked logits."""
+        if sampler.plain_greedy:
+            token = self._greedy(logits)
+            if token is not None:
+                return token, None
+        token, logprob = sampler.sample(self.mask(logits))
+        self.advance(token)
+        return token, logprob
+
+    def _greedy(self, logits: np.ndarray) -> int | None:
+        """The masked logits' argmax, consumed, found among the ``GREEDY_TRIES`` likeliest
+        tokens; None (nothing consumed) when the grammar allows none of them or forces
+        text here. A mask only
+        lowers forbidden tokens, so the first allowed token in order of (logit, lower id
+        first), as ``np.argmax`` breaks ties, is the masked argmax, provided every token
+        outside the tried ones scores lower: a tie with the last tried one is left to the mask."""
+        if self.matcher.compute_ff_bytes():
+            # text the grammar forces: the mask allows only its canonical tokenization,
+            # which a token-by-token check would not (it takes any prefix of that text)
+            return None
+        token = int(np.argmax(logits))
+        if self.matcher.try_consume_tokens([token]):
+            return token
+        if logits.size <= GREEDY_TRIES:
+            return None
+        tried = np.argpartition(logits, -GREEDY_TRIES)[-GREEDY_TRIES:]
+        scores = logits[tried]
+        floor = scores.min()
+        for t in tried[np.lexsort((tried, -scores))].tolist():
+            if logits[t] <= floor:
+                return None
+            if t != token and self.matcher.try_consume_tokens([t]):
+                return t
+        return None
 
     def advance(self, token: int) -> None:
         """The sampled ``token`` (one the mask allowed) moves the matcher on."""

@@ -204,7 +204,7 @@ class Generation:
                 accepted, done = 0, False
                 for i, row in enumerate(rows):
                     check_logits(row, lm, ops, prompt + self.token_ids, model)
-                    token, logprob = sampler.sample(row if matcher is None else matcher.mask(row))
+                    token, logprob = sampler.sample(row) if matcher is None else matcher.choose(sampler, row)
                     now = time.perf_counter()
                     if clock.first is None:
                         clock.first = now
@@ -221,11 +221,9 @@ class Generation:
                     if logprob is not None:
                         self._logprobs.append(logprob)
                     yield TokenEvent(token, text, row if self.return_logits else None, logprob)
-                    if matcher is not None:
-                        matcher.advance(token)
-                        if matcher.finished:  # the output is complete
-                            finish, done = "stop", True
-                            break
+                    if matcher is not None and matcher.finished:  # the output is complete
+                        finish, done = "stop", True
+                        break
                     if len(self.token_ids) >= self.max_tokens:
                         done = True
                         break

@@ -86,6 +86,11 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing else asked: the token is the logits' argmax."""
+        return self.greedy and self.logprobs is None and not self.adjusts_logits
+
+    @property
     def adjusts_logits(self) -> bool:
         """Whether a bias or a penalty changes the logits before they are sampled from."""
         return bool(self.logit_bias) or self.frequency_penalty != 0 or self.presence_penalty != 0
@@ -150,6 +155,10 @@ class Sampler:
     def __call__(self, logits: np.ndarray) -> int:
         return self.sample(logits)[0]
 
+    @property
+    def plain_greedy(self) -> bool:
+        return self.params.plain_greedy
+
     # -- a saved sequence (colibri_core.engine.state) ----------------------------------
     def state(self) -> dict:
         """What the next draw depends on besides the parameters, as JSON: the random
@@ -194,7 +203,7 @@ class Sampler:
         """The next token, and its log-probability (with the most likely tokens') when
         the parameters ask for them."""
         p = self.params
-        if p.greedy and p.logprobs is None and not p.adjusts_logits:
+        if p.plain_greedy:
             return int(np.argmax(logits)), None
         # in place on one float64 copy: every fresh vocabulary-sized temporary (~400 KB)
         # costs page faults, which dominated sampling when each step made a new one

@@ -754,7 +754,7 @@ class Scheduler:
         # NaN or degenerate logits end this sequence with an error naming the faulty layer
         check_logits(logits, self.lm, self.ops, seq.prompt + handle.token_ids, self.model)
         constraint = seq.constraint
-        token, logprob = seq.sampler.sample(logits if constraint is None else constraint.mask(logits))
+        token, logprob = seq.sampler.sample(logits) if constraint is None else constraint.choose(seq.sampler, logits)
         if handle.ttft_s is None:
             handle.ttft_s = time.perf_counter() - handle.submitted
             self._ttft.append(handle.ttft_s)
@@ -771,10 +771,8 @@ class Scheduler:
         handle.profile.add("detokenize", took)
         handle.profile.add("sampling", -took)
         handle._emit(TokenEvent(token, text, logprob=logprob))
-        if constraint is not None:
-            constraint.advance(token)
-            if constraint.finished:  # the output is complete
-                return ("stop",)
+        if constraint is not None and constraint.finished:  # the output is complete
+            return ("stop",)
         if len(handle.token_ids) >= request.max_tokens:
             return ("length",)
         if (seq.cache.length if length is None else length) >= self.lm.max_context:
