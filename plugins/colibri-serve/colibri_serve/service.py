@@ -445,10 +445,12 @@ class Service:
                 raise ApiError("shutting_down", "the server is shutting down: the reply was cut short")
             if reply.stopped is not None:
                 job.finish_reason, job.stop_sequence = "stop_sequence", reply.stopped
+            elif engine_reason in ("length", "context"):
+                # cut short, even inside a tool call: a call the parser could still read may
+                # lack arguments (block formats read an unclosed call), so it is not "tool_calls"
+                job.finish_reason = "length"
             elif job.parsed.tool_calls:
                 job.finish_reason = "tool_calls"
-            elif engine_reason in ("length", "context"):
-                job.finish_reason = "length"
             else:
                 job.finish_reason = engine_reason  # stop | cancelled
         finally:

@@ -13,18 +13,23 @@ schemas.
   a strict tool's arguments fitting its schema, another tool's any JSON object, and the
   reply ends with the section.
 
-Conventions with a grammar (JSON arguments): Hermes (Qwen2.5 / Qwen3 ``<tool_call>
+Conventions with a grammar: with JSON arguments, Hermes (Qwen2.5 / Qwen3 ``<tool_call>
 {"name": ..., "arguments": ...}</tool_call>``), Kimi (``<|tool_calls_section_begin|>``)
-and DeepSeek V3 / V3.1 (``<｜tool▁calls▁begin｜>``). The XML ones (Qwen3-Coder / Qwen3.5
-``<function=...>``, GLM ``<arg_key>``, DeepSeek V3.2 DSML), whose values are bare text,
-have none yet: forcing a call or a strict tool is refused there (400), never left
-unconstrained. A marker that is a special token of the model's vocabulary is written as
-that token (``<[id]>``), else as its text.
+and DeepSeek V3 / V3.1 (``<｜tool▁calls▁begin｜>``); with a block per parameter (XML
+style), Qwen3-Coder / Qwen3.5 (``<function=NAME><parameter=KEY>``) and GLM-4.5 to 4.7
+(``<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>``). In those a string parameter's
+value is bare text (never one of the texts that would end it early for toolcalls.py) and
+any other value is JSON fitting the parameter's schema; the parameters come in the
+schema's order, the required ones always. DeepSeek V3.2's DSML has none yet: forcing a
+call or a strict tool is refused there (400), never left unconstrained. A marker that is
+a special token of the model's vocabulary is written as that token (``<[id]>``), else as
+its text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -57,6 +62,20 @@ class Convention:
     call_close: tuple[Piece, ...]
     sep: tuple[Piece, ...]
     close: tuple[Piece, ...]
+    params: "ParamBlocks | None" = None  # arguments as a block per parameter; None: a JSON object
+
+
+@dataclass(frozen=True)
+class ParamBlocks:
+    """Arguments written as one block per parameter (XML-style conventions): ``key_open``
+    the pieces before a parameter's value (``key`` a piece: the name as text, or a regex of
+    any name), ``value_close`` those after it; ``ends`` the texts a bare string value must
+    not hold (toolcalls.py would end the value, the call or the section there)."""
+
+    key_open: Callable[[Piece], tuple[Piece, ...]]
+    value_close: tuple[Piece, ...]
+    ends: tuple[str, ...]
+    any_key: str  # the regex of a parameter name when the arguments are not constrained
 
 
 HERMES = Convention(
@@ -74,6 +93,24 @@ DEEPSEEK_V3 = Convention(
     lambda name: (M("<｜tool▁call▁begin｜>"), T("function"), M("<｜tool▁sep｜>"), T(name + "\n```json\n")),
     (T("\n```"), M("<｜tool▁call▁end｜>")), (T("\n"),), (M("<｜tool▁calls▁end｜>"),))
 
+QWEN_XML = Convention(
+    "qwen3-coder", (), lambda name: (M("<tool_call>"), T(f"\n<function={name}>\n")),
+    (T("</function>\n"), M("</tool_call>")), (T("\n"),), (),
+    ParamBlocks(lambda key: (T("<parameter="), key, T(">\n")), (T("\n</parameter>\n"),),
+                ("</parameter>", "</function>", "</tool_call>"), r"[A-Za-z0-9_.\-]{1,64}"))
+GLM = Convention(
+    "glm", (), lambda name: (M("<tool_call>"), T(name + "\n")), (M("</tool_call>"),), (T("\n"),), (),
+    ParamBlocks(lambda key: (M("<arg_key>"), key, M("</arg_key>"), T("\n"), M("<arg_value>")),
+                (M("</arg_value>"), T("\n")), ("</arg_value>", "</tool_call>"), r"[A-Za-z0-9_.\-]{1,64}"))
+
+# a bare string value with a maxLength above this is refused: llguidance's lexer gives up
+# on longer counted repetitions intersected with the value's forbidden texts (measured:
+# values of 2 characters refused under {0,1000}; every case right up to {0,900})
+MAX_BARE_LENGTH = 512
+# what a parameters schema may hold for its parameters to be written as blocks
+BLOCK_SCHEMA_KEYS = {"type", "properties", "required", "additionalProperties", "description", "title", "$defs",
+                     "definitions", "$schema", "x-guidance"}
+
 
 def convention(format_name: str | None, template_source: str | None) -> tuple[Convention | None, str]:
     """The grammar convention of a model (its toolcalls format and chat template), or None
@@ -83,7 +120,7 @@ def convention(format_name: str | None, template_source: str | None) -> tuple[Co
         return None, "this model has no known tool-call convention"
     if format_name == "qwen":
         if "<function=" in src:
-            return None, "its tool-call convention (Qwen3-Coder XML, <function=...>) has no grammar in colibri yet"
+            return QWEN_XML, ""
         if "<tool_call>" in src:
             return HERMES, ""
     elif format_name == "kimi":
@@ -95,7 +132,8 @@ def convention(format_name: str | None, template_source: str | None) -> tuple[Co
         if "tool▁calls▁begin" in src:
             return (DEEPSEEK_V3 if "```json" in src else DEEPSEEK_V31), ""
     elif format_name == "glm":
-        return None, "its tool-call convention (GLM <arg_key>/<arg_value>) has no grammar in colibri yet"
+        if "<arg_key>" in src:
+            return GLM, ""
     return None, "its chat template writes no tool calls in a convention colibri has a grammar for"
 
 
@@ -156,7 +194,10 @@ def tool_grammar(conv: Convention, tools: list[dict], choice: ToolChoice, strict
     lines = ["%llguidance {}"]
     for i in picked:
         schema = _schema(tools[i], choice.forced or strict[i], where(i))
-        lines.append(f"args{i}: %json {json.dumps(schema, ensure_ascii=False)}")
+        if conv.params is None:
+            lines.append(f"args{i}: %json {json.dumps(schema, ensure_ascii=False)}")
+        else:
+            lines += _param_blocks(conv.params, i, schema, where(i), special_id)
         opened = conv.call_open(names[i])
         lines.append(f"call{i}: {seq(opened)} args{i} {seq(conv.call_close)}")
         if not choice.forced and not conv.open:  # a call after the trigger that opened the section
@@ -182,6 +223,89 @@ def tool_grammar(conv: Convention, tools: list[dict], choice: ToolChoice, strict
         lines.append(f"section: opening {after}")
     lines += ["start: TEXT | section", r"TEXT: /(.|\n)*/"]
     return "\n".join(lines) + "\n"
+
+
+def _regex_text(text: str) -> str:
+    """``text`` as a literal inside a Lark ``/.../`` regex."""
+    return "".join("\\" + c if c in "\\.+*?()|[]{}^$/-" else c for c in text)
+
+
+def _param_blocks(blocks: ParamBlocks, i: int, schema: dict, where: str,
+                  special_id: Callable[[str], int | None]) -> list[str]:
+    """The Lark rules of tool i's arguments as parameter blocks (``args{i}``): its
+    schema's properties in order, each required one always there; a string property's
+    value bare text, any other JSON fitting its schema. A schema that names no
+    properties takes any parameters with bare values. What a block cannot enforce is
+    refused (400 naming ``where``)."""
+
+    def seq(pieces) -> str:
+        return " ".join(_lark_piece(p, special_id) for p in pieces)
+
+    def refuse(why: str):
+        raise ApiError("bad_request", f"{where}: {why}, which this model's tool-call format (a block per parameter, "
+                       "string values bare) cannot enforce", param=where)
+
+    # the value's lexeme takes the text that closes it (a greedy value would swallow it
+    # otherwise): the close's leading pieces written as text, up to a special token
+    close = list(blocks.value_close)
+    closing_text = ""
+    while close and (close[0][0] == "text" or special_id(close[0][1]) is None):
+        closing_text += close.pop(0)[1]
+    after = seq(close)
+    closing = json.dumps(closing_text, ensure_ascii=False) if closing_text else ""
+    ends = "|".join(_regex_text(e) for e in blocks.ends)
+    outside = f"~/(.|\\n)*({ends})(.|\\n)*/"
+
+    def bare(name: str, low: int = 0, high: int | None = None) -> str:
+        """A terminal: bare text of low..high characters holding none of the ends, then the closing text."""
+        count = "*" if not low and high is None else f"{{{low},{'' if high is None else high}}}"
+        lines.append(f"{name}: (/(.|\\n){count}/ & {outside}) {closing}")
+        return f"{name} {after}"
+
+    lines: list[str] = []
+    props = schema.get("properties")
+    if not props:  # any parameters, values bare
+        lines.append(f"pany{i}: {seq(blocks.key_open(('regex', blocks.any_key)))} {bare(f'PANY{i}')}")
+        lines.append(f"args{i}: pany{i}*")
+        return lines
+    if not isinstance(props, dict):
+        refuse("properties that are not an object")
+    extra = sorted(set(schema) - BLOCK_SCHEMA_KEYS)
+    if extra:
+        refuse(f"{extra[0]!r} in the parameters schema")
+    required = schema.get("required") or []
+    if not isinstance(required, list) or any(r not in props for r in required):
+        refuse("a required parameter that is not among its properties")
+    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    parts = []
+    for k, (key, sub) in enumerate(props.items()):
+        if not re.fullmatch(blocks.any_key, key):
+            refuse(f"the parameter name {key!r}")
+        opened = seq(blocks.key_open(T(key)))
+        if isinstance(sub, dict) and sub.get("type") == "string":
+            for keyword in ("pattern", "format", "contentEncoding", "contentMediaType"):
+                if keyword in sub:
+                    refuse(f"parameter {key!r}: a string's {keyword}")
+            values = sub["enum"] if "enum" in sub else [sub["const"]] if "const" in sub else None
+            if values is not None:
+                texts = [v for v in values if isinstance(v, str)]
+                if not texts:
+                    refuse(f"parameter {key!r}: a string enum without strings")
+                choices = " | ".join(json.dumps(t + closing_text, ensure_ascii=False) for t in texts)
+                lines.append(f"p{i}_{k}: {opened} ({choices}) {after}")
+            else:
+                low, high = sub.get("minLength", 0), sub.get("maxLength")
+                if not isinstance(low, int) or (high is not None and not isinstance(high, int)):
+                    refuse(f"parameter {key!r}: a length that is not an integer")
+                if high is not None and high > MAX_BARE_LENGTH:
+                    refuse(f"parameter {key!r}: a maxLength above {MAX_BARE_LENGTH}")
+                lines.append(f"p{i}_{k}: {opened} {bare(f'PV{i}_{k}', low, high)}")
+        else:
+            value = {**sub, **defs, "x-guidance": JSON_OPTIONS} if isinstance(sub, dict) else {}
+            lines.append(f"p{i}_{k}: {opened} %json {json.dumps(value, ensure_ascii=False)} {closing} {after}")
+        parts.append(f"p{i}_{k}" if key in required else f"p{i}_{k}?")
+    lines.append(f"args{i}: {' '.join(parts)}")
+    return lines
 
 
 def special_ids(tokenizer) -> Callable[[str], int | None]:

@@ -1,5 +1,6 @@
 """A random-weights model whose chat template writes tool calls in the Hermes convention
-(``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, as Qwen2.5 / Qwen3 do), for
+(``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, as Qwen2.5 / Qwen3 do; or
+with ``CODER_TEMPLATE`` a block per parameter, as Qwen3-Coder does), for
 the tests of forced and strict tool calls: its replies are garbage, so a call that parses
 and fits its tool's schema is the grammar's doing. ``<tool_call>`` and ``</tool_call>``
 are tokens of its vocabulary (plain added tokens, as in Qwen's), and its context holds
@@ -28,8 +29,15 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
+# Qwen3-Coder's convention: a block per parameter, string values bare
+CODER_TEMPLATE = TEMPLATE.replace(
+    "<tool_call>\n"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}\n</tool_call>",
+    "<tool_call>\n<function={{ c.function.name }}>\n{% for k, v in c.function.arguments.items() %}"
+    "<parameter={{ k }}>\n{{ v if v is string else v | tojson }}\n</parameter>\n{% endfor %}</function>\n</tool_call>")
 
-def build_tool_model(out: Path) -> Path:
+
+def build_tool_model(out: Path, template: str = TEMPLATE) -> Path:
     from tokenizers import AddedToken, Tokenizer
 
     build_demo_model(out, SPEC)
@@ -38,7 +46,7 @@ def build_tool_model(out: Path) -> Path:
     tok.save(str(out / "tokenizer.json"))
     assert tok.get_vocab_size() <= SPEC.vocab_size
     config = json.loads((out / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
+    config["chat_template"] = template
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return out
 

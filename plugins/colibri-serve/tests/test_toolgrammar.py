@@ -1,5 +1,6 @@
 """The grammars of forced and strict tool calls (colibri_serve.toolgrammar), without a
-server: for each convention with a grammar (Hermes, Kimi, DeepSeek V3 and V3.1), random
+server: for each convention with a grammar (Hermes, Kimi, DeepSeek V3 and V3.1, and the
+block-per-parameter ones of Qwen3-Coder and GLM), random
 walks through the llguidance matcher (every step a token the mask allows, drawn at
 random) write replies that toolcalls.py parses into calls of the given tools whose
 arguments validate against the tools' schemas; markers that are special tokens are
@@ -15,8 +16,8 @@ from tokenizers import AddedToken, Tokenizer
 
 from colibri_serve.service import ApiError
 from colibri_serve.toolcalls import FORMATS
-from colibri_serve.toolgrammar import (DEEPSEEK_V3, DEEPSEEK_V31, HERMES, KIMI, ToolChoice, convention, special_ids,
-                                       tool_grammar)
+from colibri_serve.toolgrammar import (DEEPSEEK_V3, DEEPSEEK_V31, GLM, HERMES, KIMI, QWEN_XML, ToolChoice, convention,
+                                       special_ids, tool_grammar)
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}},
            "required": ["city", "unit"], "additionalProperties": False}
@@ -35,6 +36,10 @@ CASES = {
                                                  "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"], True),
     "deepseek-v3": (DEEPSEEK_V3, "deepseek", ["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
                                               "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"], True),
+    "qwen3-coder": (QWEN_XML, "qwen", ["<tool_call>", "</tool_call>"], False),
+    "glm": (GLM, "glm", ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"], True),
+    # the same markers as text: a value's lexeme then takes its closing marker's text
+    "glm-text": (GLM, "glm", ["<tool_call>", "</tool_call>"], False),
 }
 
 
@@ -104,7 +109,7 @@ def test_forced_calls_parse_and_fit_their_schemas(base_tokenizer, case):
         g = grammar(conv, ll, choice, strict=(False, False))  # forced: every tool's arguments constrained all the same
         counts = []
         for seed in range(8):
-            text = tok.decode(walk(ll, g, n_vocab, eos, seed), skip_special_tokens=False)
+            text = tok.decode(walk(ll, g, n_vocab, eos, seed, steps=2500), skip_special_tokens=False)
             parsed = FORMATS[fmt].parse(text, TOOLS)
             assert parsed.content == "", (what, text)
             check_calls(parsed, names)
@@ -156,9 +161,10 @@ def test_conventions_of_the_chat_templates():
     assert convention("kimi", "<|tool_calls_section_begin|>")[0] is KIMI
     assert convention("deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['function']['name']")[0] is DEEPSEEK_V31
     assert convention("deepseek", "<｜tool▁calls▁begin｜>... '\\n```json\\n' ...")[0] is DEEPSEEK_V3
-    for fmt, src, why in (("qwen", "<tool_call>\n<function={{ name }}>", "Qwen3-Coder XML"),
-                          ("glm", "<tool_call>{{ name }}<arg_key>", "GLM"),
-                          ("deepseek", "<｜DSML｜function_calls>", "DSML"),
+    assert convention("qwen", "<tool_call>\n<function={{ name }}>")[0] is QWEN_XML
+    assert convention("glm", "<tool_call>{{ name }}<arg_key>")[0] is GLM
+    for fmt, src, why in (("deepseek", "<｜DSML｜function_calls>", "DSML"),
+                          ("glm", "<tool_call>{{ name }}", "writes no tool calls"),
                           (None, "", "no known tool-call convention"),
                           ("qwen", "no markers at all", "writes no tool calls")):
         conv, reason = convention(fmt, src)
@@ -181,3 +187,59 @@ def test_no_parameters_is_any_object(base_tokenizer):
     parsed = FORMATS["qwen"].parse(tok.decode(walk(ll, g, n_vocab, eos, 0), skip_special_tokens=False), tools)
     assert [c.name for c in parsed.tool_calls] == ["now"] and isinstance(parsed.tool_calls[0].arguments, dict)
     assert json.dumps(parsed.tool_calls[0].arguments)
+
+
+def xml_call(name, params):
+    """A Qwen3-Coder call as its chat template writes it."""
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def test_block_arguments_are_refused_when_they_break_the_schema(base_tokenizer):
+    tok, ll, _, _ = vocabulary(base_tokenizer, CASES["qwen3-coder"][2], False)
+    tools = TOOLS + [{"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["text"]}}}]
+
+    def accepts(g, text):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        return llguidance.LLMatcher(ll, g).validate_tokens(ids) == len(ids)
+
+    strict = llguidance.LLMatcher.grammar_from_lark(tool_grammar(
+        QWEN_XML, tools, ToolChoice(forced=True, parallel=False), [True] * 3, special_ids(ll), str))
+    loose = llguidance.LLMatcher.grammar_from_lark(tool_grammar(
+        QWEN_XML, tools, ToolChoice(parallel=False), [True, True, False], special_ids(ll), str))
+    good = xml_call("add", [("a", "7"), ("b", "true")])
+    assert accepts(strict, good) and accepts(loose, good)
+    for bad in ([("a", "700"), ("b", "true")], [("a", "7")], [("a", "7"), ("b", "true"), ("c", "1")],
+                [("b", "true"), ("a", "7")], [("a", '"7"'), ("b", "true")]):
+        assert not accepts(strict, xml_call("add", bad)), bad
+    # bare text: anything but the texts that would end it early for the parser
+    for text, ok in (("a < b && c </param", True), ("two\nlines\n", True), ("", True),
+                     ("x</parameter>y", False), ("x</function>", False), ("</tool_call>", False)):
+        call = xml_call("note", [("text", text), ("tags", '["a", "b"]')])
+        assert accepts(strict, call) is ok, text
+        if ok:
+            parsed = FORMATS["qwen"].parse(call, tools)
+            assert parsed.tool_calls[0].arguments == {"text": text, "tags": ["a", "b"]}
+    assert not accepts(strict, xml_call("note", [("tags", '["a"]')]))  # text is required
+    assert not accepts(strict, xml_call("note", [("text", "hi"), ("tags", "[1]")]))
+    # a tool that is not strict among strict ones: any parameters, bare values
+    assert accepts(loose, "Sure. " + xml_call("note", [("whatever", "x"), ("n", "[1]")]))
+    assert not accepts(loose, "Sure. " + xml_call("note", [("bad name", "x")]))
+
+
+@pytest.mark.parametrize("prop, why", [
+    ({"type": "string", "pattern": "^[a-z]+$"}, "a string's pattern"),
+    ({"type": "string", "format": "uri"}, "a string's format"),
+    ({"type": "string", "maxLength": 5000}, "a maxLength above 512"),
+])
+def test_what_a_bare_value_cannot_enforce_is_refused(prop, why):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": prop}, "required": ["x"]}}}]
+    with pytest.raises(ApiError, match=why) as err:
+        tool_grammar(GLM, tools, ToolChoice(forced=True), [True], lambda m: None, lambda i: f"tools[{i}].function.parameters")
+    assert err.value.param == "tools[0].function.parameters" and "cannot enforce" in str(err.value)
+    tools[0]["function"]["parameters"] = {"type": "object", "anyOf": [{"required": ["x"]}], "properties": {"x": {}}}
+    with pytest.raises(ApiError, match="'anyOf' in the parameters schema"):
+        tool_grammar(QWEN_XML, tools, ToolChoice(forced=True), [True], lambda m: None, str)
