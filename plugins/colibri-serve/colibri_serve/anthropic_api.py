@@ -119,6 +119,29 @@ def _tools(body, service: Service | None = None):
     return tools, constraint
 
 
+def output_constraint(body: MessagesRequest):
+    """The ConstraintSpec of ``output_config.format`` (structured outputs: the reply is
+    JSON fitting ``schema``), or None; ``effort`` (a thinking budget) is refused."""
+    from colibri_core.engine.constraints import ConstraintSpec
+
+    config = body.output_config
+    if not config:
+        return None
+    unknown = sorted(set(config) - {"format", "effort"})
+    if unknown:
+        raise ApiError("bad_request", f"output_config.{unknown[0]}: not a field of output_config (format, effort)",
+                       param=f"output_config.{unknown[0]}")
+    if config.get("effort") is not None:
+        raise unsupported("output_config.effort", "an effort level (no thinking budget)")
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise ApiError("bad_request", 'output_config.format must be {"type": "json_schema", "schema": {...}}',
+                       param="output_config.format")
+    return ConstraintSpec.json_schema(fmt["schema"], name="output_config.format")
+
+
 def check_unsupported(body: MessagesRequest) -> None:
     """Fields whose effect colibri cannot give are refused, not ignored: extended
     thinking (colibri returns no thinking blocks and cannot hold a thinking budget) and
@@ -160,10 +183,14 @@ def router(service: Service) -> APIRouter:
     @api.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
         check_unsupported(body)
+        output = output_constraint(body)
         ids, tools, constraint, took = await prompt_ids(body)
+        if output is not None and constraint is not None:
+            raise unsupported("output_config.format", "a structured output together with a forced or strict tool")
         service.check_prompt(ids, "messages")
         job = Job(ids, service.max_tokens(body.max_tokens, len(ids)), stops=stop_list(body.stop_sequences, "stop_sequences"),
-                  tools=tools, constraint=constraint, constraint_param="tools", tokenize_s=took,
+                  tools=tools, constraint=constraint or output,
+                  constraint_param="tools" if constraint is not None else "output_config.format", tokenize_s=took,
                   **service.sampling(body.temperature, body.top_p, body.top_k))
         mid = f"msg_{uuid.uuid4().hex}"
         head = {"id": mid, "type": "message", "role": "assistant", "model": service.model_name}

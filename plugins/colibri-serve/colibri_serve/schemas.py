@@ -129,6 +129,7 @@ class MessagesRequest(_Loose):
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # structured outputs: {"format": {"type": "json_schema", ...}}
     # features run on Anthropic's side: refused by the route, not ignored
     mcp_servers: list[dict[str, Any]] | None = None
     container: str | dict[str, Any] | None = None

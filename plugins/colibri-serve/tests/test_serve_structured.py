@@ -1,4 +1,5 @@
-"""Structured output through a live ``colibri serve`` with the openai SDK: replies to
+"""Structured output through a live ``colibri serve`` with the openai SDK (and Anthropic's
+``output_config.format``): replies to
 ``response_format`` json_schema / json_object requests parse and fit their schema, on the
 trained OLMoE-geometry model and on a random-weights one (whose unconstrained replies are
 not JSON at all; its context holds 64 tokens, so its schema is small), streamed or not;
@@ -6,6 +7,7 @@ and ``n`` choices, each a sequence of its own."""
 
 import json
 
+import anthropic
 import jsonschema
 import openai
 import pytest
@@ -99,3 +101,29 @@ def test_n_choices_are_sequences_of_their_own(structured_server):
     for bad in ({"n": 9}, {"n": 2, "stream": True}):
         with pytest.raises(openai.BadRequestError, match="n"):
             api.chat.completions.create(model="random-olmoe", messages=messages, max_tokens=2, **bad)
+
+
+def test_anthropic_output_config_format_fits_its_schema(structured_server, trained_server):
+    """The Messages API's structured outputs (``output_config.format``, as the anthropic
+    SDK sends it): the reply is JSON fitting the schema, streamed or not; what colibri
+    cannot give (an effort level) and malformed formats are refused naming the field."""
+    fmt = {"format": {"type": "json_schema", "schema": SCHEMA}}
+    claude = anthropic.Anthropic(base_url=trained_server.url, api_key="none", max_retries=0)
+    for seed in range(4):
+        m = claude.messages.create(model="olmoe-16x64", max_tokens=120, output_config=fmt,
+                                   messages=[{"role": "user", "content": f"Describe person {seed}."}])
+        assert m.stop_reason == "end_turn", m
+        jsonschema.validate(json.loads(m.content[0].text), SCHEMA)
+    small = anthropic.Anthropic(base_url=structured_server.url, api_key="none", max_retries=0)
+    with small.messages.stream(model="random-olmoe", max_tokens=40, output_config={"format": {
+            "type": "json_schema", "schema": SMALL}}, messages=[{"role": "user", "content": "Go."}]) as stream:
+        final = stream.get_final_message()
+    jsonschema.validate(json.loads(final.content[0].text), SMALL)
+    for config, param in (({"effort": "high"}, "output_config.effort"),
+                          ({"format": {"type": "json_object"}}, "output_config.format"),
+                          ({"format": {"type": "json_schema", "schema": {"type": "objekt"}}}, "output_config.format"),
+                          ({"verbosity": 1}, "output_config.verbosity")):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            small.messages.create(model="random-olmoe", max_tokens=4, output_config=config,
+                                  messages=[{"role": "user", "content": "Go."}])
+        assert err.value.body["error"]["message"].startswith(param), err.value.body
