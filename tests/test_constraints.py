@@ -89,6 +89,11 @@ def test_colibri_run_takes_a_grammar_file_and_refuses_bad_flags_before_loading(t
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["text"] in ("answer: yes", "answer: no") and result["finish_reason"] == "stop"
+    out = run_colibri("run", "--model", model_dir, "--regex", "[0-9]{2}-[a-z]{3}", "--json", "--temperature", "1",
+                      "--seed", "4", "def f():")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert re.fullmatch("[0-9]{2}-[a-z]{3}", result["text"]) and result["finish_reason"] == "stop", result
     schema = tmp_path / "bad.json"
     schema.write_text("{nope")
     for args, message in ((("--json-schema", str(schema)), f"error: --json-schema {schema}: not JSON"),

@@ -49,7 +49,7 @@ def client(server):
 def test_json_schema_replies_fit_their_schema(request, server_fixture, schema, model):
     api = client(request.getfixturevalue(server_fixture))
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
-    for seed in range(10):
+    for seed in range(50):  # the 50 prompts, on each model
         reply = api.chat.completions.create(
             model=model, messages=[{"role": "user", "content": f"Describe person {seed}."}],
             response_format=fmt, max_tokens=120, temperature=1.0, seed=seed)
