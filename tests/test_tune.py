@@ -58,7 +58,8 @@ def test_profile_file_round_trip_and_refusals(tmp_path_factory, config_home):
     good = json.loads(target.read_text())
     for bad, why in (({"format": "x"}, "is not a colibri-profile"), ({"version": 7}, "has version 7"),
                      ({"options": {"ram": "2G"}}, "sets 'ram'"), ({"options": {"pin_share": 1.5}}, "pin_share"),
-                     ({"options": {"prefetch_slots": 0}}, "prefetch_slots"), ({"options": {"prefetch": "yes"}}, "prefetch")):
+                     ({"options": {"prefetch_slots": 0}}, "prefetch_slots"), ({"options": {"prefetch": "yes"}}, "prefetch"),
+                     ({"options": {"mirrors": "/m"}}, "mirrors"), ({"options": {"mirrors": [1]}}, "mirrors")):
         target.write_text(json.dumps(good | bad))
         with pytest.raises(ModelFormatError, match=why) as exc:
             profiles.read(target)
@@ -94,6 +95,19 @@ def test_run_applies_the_profile_to_the_options_not_given_and_tokens_do_not_chan
     assert json.loads(given.stdout)["profile"]["options"] == {"prefetch_slots": 3, "direct_io": True}
     assert "--pin-share, --prefetch as given" in given.stderr
     assert not prefetching(json.loads(given.stdout)["stats"])
+    # a tuned mirror is read from (the profile's, where the command line gives none); one gone since is skipped
+    mirror = path.parent / f"{path.name}-mirror"
+    mirror.mkdir(exist_ok=True)
+    for shard in path.glob("*.safetensors"):
+        (mirror / shard.name).write_bytes(shard.read_bytes())
+    write_profile(path, {"mirrors": [str(mirror), str(path.parent / "gone")]})
+    mirrored = run_colibri(*args, "--direct-io", env=config_home)
+    assert mirrored.returncode == 0, mirrored.stderr
+    got = json.loads(mirrored.stdout)
+    assert got["profile"]["options"] == {"mirrors": [str(mirror)]} and f"--mirror {mirror}" in mirrored.stderr
+    assert f"mirror {path.parent / 'gone'} is not there; not used" in mirrored.stderr
+    assert len([n for n in got["stats"]["bytes_read_by_drive"].values() if n > 0]) == 2, got["stats"]
+    assert got["token_ids"] == json.loads(plain.stdout)["token_ids"]
     none = run_colibri(*args, "--profile", "none", env=config_home)
     assert json.loads(none.stdout)["profile"] is None
     named = run_colibri(*args, "--profile", "missing", env=config_home)
@@ -103,15 +117,21 @@ def test_run_applies_the_profile_to_the_options_not_given_and_tokens_do_not_chan
 @pytest.mark.slow
 def test_tune_finishes_within_its_budget_and_saves_a_profile_run_uses(tmp_path_factory, config_home):
     path = model_dir("demo_int4", tmp_path_factory)
+    mirror = path.parent / f"{path.name}-tune-mirror"
+    mirror.mkdir(exist_ok=True)
+    for shard in path.glob("*.safetensors"):
+        (mirror / shard.name).write_bytes(shard.read_bytes())
     started = time.perf_counter()
     out = run_colibri("tune", "--model", path, "--ram", 3 << 20, "--time", "25s", "--tokens", 8, "--prompt-tokens", 8,
-                      "--json", env=config_home, timeout=300)
+                      "--mirror", mirror, "--json", env=config_home, timeout=300)
     took = time.perf_counter() - started
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert took < 25 + 15  # the budget, plus the process's start and the machine's facts
     names = [row["name"] for row in doc["table"]]
     assert names[:4] == ["defaults", "direct I/O", "prefetch top-k", "prefetch 4"] and "pin share 0.25" in names
+    assert "1 mirror" in names and doc["facts"]["mirrors"][0]["path"] == str(mirror)
+    assert doc["facts"]["mirrors"][0]["read_buffered_bytes_s"] > 0
     assert all(row["rounds"] >= 1 and row["decode_tok_s"] > 0 for row in doc["table"])
     assert doc["facts"]["read_buffered_bytes_s"] > 0 and doc["facts"]["memory_copy_bytes_s"] > 0
     placement = {k: v for k, v in doc["options"].items() if k != "slots"}
@@ -123,3 +143,5 @@ def test_tune_finishes_within_its_budget_and_saves_a_profile_run_uses(tmp_path_f
     assert json.loads(run.stdout)["profile"]["name"] == path.name
     bad = run_colibri("tune", "--model", path, "--time", "soon", env=config_home)
     assert bad.returncode == 2 and "--time" in bad.stderr
+    bad = run_colibri("tune", "--model", path, "--mirror", path / "nowhere", env=config_home)
+    assert bad.returncode == 2 and "--mirror" in bad.stderr and "not a directory" in bad.stderr

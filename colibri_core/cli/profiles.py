@@ -30,6 +30,7 @@ PROFILE_BYTES = 4 << 20
 # the options a profile may set: option dest -> (flag for messages, type)
 TUNABLE = {"prefetch": ("--prefetch", bool), "prefetch_slots": ("--prefetch-slots", int),
            "direct_io": ("--direct-io", bool), "pin_share": ("--pin-share", float),
+           "mirrors": ("--mirror", list),  # DIR[@BW] values, as given to colibri tune
            "slots": ("--slots", int)}  # serve's, applied by serve and web only
 
 
@@ -93,6 +94,8 @@ def describe(options: dict) -> str:
         flag, kind = TUNABLE[dest]
         if kind is bool:
             parts.append(flag if value else "--no-prefetch" if dest == "prefetch" else f"no {flag}")
+        elif kind is list:
+            parts += [f"{flag} {item}" for item in value or ()]
         elif value is not None:
             parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
     return " ".join(parts) or "the defaults"
@@ -129,6 +132,8 @@ def read(path: Path) -> Profile:
         kind = TUNABLE[dest][1]
         ok = value is None or (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))) or (
             kind is float and isinstance(value, int) and not isinstance(value, bool))
+        if kind is list and ok and not all(isinstance(item, str) and item for item in value or ()):
+            ok = False
         if not ok or (dest == "pin_share" and value is not None and not 0 <= value <= 1) or (
                 dest in ("prefetch_slots", "slots") and value is not None and value < 1):
             raise fail(f"option {dest} has the bad value {value!r}")
@@ -180,13 +185,21 @@ def apply(ctx, model_dir: Path, choice: str | None, values: dict) -> dict | None
     profile, warning = resolve(Path(model_dir), choice)
     if profile is None:
         return None
+    import click
+
     applied = {}  # options this command does not have (serve's slots for run) are left out
     for dest, value in profile.options.items():
         source = ctx.get_parameter_source(dest) if dest in ctx.params else None
         if dest in values and source in (ParameterSource.DEFAULT, None):
+            if dest == "mirrors":  # a mirror's drive may be gone since: read without it, and say so
+                gone = [m for m in value if not _mirror_dir(m).is_dir()]
+                for m in gone:
+                    click.echo(f"profile {profile.name}: mirror {_mirror_dir(m)} is not there; not used", err=True)
+                value = tuple(m for m in value if m not in gone)
+                if not value:
+                    continue
             values[dest] = value
             applied[dest] = value
-    import click
 
     note = f" ({warning})" if warning else ""
     kept = sorted(d for d in profile.options if d in values and d not in applied)  # given on the command line
@@ -194,6 +207,12 @@ def apply(ctx, model_dir: Path, choice: str | None, values: dict) -> dict | None
     click.echo(f"profile {profile.name}: {profile.describe(applied)} (colibri tune, {profile.doc['created'][:10]}"
                f"{given}){note}; --profile none: without", err=True)
     return {"name": profile.name, "path": str(profile.path), "options": applied}
+
+
+def _mirror_dir(value: str) -> Path:
+    from colibri_core.io.drives import MirrorSpec
+
+    return MirrorSpec.parse(value).path
 
 
 def new_document(model_dir: Path, options: dict, *, budget: dict, table: list, facts: dict, seconds: float) -> dict:

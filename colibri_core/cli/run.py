@@ -270,7 +270,8 @@ def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_
     rest, values = split_plugin_values(plugin_values)
     if rest:
         raise TypeError(f"placement_kwargs() got unexpected options {sorted(rest)}")
-    tuned = dict(prefetch=prefetch, prefetch_slots=prefetch_slots, direct_io=direct_io, pin_share=pin_share)
+    tuned = dict(prefetch=prefetch, prefetch_slots=prefetch_slots, direct_io=direct_io, pin_share=pin_share,
+                 mirrors=tuple(mirrors))
     ctx = click.get_current_context(silent=True)
     if ctx is not None and "colibri.model_dir" in ctx.meta:  # a tuned profile fills the options not given
         from colibri_core.cli.profiles import apply
@@ -281,7 +282,7 @@ def placement_kwargs(ram, cap, pin, pin_share, prefetch, prefetch_slots, direct_
         tuned.update(extra)
         ctx.meta["colibri.profile"] = apply(ctx, ctx.meta["colibri.model_dir"], profile, tuned)
         extra.update({k: tuned[k] for k in extra})
-        prefetch, direct_io, pin_share = (tuned[k] for k in ("prefetch", "direct_io", "pin_share"))
+        prefetch, direct_io, pin_share, mirrors = (tuned[k] for k in ("prefetch", "direct_io", "pin_share", "mirrors"))
         prefetch_slots = tuned.get("prefetch_slots", prefetch_slots)
     return dict(ram=ram, cap=cap, pin=pin, pin_share=pin_share, prefetch=prefetch, prefetch_slots=prefetch_slots,
                 prefetch_window=prefetch_window, direct_io=direct_io, mirrors=tuple(mirrors), history={"save": True, "read": "read", "off": False}[history], history_decay=history_decay,

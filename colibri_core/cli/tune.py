@@ -45,6 +45,7 @@ import click
 from colibri_core.cli.modelarg import model_option
 from colibri_core.cli.run import backend_options
 from colibri_core.errors import UsageError
+from colibri_core.io.drives import MirrorSpec
 
 GAIN = 1.03  # an alternative must beat the defaults' median decode speed by 3%
 EXPLORE_SHARE = 0.6  # of the budget, for the single changes; then the combination
@@ -92,8 +93,9 @@ def memory_rate(nbytes: int = 256 << 20, repeats: int = 3) -> float:
 
 
 # -- the trials ------------------------------------------------------------------------------
-def configurations(top_k: int, cores: int, pin: bool) -> list[tuple[str, str, dict, dict]]:
-    """(name, dimension, placement options, environment) of every configuration tried."""
+def configurations(top_k: int, cores: int, pin: bool, mirrors: tuple[str, ...] = ()) -> list[tuple[str, str, dict, dict]]:
+    """(name, dimension, placement options, environment) of every configuration tried;
+    ``mirrors`` (run's --mirror values): reading from them too is one."""
     out = [("defaults", "", {}, {}),
            ("direct I/O", "direct_io", {"direct_io": True}, {}),
            ("prefetch top-k", "prefetch", {"prefetch": True}, {}),
@@ -101,6 +103,8 @@ def configurations(top_k: int, cores: int, pin: bool) -> list[tuple[str, str, di
     if pin:
         out += [("pin share 0.25", "pin_share", {"pin_share": 0.25}, {}),
                 ("pin share 0.75", "pin_share", {"pin_share": 0.75}, {})]
+    if mirrors:
+        out.append((f"{len(mirrors)} mirror{'s' if len(mirrors) > 1 else ''}", "mirrors", {"mirrors": list(mirrors)}, {}))
     if cores > 1:
         n = cores // 2
         out.append((f"{n} thread{'s' if n > 1 else ''}", "threads", {}, {"OMP_NUM_THREADS": str(n)}))
@@ -184,10 +188,10 @@ class Tuner:
     and the table."""
 
     def __init__(self, model_dir: Path, base: dict, *, budget_s: float, tokens: int, prompt_tokens: int, cold: bool,
-                 top_k: int, cores: int, pin: bool, say=lambda text: None, seed: int = 0):
+                 top_k: int, cores: int, pin: bool, say=lambda text: None, seed: int = 0, mirrors: tuple[str, ...] = ()):
         self.model_dir, self.base, self.budget_s = model_dir, base, budget_s
         self.tokens, self.prompt_tokens, self.cold = tokens, prompt_tokens, cold
-        self.configs = configurations(top_k, cores, pin)
+        self.configs = configurations(top_k, cores, pin, mirrors)
         self.runs: dict[str, list[dict]] = {c[0]: [] for c in self.configs}
         self.say, self.rng = say, random.Random(seed)
         self.started = time.perf_counter()
@@ -342,13 +346,17 @@ def slots_table(rows: list[dict], chosen: int | None):
               help="Forget the model's pages before each trial (cold) or not (warm); auto: cold when the experts do "
                    "not fit the RAM budget.")
 @click.option("--name", default=None, help="The profile's name (default: the model directory's name).")
+@click.option("--mirror", "mirrors", multiple=True, metavar="DIR[@BW]",
+              help="A read-only copy of the model on another drive (as colibri run's): reading from it too is tried, "
+                   "and its drive measured. Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the profile) instead of the table.")
 @backend_options
-def tune(model_dir, duration, ram, cap, tokens, prompt_tokens, cache, name, as_json, backend, vram):
+def tune(model_dir, duration, ram, cap, tokens, prompt_tokens, cache, mirrors, name, as_json, backend, vram):
     """Measure this machine for the model in --model (the drive at colibri's request size,
     memory bandwidth, direct I/O, prefetch and its depth, the pinned share of the expert
-    budget, threads), interleaved and repeated within --time, and save the fastest
-    placement as a profile that run, chat, serve, eval, atlas and bench apply by default."""
+    budget, threads, the mirrors given), interleaved and repeated within --time, and save
+    the fastest placement as a profile that run, chat, serve, eval, atlas and bench apply
+    by default."""
     from rich.console import Console
 
     from colibri_core.cli import profiles
@@ -364,6 +372,10 @@ def tune(model_dir, duration, ram, cap, tokens, prompt_tokens, cache, name, as_j
     check_load_options(cap=cap)
     open_backend(backend, vram)
     path = Path(model_dir)
+    mirror_specs = [MirrorSpec.parse(m) for m in mirrors]
+    for spec in mirror_specs:
+        if not spec.path.is_dir():
+            raise UsageError(f"--mirror {spec.path}: not a directory")
     bp = inspect_model(path)
     if not bp.moe:
         raise UsageError(f"--model {model_dir}: has no routed experts, so no placement to tune")
@@ -382,6 +394,15 @@ def tune(model_dir, duration, ram, cap, tokens, prompt_tokens, cache, name, as_j
              "memory_copy_bytes_s": memory, "cores": cores}
     say(f"colibri tune {path.name}: drive {_rate(rates['direct'])} O_DIRECT, {_rate(rates['buffered'])} buffered at "
         f"{format_bytes(request)} per read; memory copy {_rate(memory)}; {cores} threads")
+    if mirror_specs:
+        facts["mirrors"] = []
+        for spec in mirror_specs:
+            copy = spec.path / shards[-1].name
+            mirror_rates = read_rates(copy, request) if copy.is_file() else {"direct": None, "buffered": None}
+            facts["mirrors"].append({"path": str(spec.path), "read_direct_bytes_s": mirror_rates["direct"],
+                                     "read_buffered_bytes_s": mirror_rates["buffered"]})
+            say(f"  mirror {spec.path}: " + (f"{_rate(mirror_rates['direct'])} O_DIRECT, {_rate(mirror_rates['buffered'])} "
+                                             f"buffered" if copy.is_file() else f"no copy of {shards[-1].name} to measure"))
 
     # the routing history pinning needs: one unmeasured run makes it when there is none
     from colibri_core.experts.history import FILENAME, cache_path
@@ -397,7 +418,8 @@ def tune(model_dir, duration, ram, cap, tokens, prompt_tokens, cache, name, as_j
     say(f"trials: {tokens} tokens after {prompt_tokens} each, page cache {'forgotten (cold)' if cold else 'kept (warm)'}, "
         f"~{duration} in all")
     tuner = Tuner(path, base, budget_s=max(1.0, budget_s - (time.perf_counter() - started)), tokens=tokens,
-                  prompt_tokens=prompt_tokens, cold=cold, top_k=bp.top_k, cores=cores, pin=pin, say=say)
+                  prompt_tokens=prompt_tokens, cold=cold, top_k=bp.top_k, cores=cores, pin=pin, say=say,
+                  mirrors=tuple(mirrors))
     placement, rows, notes = tuner.run()
     seconds = time.perf_counter() - started
     chosen = dict(placement)
