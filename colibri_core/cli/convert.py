@@ -168,7 +168,7 @@ def _plan(bp, experts: str, dense: str, notes: list[str] | None = None) -> dict[
     same: dict[str, int] = {}
     requantised: dict[tuple[str, str], int] = {}
 
-    mtp_prefixes = tuple(f"model.layers.{m.index}." for m in bp.lm.mtp)
+    mtp_prefixes = tuple(p for m in bp.lm.mtp for p in m.prefixes)
     kept_for_mtp = 0
 
     def choose(info, target: str, what: str) -> None:

@@ -197,10 +197,12 @@ class MTPSource:
 
     def __init__(self, model):
         if not model.lm.mtp:
-            has = model.config.get("num_nextn_predict_layers") or 0
+            from colibri_core.nn.mtp import mtp_layout
+
+            _, has, field_name = mtp_layout(model.config)
             raise UsageError(f"{option('draft')} mtp: " + (
                 f"{model.model_dir} was loaded without its multi-token-prediction layers: load it with mtp=True"
-                if has else f"{model.model_dir} has no multi-token-prediction layers (num_nextn_predict_layers is "
+                if has else f"{model.model_dir} has no multi-token-prediction layers ({field_name} is "
                             "0 or absent); use ngram or auto"))
         self.layer, self.backend, self.max_len = model.lm.mtp[0], model.backend, model.lm.max_context
 

@@ -156,7 +156,7 @@ def inspect_model(model_dir: str | Path, backend=None, *, mtp: bool | str = Fals
         resolver = FormatResolver(registry, checkpoint, config)
         weights = Weights(checkpoint, resolver)
         if mtp:
-            _mtp_layers(model_dir, config, checkpoint)
+            _, weights.mtp_layout = _mtp_layers(model_dir, config, checkpoint)
             weights.mtp_layers = 1  # drafts chain the first MTP layer: the others are not read
         lm = family_entry.spec.load()().build(config, weights)
         if mtp and len(lm.mtp) != weights.mtp_layers:
@@ -182,28 +182,33 @@ def inspect_model(model_dir: str | Path, backend=None, *, mtp: bool | str = Fals
 FOUR_BIT_KERNELS = frozenset({"q4", "q4g32", "mxfp4", "mxfp4pair"})
 
 
-def _mtp_layers(model_dir: Path, config: dict, checkpoint: Checkpoint) -> int:
-    """How many MTP layers ``config`` declares, each found in the checkpoint; a one-line
-    error naming the field or the missing tensor otherwise."""
-    n = config.get("num_nextn_predict_layers") or 0
+def _mtp_layers(model_dir: Path, config: dict, checkpoint: Checkpoint) -> tuple[int, object]:
+    """How many MTP layers ``config`` declares and in which layout (``nn.mtp``), the first
+    found in the checkpoint; a one-line error naming the field or the missing tensor otherwise."""
+    from colibri_core.nn.mtp import mtp_layout
+
+    layout, n, field_name = mtp_layout(config)
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ModelFormatError(f"{model_dir / 'config.json'}: num_nextn_predict_layers must be a non-negative "
-                               f"integer, got {n!r}")
+        raise ModelFormatError(f"{model_dir / 'config.json'}: {field_name} must be a non-negative integer, got {n!r}")
     if n == 0:
         raise UsageError(f"{option('draft')} mtp: {model_dir} has no multi-token-prediction layers "
-                         "(config.json: num_nextn_predict_layers is 0 or absent); use --draft ngram or auto")
-    first = config.get("num_hidden_layers")
-    for i in range(n):
-        name = f"model.layers.{first + i}.eh_proj.weight"
-        if name not in checkpoint:
-            raise ModelFormatError(f"{model_dir}: config.json declares {n} multi-token-prediction layer(s) but the "
-                                   f"checkpoint has no {name!r} (a conversion that dropped them?)")
-    return n
+                         f"(config.json: {field_name} is 0 or absent); use --draft ngram or auto")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if text.get("mtp_use_dedicated_embeddings"):
+        raise UnsupportedModelError(f"{option('draft')} mtp: {model_dir}: an MTP layer with embeddings of its own "
+                                    "(mtp_use_dedicated_embeddings) is not read by colibri")
+    first = text.get("num_hidden_layers", config.get("num_hidden_layers"))
+    own, _ = layout.prefixes(f"model.layers.{first}", 0)
+    name = f"{own}.{layout.projection}.weight"
+    if name not in checkpoint:
+        raise ModelFormatError(f"{model_dir}: config.json declares {n} multi-token-prediction layer(s) but the "
+                               f"checkpoint has no {name!r} (a conversion that dropped them?)")
+    return n, layout
 
 
 def _check_mtp_precision(model_dir: Path, lm: CausalLM, weights: Weights, resolver: FormatResolver) -> None:
     """Refuse MTP layers stored in 4 bits (see ``FOUR_BIT_KERNELS``)."""
-    prefixes = tuple(f"model.layers.{m.index}." for m in lm.mtp)
+    prefixes = tuple(p for m in lm.mtp for p in m.prefixes)
     infos = [p.info for p in weights.params.values() if p.info.name.startswith(prefixes)]
     infos += [i for d in weights.experts if d.layer >= len(lm.layers) for i in d.matrices[0].values()]
     for info in infos:

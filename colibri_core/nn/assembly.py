@@ -19,7 +19,7 @@ from colibri_core.errors import UnsupportedModelError
 from colibri_core.nn.hyper import HeadNorm, HyperDecoderLayer, HyperHead, StreamEmbedding
 from colibri_core.nn.layers import (CausalLM, DecoderLayer, DividedInput, Embedding, Linear, NormedEmbedding,
                                     ParallelDecoderLayer, ScaledEmbedding, Unnormed)
-from colibri_core.nn.mtp import MTPLayer
+from colibri_core.nn.mtp import DEEPSEEK_MTP, MTPLayer
 
 if TYPE_CHECKING:
     from colibri_core.nn.weights import Weights
@@ -152,13 +152,16 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
                   vocab_size=vocab, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
     if w.mtp_layers:
         if hyper is not None or post is not None or embed_norm or head_divisor != 1.0 or not pre_norms or parallel:
-            raise UnsupportedModelError(f"{w.config_source}: multi-token-prediction layers are read in DeepSeek-V3's "
-                                        "layout on plain decoder layers; this model's layers are not plain")
-        for i in range(a.num_hidden_layers, a.num_hidden_layers + w.mtp_layers):
-            p = names.layer(i)
+            raise UnsupportedModelError(f"{w.config_source}: multi-token-prediction layers are read on plain decoder "
+                                        "layers; this model's layers are not plain")
+        layout = w.mtp_layout or DEEPSEEK_MTP
+        for j in range(w.mtp_layers):
+            i = a.num_hidden_layers + j
+            own, p = layout.prefixes(names.layer(i), j)
             block = DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p))
-            lm.mtp.append(MTPLayer(i, embed, norm(f"{p}.enorm"), norm(f"{p}.hnorm"), w.linear(f"{p}.eh_proj", hidden, 2 * hidden),
-                                   block, norm(f"{p}.shared_head.norm"), lm_head))
+            lm.mtp.append(MTPLayer(i, embed, norm(f"{own}.{layout.embed_norm}"), norm(f"{own}.{layout.hidden_norm}"),
+                                   w.linear(f"{own}.{layout.projection}", hidden, 2 * hidden), block,
+                                   norm(f"{own}.{layout.head_norm}"), lm_head, prefixes=tuple(dict.fromkeys((f"{own}.", f"{p}.")))))
     return lm
 
 

@@ -1,14 +1,20 @@
-"""Multi-token-prediction (MTP) layers: the extra layers DeepSeek-V3, Kimi K2 and
-GLM-4.5+ checkpoints carry past their decoder layers (``num_nextn_predict_layers``),
-trained to predict the token after the next one. colibri runs them as a draft source
+"""Multi-token-prediction (MTP) layers: the extra layers DeepSeek-V3, Kimi K2, GLM-4.5+,
+Qwen3-Next and Qwen3.5 checkpoints carry past their decoder layers, trained to predict
+the token after the next one. colibri runs them as a draft source
 (``colibri_core.engine.speculative``), never as part of the model's own logits.
 
-Layout (DeepSeek-V3's, which vLLM's and SGLang's loaders read): layer N =
-``num_hidden_layers`` holds ``enorm``, ``hnorm``, ``eh_proj`` (hidden x 2 hidden), a
-decoder layer under the usual names (``input_layernorm``, ``self_attn``,
-``post_attention_layernorm``, ``mlp``) and ``shared_head.norm``. Its ``embed_tokens``
-and ``shared_head.head`` are copies of the model's embedding and LM head (shared in
-training): the model's own are used and the copies are not read.
+Two published layouts (``MTPLayout``), the ones vLLM's and SGLang's loaders read:
+
+- DeepSeek-V3's (also Kimi K2's and GLM's; ``num_nextn_predict_layers``): layer N =
+  ``num_hidden_layers`` holds ``enorm``, ``hnorm``, ``eh_proj`` (hidden x 2 hidden), a
+  decoder layer under the usual names (``input_layernorm``, ``self_attn``,
+  ``post_attention_layernorm``, ``mlp``) and ``shared_head.norm``. Its ``embed_tokens``
+  and ``shared_head.head`` are copies of the model's embedding and LM head (shared in
+  training): the model's own are used and the copies are not read.
+- Qwen3-Next's and Qwen3.5's (``mtp_num_hidden_layers``): ``mtp.pre_fc_norm_embedding``,
+  ``mtp.pre_fc_norm_hidden``, ``mtp.fc`` and ``mtp.norm`` around a full-attention decoder
+  layer ``mtp.layers.0``, whose MoE-or-dense choice follows its own index 0 (as vLLM's
+  ``qwen3_next_mtp`` builds it); embeddings and LM head are the model's.
 
 At position i the layer reads the main model's final-normed hidden state h_i and the
 embedding of token i + 1:
@@ -20,20 +26,63 @@ computed yet.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from colibri_core.nn.cache import Cache
 from colibri_core.nn.layers import DecoderLayer, Embedding, Linear, RMSNorm, Step
 
 
+@dataclass(frozen=True)
+class MTPLayout:
+    """Where a checkpoint keeps its MTP layers: ``count`` the config field saying how
+    many; the names, under the layer's own prefix, of the embedding's norm, the hidden
+    state's norm, the projection of their concatenation and the output norm."""
+
+    name: str
+    count: str
+    embed_norm: str
+    hidden_norm: str
+    projection: str
+    head_norm: str
+    own: str | None = None  # the own tensors' prefix; None: the decoder layer's ``model.layers.{N + j}``
+    blocks: str | None = None  # the decoder layers' prefix (``{own}.layers.{j}``); None: as ``own``
+
+    def prefixes(self, layer_prefix: str, j: int) -> tuple[str, str]:
+        """(own tensors' prefix, decoder layer's prefix) of MTP layer j, whose layer
+        number's usual prefix is ``layer_prefix``."""
+        if self.own is None:
+            return layer_prefix, layer_prefix
+        return self.own, f"{self.blocks}.{j}"
+
+
+DEEPSEEK_MTP = MTPLayout("deepseek", "num_nextn_predict_layers", "enorm", "hnorm", "eh_proj", "shared_head.norm")
+QWEN_MTP = MTPLayout("qwen3-next", "mtp_num_hidden_layers", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm",
+                     own="mtp", blocks="mtp.layers")
+
+
+def mtp_layout(config: dict) -> tuple[MTPLayout, int, str]:
+    """The layout of a config.json's MTP layers, how many it declares (0: none) and
+    where it says so (a text model's fields may sit under ``text_config``)."""
+    for where, fields in (("", config), ("text_config.", config.get("text_config"))):
+        if not isinstance(fields, dict):
+            continue
+        for layout in (QWEN_MTP, DEEPSEEK_MTP):
+            if fields.get(layout.count) is not None:
+                return layout, fields[layout.count], where + layout.count
+    return DEEPSEEK_MTP, 0, DEEPSEEK_MTP.count
+
+
 class MTPLayer:
-    """One MTP layer; ``index`` is its layer number (its block's cache slot and its
-    weight names' ``model.layers.{index}``)."""
+    """One MTP layer; ``index`` is its layer number (its block's cache slot);
+    ``prefixes`` where its tensors live (with the trailing dot)."""
 
     def __init__(self, index: int, embed: Embedding, enorm: RMSNorm, hnorm: RMSNorm, eh_proj: Linear,
-                 block: DecoderLayer, head_norm: RMSNorm, head: Linear):
+                 block: DecoderLayer, head_norm: RMSNorm, head: Linear, prefixes: tuple[str, ...] = ()):
         self.index, self.embed, self.enorm, self.hnorm, self.eh_proj = index, embed, enorm, hnorm, eh_proj
         self.block, self.head_norm, self.head = block, head_norm, head
+        self.prefixes = prefixes or (f"model.layers.{index}.",)
 
     def new_cache(self, backend, max_len: int) -> Cache:
         """The layer's own sequence state (its attention's cache), in a ``Cache`` whose

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -125,8 +125,10 @@ class Weights:
     # a family's name -> the checkpoint's, for checkpoints that keep their original
     # (pre-transformers) names: the family asks under transformers' names either way
     aliases: dict[str, str] = field(default_factory=dict)
-    # multi-token-prediction layers to build as well (``build_decoder``; a draft source's)
+    # multi-token-prediction layers to build as well (``build_decoder``; a draft source's),
+    # in this layout (``nn.mtp.MTPLayout``; None: DeepSeek-V3's)
     mtp_layers: int = 0
+    mtp_layout: Any = None
 
     def shape_of(self, info: TensorInfo) -> tuple[int, ...]:
         return self.resolver.logical_shape(info) if self.resolver is not None else info.shape

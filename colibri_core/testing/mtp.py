@@ -1,7 +1,8 @@
 """Multi-token-prediction layers, which DeepSeek-V3's, Kimi K2's and GLM-4.5's checkpoints
-carry past their decoder layers (``num_nextn_predict_layers``): ignored unless asked
-for, and, asked for, checked against a torch implementation written from the published
-inference code (vLLM's ``deepseek_mtp``: transformers has none)."""
+carry past their decoder layers (``num_nextn_predict_layers``) and Qwen3-Next's and
+Qwen3.5's under ``mtp.`` (``mtp_num_hidden_layers``): ignored unless asked for, and,
+asked for, checked against a torch implementation written from the published inference
+code (vLLM's ``deepseek_mtp`` and ``qwen3_next_mtp``: transformers has none)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,72 @@ def reference_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
         return model.lm_head(rms(out, weight["shared_head.norm.weight"]))[0].numpy()
 
 
+def add_qwen_mtp_layer(model_dir: Path, out: Path, seed: int = 0) -> Path:
+    """A copy of ``model_dir`` (a Qwen3-Next model as ``save_pretrained`` writes it) with an
+    MTP layer in Qwen3-Next's layout: its decoder layer the one layer of a seeded *donor*
+    model (the same config, one full-attention layer: MoE or dense as layer 0 is, as vLLM
+    builds the MTP layer), saved by transformers and renamed ``mtp.layers.0.``; its own
+    norms and projection random. The donor stays in ``out/donor`` for the reference."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden = config["hidden_size"]
+    mtp_dir = copy_model(model_dir, out / "model", mtp_num_hidden_layers=1)
+    donor_config = AutoConfig.from_pretrained(model_dir)
+    donor_config.num_hidden_layers, donor_config.layer_types = 1, ["full_attention"]
+    torch.manual_seed(seed)
+    donor = AutoModelForCausalLM.from_config(donor_config, dtype=torch.float32)
+    donor.save_pretrained(out / "donor", max_shard_size="1GB")
+    tensors = load_file(out / "donor" / "model.safetensors")
+    layer = {"mtp.layers.0." + k[len("model.layers.0."):]: v for k, v in tensors.items() if k.startswith("model.layers.0.")}
+    rng = np.random.default_rng(seed)
+    layer |= {f"mtp.{name}.weight": (0.1 * rng.standard_normal(hidden)).astype(np.float32)  # (1 + w) norms
+              for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
+    layer["mtp.fc.weight"] = (rng.standard_normal((hidden, 2 * hidden)) / np.sqrt(2 * hidden)).astype(np.float32)
+    write_safetensors(mtp_dir / "model-mtp.safetensors", layer)
+    index = mtp_dir / "model.safetensors.index.json"
+    if index.exists():  # a sharded save: the index names every tensor's shard
+        doc = json.loads(index.read_text())
+        doc["weight_map"].update({name: "model-mtp.safetensors" for name in layer})
+        index.write_text(json.dumps(doc))
+    return mtp_dir
+
+
+def reference_qwen_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """Torch, float32, from vLLM's ``qwen3_next_mtp``: the MTP layer's logits at positions
+    0..T-2 of ``ids``, for a model made by ``add_qwen_mtp_layer`` (its block the donor's
+    layer, attending causally; the norms Qwen3-Next's (1 + w) RMSNorms)."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    donor = AutoModelForCausalLM.from_pretrained(model_dir.parent / "donor", dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    own = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in load_file(model_dir / "model-mtp.safetensors").items()}
+    eps = model.config.rms_norm_eps
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w)
+
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        hidden = model.model(input_ids=x).last_hidden_state[:, :-1]  # final-normed, as the MTP layer reads it
+        nxt = model.model.embed_tokens(x[:, 1:])
+        t = nxt.shape[1]
+        positions = torch.arange(t).unsqueeze(0)
+        rope = model.model.rotary_emb(nxt, positions)
+        mixed = torch.cat([rms(nxt, own["mtp.pre_fc_norm_embedding.weight"]), rms(hidden, own["mtp.pre_fc_norm_hidden.weight"])],
+                          dim=-1)
+        h = torch.nn.functional.linear(mixed, own["mtp.fc.weight"])
+        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+        out = donor.model.layers[0](h, attention_mask=mask, position_ids=positions, position_embeddings=rope)
+        out = out[0] if isinstance(out, tuple) else out
+        return model.lm_head(rms(out, own["mtp.norm.weight"]))[0].numpy()
+
+
 def mtp_logits(model, ids: list[int]) -> np.ndarray:
     """colibri's MTP logits at positions 0..T-2 of ``ids`` (``model`` loaded with
     ``mtp=True``): the main model's hidden states, then the MTP layer position by
@@ -105,14 +172,19 @@ def mtp_logits(model, ids: list[int]) -> np.ndarray:
     return np.stack([layer(hidden[0][i : i + 1], np.asarray([ids[i + 1]]), cache, ops)[0] for i in range(len(ids) - 1)])
 
 
-def check_mtp_layer_matches_reference(model_dir: Path, tmp_path: Path, prompt: list[int], backend: str = "cpu") -> None:
-    """An MTP layer added to ``model_dir`` (``add_mtp_layer``) gives the torch reference's
-    logits within 1e-4, and drafting with it changes no token."""
-    mtp_dir = add_mtp_layer(model_dir, tmp_path / "with-mtp")
+def check_mtp_layer_matches_reference(model_dir: Path, tmp_path: Path, prompt: list[int], backend: str = "cpu",
+                                      layout: str = "deepseek") -> None:
+    """An MTP layer added to ``model_dir`` (``add_mtp_layer``; ``layout`` "qwen":
+    ``add_qwen_mtp_layer``) gives the torch reference's logits within 1e-4, and drafting
+    with it changes no token."""
+    if layout == "qwen":
+        mtp_dir, reference = add_qwen_mtp_layer(model_dir, tmp_path / "with-mtp"), reference_qwen_mtp_logits
+    else:
+        mtp_dir, reference = add_mtp_layer(model_dir, tmp_path / "with-mtp"), reference_mtp_logits
     with colibri_core.load(mtp_dir, backend=backend, history=False, mtp=True) as model:
         ours = mtp_logits(model, prompt)
         off = model.generate(token_ids=prompt, max_tokens=12, ignore_eos=True)
         drafted = model.generate(token_ids=prompt, max_tokens=12, ignore_eos=True, draft="mtp", draft_depth=2)
-    np.testing.assert_allclose(ours, reference_mtp_logits(mtp_dir, prompt), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(ours, reference(mtp_dir, prompt), atol=1e-4, rtol=1e-4)
     assert drafted.token_ids == off.token_ids
     assert drafted.stats.drafted_tokens > 0

@@ -111,8 +111,8 @@ class QwenMoe(Family):
         def norm(prefix, dim):
             return w.rms_norm(prefix, dim, a.rms_norm_eps, offset=self.offset_norms)
 
-        def mixer(i, p):
-            kind = a.layer_types[i] if a.layer_types else "full_attention"
+        def mixer(i, p):  # past the decoder layers: an MTP layer, full attention (nn.mtp)
+            kind = a.layer_types[i] if a.layer_types and i < a.num_hidden_layers else "full_attention"
             return self.attention(a, w, i, p, rope, norm) if kind == "full_attention" else self.linear_attention(a, w, i, p)
 
         return build_decoder(a, w, mixer, lambda i, p: self.mlp(a, w, i, p), self.names,
@@ -135,7 +135,8 @@ class QwenMoe(Family):
 
     def mlp(self, a, w, i, p):
         p = f"{p}.mlp"
-        if not a.is_moe(i):
+        # an MTP layer (past the decoder layers) is MoE or dense by its own index (vLLM's qwen3_next_mtp)
+        if not a.is_moe(i if i < a.num_hidden_layers else i - a.num_hidden_layers):
             return w.swiglu(p, a.hidden_size, a.intermediate_size)
         shared = {}
         if self.shared_expert:

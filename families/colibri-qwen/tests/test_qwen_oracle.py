@@ -17,6 +17,7 @@ import colibri_core
 from colibri_core.errors import UnsupportedModelError
 from colibri_core.nn import GatedDeltaNet, RecurrentState
 from colibri_core.io.safetensors import write_safetensors
+from colibri_core.testing.backends import backend_params, matrix_beyond_cpu
 from colibri_core.testing.deltanet import check_layers_in_pieces
 from colibri_core.testing.oracle import FamilyOracleSuite, FusedLayoutCheck, OracleCase
 from colibri_core.testing.oracle_cases import prompt, yarn
@@ -276,3 +277,15 @@ def test_recurrent_state_has_a_fixed_size(tmp_path_factory):
         assert cache.bytes_per_token() == cache.layers[3].bytes_per_token() > 0
         result = model.generate(token_ids=fx.prompt, max_tokens=4, ignore_eos=True)
         assert result.stats.kv_bytes >= 3 * fixed
+
+
+@pytest.mark.parametrize("backend", matrix_beyond_cpu(backend_params()))
+@pytest.mark.parametrize("case", ["hybrid_dense_layer", "sharded_interval2_sparse_step"])
+def test_qwen3_next_mtp_layer_matches_the_torch_reference(backend, case, tmp_path_factory, tmp_path):
+    """Qwen3-Next's MTP layer (mtp.fc, mtp.pre_fc_norm_*, mtp.layers.0, mtp.norm) against
+    a torch implementation written from vLLM's qwen3_next_mtp; in the second case layer
+    index 0 is not an MoE layer (decoder_sparse_step 2), so the MTP layer is dense."""
+    from colibri_core.testing.mtp import check_mtp_layer_matches_reference
+
+    fx = TestQwen3NextOracle()._fixture(case, tmp_path_factory)
+    check_mtp_layer_matches_reference(fx.path, tmp_path, fx.prompt, backend, layout="qwen")
