@@ -24,13 +24,15 @@ from colibri_serve.service import Service
 
 # the page's files: route -> (file in colibri_serve/static, media type)
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
+          # what every page shares: the key, the status line, reading the server's JSON
+          "/static/page.js": ("page.js", "text/javascript; charset=utf-8"),
           "/static/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
           "/static/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
           # the chat page: a plain client of the server's own OpenAI API
           "/chat": ("chat.html", "text/html; charset=utf-8"),
           "/static/chat.js": ("chat.js", "text/javascript; charset=utf-8"),
           "/static/chat.css": ("chat.css", "text/css; charset=utf-8"),
-          # what the dashboard and the atlas share (tier colours, the key's name)
+          # what the dashboard, the atlas and the profiling page share (tier colours)
           "/static/tiers.js": ("tiers.js", "text/javascript; charset=utf-8"),
           # the expert atlas page (its data: /atlas.json, colibri_serve/atlas.py)
           "/atlas": ("atlas.html", "text/html; charset=utf-8"),

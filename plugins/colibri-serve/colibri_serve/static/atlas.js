@@ -14,14 +14,13 @@
 // tests/test_serve_atlas.py checks a screenshot against exactly this.
 "use strict";
 
-// TIERS, EMPTY, FRAME and KEY: tiers.js
+// TIERS, EMPTY and FRAME: tiers.js; $, getJSON, setStatus, onKeyForm, showFailure: page.js
 const LIT = [250, 204, 21];
 const GUIDE = [63, 63, 70];
 const LABEL = [212, 212, 216];
 const SIZE = 640, C = 320, RADIUS = 250;
 const POLL_MS = 1000;
 
-const $ = (id) => document.getElementById(id);
 const rgb = (c) => `rgb(${c.join(",")})`;
 let atlas = null;     // atlas.json
 let tiers = null;     // dashboard.json's experts.tiers
@@ -30,30 +29,6 @@ let lit = new Set();  // "layer/expert" routed in the current (or last) turn
 let turnOpen = false; // the last poll saw routing: the next one continues the same turn
 let drawn = [];       // [expert record, x, y, h] in drawing order, for clicks
 let selected = null;
-
-if (location.hash.startsWith("#key=")) {
-  sessionStorage.setItem(KEY, decodeURIComponent(location.hash.slice(5)));
-  history.replaceState(null, "", location.pathname + location.search);
-}
-
-function setStatus(text, error) {
-  $("status").textContent = text;
-  $("status").className = error ? "error" : "";
-}
-
-async function getJSON(path) {
-  const key = sessionStorage.getItem(KEY);
-  const response = await fetch(path, { cache: "no-store", headers: key ? { Authorization: `Bearer ${key}` } : {} });
-  if (response.status === 401) {
-    $("key-form").hidden = false;
-    throw new Error(key ? "the API key was refused" : "this server needs an API key");
-  }
-  if (response.status === 503) throw new Error("the model is loading…");
-  const body = await response.json();
-  if (!response.ok) return { missing: (body.error && body.error.message) || `${path} answered ${response.status}` };
-  $("key-form").hidden = true;
-  return body;
-}
 
 function position(profile) {
   const n = profile.length;
@@ -223,38 +198,33 @@ function updateLive(map) {
 async function poll() {
   try {
     if (!atlas) {
-      const got = await getJSON("atlas.json");
-      if (got.missing) {
+      try {
+        atlas = await getJSON("atlas.json");
+      } catch (err) {
+        if (err.status !== 404) throw err;
         $("verdict").className = "nothing";
-        $("verdict").textContent = got.missing;
+        $("verdict").textContent = err.message;
         setStatus("no atlas");
         return; // nothing to draw: reload the page once the atlas is made
       }
-      atlas = got;
       $("model").textContent = atlas.model.name;
       showVerdict();
       fillLayers();
     }
     const dash = await getJSON("dashboard.json");
-    if (!dash.missing) {
-      tiers = dash.experts ? dash.experts.tiers : null;
-      updateLive(dash.experts);
-      draw();
-      if (selected) showPanel(selected);
-      document.body.dataset.updated = String(dash.time);
-      setStatus(`live, every ${POLL_MS / 1000} s`);
-    }
+    tiers = dash.experts ? dash.experts.tiers : null;
+    updateLive(dash.experts);
+    draw();
+    if (selected) showPanel(selected);
+    document.body.dataset.updated = String(dash.time);
+    setStatus(`live, every ${POLL_MS / 1000} s`);
   } catch (err) {
-    setStatus(err.message || "the server cannot be reached", true);
+    showFailure(err);
   }
   setTimeout(poll, POLL_MS);
 }
 
-$("key-form").addEventListener("submit", (event) => {
-  event.preventDefault();
-  sessionStorage.setItem(KEY, $("key").value.trim());
-  $("key").value = "";
-});
+onKeyForm();
 $("atlas-map").addEventListener("click", click);
 $("layer").addEventListener("change", draw);
 $("live").addEventListener("change", draw);

@@ -4,49 +4,16 @@
 // read from disk during the turn (the difference of /dashboard.json's reads around it).
 "use strict";
 
-const KEY = "colibri-api-key"; // shared with the dashboard
-const $ = (id) => document.getElementById(id);
+// $, KEY, authHeaders, getJSON, Loading, setStatus, onKeyForm: page.js
 let model = null;
 let messages = [];
 let busy = false;
 
-if (location.hash.startsWith("#key=")) {
-  sessionStorage.setItem(KEY, decodeURIComponent(location.hash.slice(5)));
-  history.replaceState(null, "", location.pathname + location.search);
-}
-
-function headers(json) {
-  const h = {};
-  const key = sessionStorage.getItem(KEY);
-  if (key) h.Authorization = "Bearer " + key;
-  if (json) h["Content-Type"] = "application/json";
-  return h;
-}
-
-function setStatus(text, error) {
-  $("status").textContent = text;
-  $("status").className = error ? "error" : "";
-}
-
-class Loading extends Error {}
-
-async function api(path) {
-  const r = await fetch(path, { headers: headers(false) });
-  if (r.status === 401) {
-    $("key-form").hidden = false;
-    throw new Error("the server wants its API key");
-  }
-  if (r.status === 503) throw new Loading("the model is loading…");
-  if (!r.ok) throw new Error(path + ": HTTP " + r.status);
-  return r.json();
-}
-
 async function connect() {
   try {
-    const models = await api("v1/models");
+    const models = await getJSON("v1/models");
     model = models.data[0].id;
     $("model").textContent = model;
-    $("key-form").hidden = true;
     setStatus("ready");
   } catch (e) {
     setStatus(e.message, !(e instanceof Loading));
@@ -68,7 +35,7 @@ function addTurn(role, text) {
 
 async function diskReads() {
   try {
-    return (await api("dashboard.json")).reads;
+    return (await getJSON("dashboard.json")).reads;
   } catch (e) {
     return null;
   }
@@ -114,7 +81,7 @@ async function send(text) {
   const started = performance.now();
   let first = null, last = null, usage = null, finish = null;
   try {
-    const r = await fetch("v1/chat/completions", { method: "POST", headers: headers(true), body: JSON.stringify(body) });
+    const r = await fetch("v1/chat/completions", { method: "POST", headers: authHeaders(true), body: JSON.stringify(body) });
     if (!r.ok) {
       const err = await r.json().catch(() => ({}));
       throw new Error((err.error && err.error.message) || "HTTP " + r.status);
@@ -174,11 +141,7 @@ $("message").addEventListener("keydown", (ev) => {
     $("send-form").requestSubmit();
   }
 });
-$("key-form").addEventListener("submit", (ev) => {
-  ev.preventDefault();
-  sessionStorage.setItem(KEY, $("key").value);
-  connect();
-});
+onKeyForm(connect);
 $("reset").addEventListener("click", () => {
   messages = [];
   $("turns").textContent = "";

@@ -9,27 +9,14 @@
 // history). tests/test_serve_dashboard.py checks a screenshot against exactly this.
 "use strict";
 
-// TIERS, EMPTY, FRAME and KEY: tiers.js
+// TIERS, EMPTY and FRAME: tiers.js; $, getJSON, setStatus, onKeyForm, showFailure: page.js
 const POLL_MS = 1000;
 const LOOKUPS = [["device", "device"], ["ram_pinned", "RAM pinned"], ["ram_lru", "RAM LRU"],
                  ["prefetched", "prefetched"], ["disk", "disk (read)"]];
 
-const $ = (id) => document.getElementById(id);
 const rates = []; // [time, tokens/s], the last 2 minutes
 let last = null;  // the last snapshot drawn, and its cell geometry
 let geometry = null;
-
-// a key given as /#key=KEY is kept for this tab and taken out of the address bar
-if (location.hash.startsWith("#key=")) {
-  sessionStorage.setItem(KEY, decodeURIComponent(location.hash.slice(5)));
-  history.replaceState(null, "", location.pathname + location.search);
-}
-
-function setStatus(text, error) {
-  const el = $("status");
-  el.textContent = text;
-  el.className = error ? "error" : "";
-}
 
 function fmtBytes(n) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -195,32 +182,16 @@ function hover(event) {
 }
 
 async function poll() {
-  const key = sessionStorage.getItem(KEY);
   try {
-    const response = await fetch("dashboard.json", { cache: "no-store", headers: key ? { Authorization: `Bearer ${key}` } : {} });
-    if (response.status === 401) {
-      $("key-form").hidden = false;
-      setStatus(key ? "the API key was refused" : "this server needs an API key", true);
-    } else if (response.status === 503) {
-      setStatus("the model is loading…");
-    } else if (!response.ok) {
-      setStatus(`dashboard.json answered ${response.status}`, true);
-    } else {
-      render(await response.json());
-      $("key-form").hidden = true;
-      setStatus(`live, every ${POLL_MS / 1000} s`);
-    }
+    render(await getJSON("dashboard.json"));
+    setStatus(`live, every ${POLL_MS / 1000} s`);
   } catch (err) {
-    setStatus("the server cannot be reached", true);
+    showFailure(err);
   }
   setTimeout(poll, POLL_MS);
 }
 
-$("key-form").addEventListener("submit", (event) => {
-  event.preventDefault();
-  sessionStorage.setItem(KEY, $("key").value.trim());
-  $("key").value = "";
-});
+onKeyForm();
 $("map").addEventListener("mousemove", hover);
 drawLegend();
 poll();

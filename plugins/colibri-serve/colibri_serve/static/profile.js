@@ -12,7 +12,7 @@
 // tests/test_serve_profile_page.py checks a screenshot against exactly this.
 "use strict";
 
-// FRAME, EMPTY and KEY: tiers.js
+// FRAME and EMPTY: tiers.js; $, getJSON, setStatus, onKeyForm, showFailure: page.js
 const PHASES = {
   tokenize: { label: "tokenize", rgb: [100, 116, 139] },
   prefill: { label: "prefill", rgb: [99, 102, 241] },
@@ -34,33 +34,9 @@ const W = 932, H = 302, BAR = 24, GAP = 6, MAX_TURNS = 30;
 const BOTTOM = H - 2, PLOT = H - 2 - 10; // the tallest bar stops 10 rows under the frame
 const POLL_MS = 1000;
 
-const $ = (id) => document.getElementById(id);
 const rgb = (c) => `rgb(${c.join(",")})`;
 let phases = [];  // dashboard.json's profile.phases
 let shown = [];   // [turn, x] as drawn, for the hover line
-
-if (location.hash.startsWith("#key=")) {
-  sessionStorage.setItem(KEY, decodeURIComponent(location.hash.slice(5)));
-  history.replaceState(null, "", location.pathname + location.search);
-}
-
-function setStatus(text, error) {
-  $("status").textContent = text;
-  $("status").className = error ? "error" : "";
-}
-
-async function getJSON(path) {
-  const key = sessionStorage.getItem(KEY);
-  const response = await fetch(path, { cache: "no-store", headers: key ? { Authorization: `Bearer ${key}` } : {} });
-  if (response.status === 401) {
-    $("key-form").hidden = false;
-    throw new Error(key ? "the API key was refused" : "this server needs an API key");
-  }
-  if (response.status === 503) throw new Error("the model is loading…");
-  if (!response.ok) throw new Error(`${path} answered ${response.status}`);
-  $("key-form").hidden = true;
-  return response.json();
-}
 
 const total = (turn) => phases.reduce((sum, name) => sum + turn.seconds[name], 0);
 
@@ -163,15 +139,11 @@ async function poll() {
     document.body.dataset.updated = String(dash.time);
     setStatus(`live, every ${POLL_MS / 1000} s`);
   } catch (err) {
-    setStatus(err.message || "the server cannot be reached", true);
+    showFailure(err);
   }
   setTimeout(poll, POLL_MS);
 }
 
-$("key-form").addEventListener("submit", (event) => {
-  event.preventDefault();
-  sessionStorage.setItem(KEY, $("key").value.trim());
-  $("key").value = "";
-});
+onKeyForm();
 $("profile-chart").addEventListener("mousemove", hover);
 poll();

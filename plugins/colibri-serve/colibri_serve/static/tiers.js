@@ -1,6 +1,5 @@
-// What the dashboard and the expert atlas share: each tier's colour (the tests check
-// screenshots against these), the canvas's empty and frame colours, and where the API key
-// is kept (sessionStorage, this tab only; chat.js uses the same name).
+// What the dashboard, the expert atlas and the profiling page share: each tier's colour
+// (the tests check screenshots against these) and the canvas's empty and frame colours.
 "use strict";
 
 const TIERS = {
@@ -12,4 +11,3 @@ const TIERS = {
 };
 const EMPTY = [17, 17, 20];
 const FRAME = [255, 255, 255];
-const KEY = "colibri-api-key";
