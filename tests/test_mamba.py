@@ -9,10 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from colibri_core.compute.reference import ReferenceBackend
-from colibri_core.nn import Cache, Step
-from colibri_core.plugins.discovery import create_backend, get_registry
-from colibri_core.testing.backends import backend_params, matrix_beyond_cpu
+from colibri_core.testing import mixers
 from colibri_core.testing.mamba import MambaShape, build_mixer, random_weights, reference_mamba2
 
 SHAPES = {
@@ -29,19 +26,15 @@ CUTS = [11, 12, 13, 21, 22, POSITIONS]
 TOLERANCE = 2e-5
 
 
-@pytest.fixture(params=[pytest.param("reference", id="reference"), *matrix_beyond_cpu(backend_params())])
+@pytest.fixture(params=mixers.backend_fixture_params())
 def ops(request):
-    return ReferenceBackend() if request.param == "reference" else create_backend(get_registry(), request.param)
+    return mixers.backend(request.param)
 
 
 def run(mixer, ops, x, cuts):
     """``mixer`` fed the rows of ``x`` up to each cut in turn from a fresh state."""
-    cache = Cache([mixer.new_state(ops, 1024)])
-    outs, start = [], 0
-    for end in cuts:
-        outs.append(ops.to_host(mixer(ops.asarray(x[start:end]), Step(ops, np.arange(start, end), cache))))
-        cache.length = start = end
-    return np.concatenate(outs), cache.layers[0]
+    got, cache = mixers.feed(mixer, ops, x, cuts)
+    return got, cache.layers[0]
 
 
 def reference_in(shape, w, x, cuts):
@@ -58,15 +51,12 @@ def reference_in(shape, w, x, cuts):
 
 
 def inputs(shape, seed):
-    rng = np.random.default_rng(seed + 100)
-    return random_weights(shape, seed), rng.standard_normal((POSITIONS, shape.hidden)).astype(np.float32)
+    return mixers.inputs(random_weights, shape, seed, POSITIONS)
 
 
 def check(got, state, want, label):
     out, conv, ssm = want
-    assert np.abs(got - out).max() < TOLERANCE, f"{label}: outputs differ by {np.abs(got - out).max():.2e}"
-    assert np.abs(state.backend.to_host(state["conv"]) - conv).max() < TOLERANCE, f"{label}: conv state"
-    assert np.abs(state.backend.to_host(state["ssm"]) - ssm).max() < TOLERANCE, f"{label}: ssm state"
+    mixers.check(got, state, out, {"conv": conv, "ssm": ssm}, label, TOLERANCE)
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
@@ -96,16 +86,8 @@ def test_batched_step_is_each_sequence_alone(ops):
     as alone."""
     shape = SHAPES["grouped_floor"]
     w, x = inputs(shape, 7)
-    mixer = build_mixer(ops, shape, w)
-    caches = [Cache([mixer.new_state(ops, 1024)]) for _ in range(2)]
-    for cache, n in zip(caches, (9, 4)):  # prompts of their own
-        mixer(ops.asarray(x[:n]), Step(ops, np.arange(n), cache))
-        cache.length = n
-    rows = np.concatenate([x[9:10], x[4:10]])
-    segments = [Step(ops, np.arange(9, 10), caches[0]), Step(ops, np.arange(4, 10), caches[1])]
-    step = Step(ops, np.concatenate([s.positions for s in segments]), None, segments=segments, rows=[(0, 1), (1, 7)])
-    got = ops.to_host(mixer.batched(ops.asarray(rows), step))
-    for (a, b), cuts, cache in zip([(0, 1), (1, 7)], ([9, 10], [4, 10]), caches):
+    got, rows, caches = mixers.batched_two(build_mixer(ops, shape, w), ops, x, 9, 4, 10)
+    for (a, b), cuts, cache in zip(rows, ([9, 10], [4, 10]), caches):
         want = reference_in(shape, w, x[:10], cuts)
         n = b - a
         assert np.abs(got[a:b] - want[0][-n:]).max() < TOLERANCE
