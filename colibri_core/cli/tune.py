@@ -45,7 +45,6 @@ import click
 from colibri_core.cli.modelarg import model_option
 from colibri_core.cli.run import backend_options
 from colibri_core.errors import UsageError
-from colibri_core.io.drives import MirrorSpec
 
 GAIN = 1.03  # an alternative must beat the defaults' median decode speed by 3%
 EXPLORE_SHARE = 0.6  # of the budget, for the single changes; then the combination
@@ -372,6 +371,8 @@ def tune(model_dir, duration, ram, cap, tokens, prompt_tokens, cache, mirrors, n
     check_load_options(cap=cap)
     open_backend(backend, vram)
     path = Path(model_dir)
+    from colibri_core.io.drives import MirrorSpec  # numpy: not at import, which the listing commands do
+
     mirror_specs = [MirrorSpec.parse(m) for m in mirrors]
     for spec in mirror_specs:
         if not spec.path.is_dir():

@@ -57,7 +57,9 @@ def test_each_request_becomes_a_turn_with_its_phases(served):
         assert turn["completion_tokens"] == reply["usage"]["completion_tokens"]
         assert turn["finish_reason"] == "length" and turn["misses"] > 0 and turn["bytes_read"] > 0
         s = turn["seconds"]
-        assert s["tokenize"] > 0 and s["prefill"] > 0 and s["routed_experts"] > 0 and s["expert_reads"] > 0
+        # waiting on reads may be none at all: the layer's misses are read together and can
+        # all be in before the experts need them (tests/test_profiling.py ties it to the store)
+        assert s["tokenize"] > 0 and s["prefill"] > 0 and s["routed_experts"] > 0 and s["expert_reads"] >= 0
         assert sum(s.values()) <= turn["wall_s"] + s["tokenize"]
 
 
