@@ -193,3 +193,34 @@ def test_a_costly_drafter_proposes_shadow_drafts_rarely_once_they_lose(olmoe):
                                 drafted_s=0.5)
     assert run.token_ids == plain.token_ids and run.stats.draft_verifications == 0
     assert 58 // DraftGate.SHADOW_EVERY <= Costly.asked <= 58 // DraftGate.SHADOW_EVERY + 6, Costly.asked
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_drafted_positions_go_through_attention_in_one_call_where_the_backend_says_exact(olmoe, backend, monkeypatch):
+    """A verification's positions of one sequence are one attention call on a backend
+    whose attention computes each row as alone (the CPU kernels), and a call each on one
+    that does not say so; the tokens and every row's logits are the plain run's bit for
+    bit either way (every family's oracle suite checks the same)."""
+    import numpy as np
+
+    from colibri_core.compute.reference import ReferenceBackend
+    from colibri_core.nn.layers import Attention
+
+    calls = []
+    attend = Attention._attend
+
+    def counted(self, q, k, v, step, gate=None):
+        calls.append((q.shape[0], int(step.start)))
+        return attend(self, q, k, v, step, gate)
+
+    monkeypatch.setattr(Attention, "_attend", counted)
+    kwargs = {} if backend == "cpu" else {"backend": ReferenceBackend()}
+    with colibri_core.load(olmoe, history=False, **kwargs) as model:
+        prompt = list(range(5, 17))
+        plain = model.generate(token_ids=prompt, max_tokens=24, ignore_eos=True, return_logits=True)
+        calls.clear()
+        drafted = drafted_run(model, prompt, plain, max_tokens=24, ignore_eos=True, return_logits=True)
+    assert drafted.token_ids == plain.token_ids and drafted.stats.accepted_tokens > 8
+    assert all(np.array_equal(a, b) for a, b in zip(drafted.logits, plain.logits))
+    merged = max(rows for rows, start in calls if start >= len(prompt))  # the decode's, not the prompt's
+    assert merged > 1 if backend == "cpu" else merged == 1, calls

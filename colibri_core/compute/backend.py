@@ -207,12 +207,15 @@ class Backend(abc.ABC):
     def batch_invariant_rows(self, op: str, weights: list) -> int:
         """Up to how many activation rows ``op`` with these (prepared) weights computes
         every row bit for bit as it would that row alone: "linear" (``linear`` /
-        ``linears``), "router" (``softmax_top_k``, ``sigmoid_grouped_top_k``) or "experts"
-        (``routed_experts``; ``weights``: the experts' ``ExpertWeights``). The batched
-        engine feeds a decode step's rows through ``op`` at most this many at a time, so a
-        request's tokens never depend on what else is in the batch. The default, 1, is
-        always right (BLAS, for one, picks other blockings, hence other roundings, for
-        several rows); a backend whose kernels handle rows independently says so."""
+        ``linears``), "router" (``softmax_top_k``, ``sigmoid_grouped_top_k``), "experts"
+        (``routed_experts``; ``weights``: the experts' ``ExpertWeights``) or "attention"
+        (``attention`` over a sequence's consecutive query rows, each as a step of its own
+        would compute it; ``weights`` empty). The batched engine feeds a decode step's rows
+        through ``op`` at most this many at a time, so a request's tokens never depend on
+        what else is in the batch, and verifies drafted positions in one attention call
+        only where it may. The default, 1, is always right (BLAS, for one, picks other
+        blockings, hence other roundings, for several rows); a backend whose kernels handle
+        rows independently says so."""
         return 1
 
     # -- dense operations --------------------------------------------------------------

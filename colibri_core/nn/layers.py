@@ -45,6 +45,9 @@ class Step:
     prefetcher: Any = None  # told the hidden state after each attention, to read ahead
     segments: list["Step"] | None = None  # batched step: one Step per sequence
     rows: list[tuple[int, int]] | None = None  # the rows of each segment
+    # a verification's segments of one sequence merged into one Step each, and their rows:
+    # for the mixers whose backend computes such rows exactly as one call (Attention)
+    runs: list[tuple["Step", tuple[int, int]]] | None = None
     ids: np.ndarray | None = None  # the step's token ids, one per row (hash-routed MoE layers read them)
     clock: StageClock | None = None  # told each stage's end, to profile where the step's time goes
 
@@ -217,12 +220,23 @@ class Attention:
         return self.o(self._attend(q, k, v, step, *gate), step)
 
     def batched(self, x, step: Step):
-        """A batched step: the projections on all rows, attention per sequence."""
+        """A batched step: the projections on all rows, attention per sequence (a
+        verification's drafted positions of one sequence in one call, where exact)."""
         ops = step.ops
         q, k, v, *gate = self._project(x, ops)
-        outs = [self._attend(q[a:b], k[a:b], v[a:b], seg, *(g[a:b] for g in gate))
-                for seg, (a, b) in zip(step.segments, step.rows)]
+        parts = zip(step.segments, step.rows)
+        if step.runs is not None and self._merges(ops, max(b - a for _, (a, b) in step.runs)):
+            parts = step.runs
+        outs = [self._attend(q[a:b], k[a:b], v[a:b], seg, *(g[a:b] for g in gate)) for seg, (a, b) in parts]
         return self.o(outs[0] if len(outs) == 1 else ops.concat(outs, 0), step)
+
+    def _merges(self, ops, rows: int) -> bool:
+        """Whether ``rows`` consecutive positions of one sequence may go through this
+        attention at once and give each row's bits as a step of its own would: plain
+        causal attention (no window, sinks or chunks: their caches change in place) on a
+        backend whose attention computes the rows independently."""
+        return (self.window is None and self.sinks is None and self.chunk is None
+                and ops.batch_invariant_rows("attention", []) >= rows)
 
     def _attend(self, q, k, v, step: Step, gate=None):
         """One sequence's projected rows -> its attention output (before o_proj);
@@ -670,7 +684,8 @@ class CausalLM:
             rows.append((begin, begin + len(seq_ids)))
             begin += len(seq_ids)
         step = Step(ops, np.concatenate([s.positions for s in segments]), None, routing=routing,
-                    prefetcher=self.prefetcher, segments=segments, rows=rows, ids=np.concatenate(ids), clock=clock)
+                    prefetcher=self.prefetcher, segments=segments, rows=rows, ids=np.concatenate(ids), clock=clock,
+                    runs=_runs(seqs, segments, rows))
         x = self._embed(step.ids, step)
         for layer in self.layers:
             x = layer(x, step)
@@ -691,6 +706,21 @@ class CausalLM:
         if clock is not None:
             clock.lap(LM_HEAD)
         return logits
+
+
+def _runs(seqs, segments: list[Step], rows: list[tuple[int, int]]):
+    """The segments of consecutive entries sharing a cache (a verification's positions of
+    one sequence) merged into one Step each, with their rows; None when no two share one."""
+    runs: list[tuple[Step, tuple[int, int]]] = []
+    merged = False
+    for (_, cache), seg, (a, b) in zip(seqs, segments, rows):
+        if runs and runs[-1][0].cache is cache:
+            first, (a0, _) = runs[-1]
+            runs[-1] = (Step(first.ops, np.concatenate([first.positions, seg.positions]), cache), (a0, b))
+            merged = True
+        else:
+            runs.append((Step(seg.ops, seg.positions, cache), (a, b)))
+    return runs if merged else None
 
 
 # A row whose sum of squares passes this overflows in float32: the RMS norm that reads it

@@ -18,6 +18,7 @@ except ImportError:  # built without a C compiler: pure numpy
 
 KERNEL_KINDS = frozenset({"q8", "q4", "mxfp4", "fp8", "bf16", "q4g32", "mxfp4pair"})
 DEQUANT_ROWS = 512  # prefill dequantises this many weight rows at a time into a reused buffer
+ATTENTION_ROW_LIMIT = 1 << 16  # query rows of one sequence in one exact call (a verification's)
 KERNEL_ROW_LIMIT = 64  # up to this many activation rows, the kernels take them a few at a time:
 # passes over the packed weight are cheaper than dequantising it for BLAS
 VNNI_ROW_LIMIT = 256  # int4 and int8 on AVX-512 VNNI: a whole prefill chunk. Measured on an AMD EPYC Zen 4
@@ -79,6 +80,10 @@ class CpuBackend(ReferenceBackend):
         if op == "experts":
             # an expert given more rows than its kernel takes falls back to BLAS
             return max(1, min((self._kernel_rows((w["gate"], w["up"], w["down"])) for w in weights), default=1))
+        if op == "attention" and self.kernels is not None:
+            # the kernel computes each query row with the operations and order of that row
+            # alone, whatever the rows beside it (tests/test_quant_formats.py)
+            return ATTENTION_ROW_LIMIT
         return 1
 
     def swiglu_expert(self, x, gate, up, down):
