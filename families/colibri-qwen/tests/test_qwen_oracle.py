@@ -280,12 +280,15 @@ def test_recurrent_state_has_a_fixed_size(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", matrix_beyond_cpu(backend_params()))
-@pytest.mark.parametrize("case", ["hybrid_dense_layer", "sharded_interval2_sparse_step"])
-def test_qwen3_next_mtp_layer_matches_the_torch_reference(backend, case, tmp_path_factory, tmp_path):
-    """Qwen3-Next's MTP layer (mtp.fc, mtp.pre_fc_norm_*, mtp.layers.0, mtp.norm) against
-    a torch implementation written from vLLM's qwen3_next_mtp; in the second case layer
-    index 0 is not an MoE layer (decoder_sparse_step 2), so the MTP layer is dense."""
+@pytest.mark.parametrize("suite, case", [(TestQwen3NextOracle, "hybrid_dense_layer"),
+                                         (TestQwen3NextOracle, "sharded_interval2_sparse_step"),
+                                         (TestQwen3_5MoeTextOracle, "sharded_tied_interval2")])
+def test_qwen3_next_mtp_layer_matches_the_torch_reference(backend, suite, case, tmp_path_factory, tmp_path):
+    """Qwen3-Next's and Qwen3.5's MTP layer (mtp.fc, mtp.pre_fc_norm_*, mtp.layers.0,
+    mtp.norm) against a torch implementation written from vLLM's qwen3_next_mtp; in the
+    second case layer index 0 is not an MoE layer (decoder_sparse_step 2), so the MTP
+    layer is dense; the third is Qwen3.5's text model (tied embeddings, sharded)."""
     from colibri_core.testing.mtp import check_mtp_layer_matches_reference
 
-    fx = TestQwen3NextOracle()._fixture(case, tmp_path_factory)
+    fx = suite()._fixture(case, tmp_path_factory)
     check_mtp_layer_matches_reference(fx.path, tmp_path, fx.prompt, backend, layout="qwen")
