@@ -179,7 +179,9 @@ def summarise(name: str, dimension: str, options: dict, env: dict, runs: list[di
             "hit_rate": statistics.median(r["hit_rate"] for r in runs if "error" not in r) if speeds else None,
             "bytes_per_token": statistics.median(r["decode_bytes_per_token"] for r in runs if "error" not in r)
             if speeds else None,
-            "errors": [r["error"] for r in runs if "error" in r][:1]}
+            "errors": [r["error"] for r in runs if "error" in r][:1],
+            # every round's speed, in order: a later look can pair rounds (docs/benchmarks.md)
+            "runs_tok_s": [round(s, 3) for s in speeds]}
 
 
 class Tuner:
