@@ -133,7 +133,9 @@ def test_tune_finishes_within_its_budget_and_saves_a_profile_run_uses(tmp_path_f
     assert "1 mirror" in names and doc["facts"]["mirrors"][0]["path"] == str(mirror)
     assert doc["facts"]["mirrors"][0]["read_buffered_bytes_s"] > 0
     assert all(row["rounds"] >= 1 and row["decode_tok_s"] > 0 for row in doc["table"])
-    assert all(len(row["runs_tok_s"]) == row["rounds"] for row in doc["table"])
+    assert all(len(row["runs_tok_s"]) == row["rounds"] == row["paired_rounds"] for row in doc["table"])
+    defaults = doc["table"][0]
+    assert defaults["paired_ratio"] == 1.0 and defaults["paired_wins"] == 0
     assert doc["facts"]["read_buffered_bytes_s"] > 0 and doc["facts"]["memory_copy_bytes_s"] > 0
     placement = {k: v for k, v in doc["options"].items() if k != "slots"}
     assert sum(row["chosen"] for row in doc["table"]) == (1 if placement else 0)

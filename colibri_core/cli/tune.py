@@ -24,7 +24,10 @@ The configurations run in rounds, in a new order each round (so a slow minute of
 host falls on all of them), for about 70% of the budget; each one's median decode speed
 is compared with the defaults'. Those at least ``GAIN`` faster whose slowest round still
 beats the defaults' median are combined (one per dimension), and the combination runs
-against the defaults in the time left; the profile takes whichever was faster. The
+against the defaults in the time left; the profile takes whichever was faster. The table
+also pairs each trial with the defaults' trial of its round (the median of those ratios,
+and the rounds won), for the reader: a rule on them was tried and not adopted (an
+identical configuration won 6 of 9 rounds by a median 1.045x: docs/benchmarks.md). The
 table of every configuration is printed and kept in the profile. Options are placement
 only: a profile changes speed, never tokens (the trials' greedy tokens are compared).
 """
@@ -196,6 +199,7 @@ class Tuner:
         self.runs: dict[str, list[dict]] = {c[0]: [] for c in self.configs}
         self.say, self.rng = say, random.Random(seed)
         self.started = time.perf_counter()
+        self.round = 0  # every trial is paired with the defaults' trial of its round
         self.tokens_seen: dict[str, list[int]] = {}
 
     def elapsed(self) -> float:
@@ -205,6 +209,7 @@ class Tuner:
         name, _, options, env = config
         result = trial(self.model_dir, self.base, options, env, tokens=self.tokens, prompt_tokens=self.prompt_tokens,
                        cold=self.cold)
+        result["round"] = self.round
         self.runs[name].append(result)
         if "error" in result:
             self.say(f"  {name}: failed: {result['error']}")
@@ -226,16 +231,25 @@ class Tuner:
             for config in order:
                 self._run(config)
             done += 1
+            self.round += 1
             per_round = time.perf_counter() - began
         return done
 
     def _table(self) -> tuple[list[dict], dict]:
-        """Every configuration's row, and per dimension the winner: at least GAIN faster
-        than the defaults over two rounds or more, each of them faster than the defaults'
-        median (one round cannot tell a change from the host's noise)."""
+        """Every configuration's row (with its trials paired with the defaults' of the same
+        round: their median ratio and the rounds won), and per dimension the winner: at
+        least GAIN faster than the defaults over two rounds or more, each of them faster
+        than the defaults' median (one round cannot tell a change from the host's noise)."""
         base = summarise("defaults", "", {}, {}, self.runs["defaults"], None)["decode_tok_s"]
         configs = self.configs + ([self.combined] if self.combined is not None else [])
         rows = [summarise(n, d, o, e, self.runs[n], base) for n, d, o, e in configs]
+        defaults = {r["round"]: r["decode_tok_s"] for r in self.runs["defaults"] if "error" not in r}
+        for row in rows:
+            ratios = [r["decode_tok_s"] / defaults[r["round"]] for r in self.runs[row["name"]]
+                      if "error" not in r and r["round"] in defaults]
+            row["paired_ratio"] = statistics.median(ratios) if ratios else None
+            row["paired_wins"] = sum(x > 1 for x in ratios)
+            row["paired_rounds"] = len(ratios)
         winners = {}
         for row in rows[1:]:
             if (row["decode_tok_s"] is None or row["ratio"] is None or row["ratio"] < GAIN or row["rounds"] < 2
@@ -308,14 +322,18 @@ def table(rows: list[dict]):
 
     from colibri_core.units import format_bytes
 
-    t = Table(title="colibri tune: decode tok/s per configuration (median of its rounds)", title_justify="left")
-    for col in ("configuration", "rounds", "tok/s", "range", "vs defaults", "expert hits", "read/token", ""):
+    t = Table(title="colibri tune: decode tok/s per configuration (median of its rounds; paired: the median ratio to "
+                    "the defaults' trial of the same round)", title_justify="left")
+    for col in ("configuration", "rounds", "tok/s", "range", "vs defaults", "paired", "rounds won", "expert hits",
+                "read/token", ""):
         t.add_column(col, justify="left" if col in ("configuration", "") else "right", no_wrap=True)
     for row in rows:
         speed = row["decode_tok_s"]
         t.add_row(row["name"], str(row["rounds"]), f"{speed:.2f}" if speed else "failed",
                   f"{row['min_tok_s']:.2f}-{row['max_tok_s']:.2f}" if speed else "",
-                  f"{row['ratio']:.3f}x" if row["ratio"] else "", f"{row['hit_rate']:.1%}" if speed else "",
+                  f"{row['ratio']:.3f}x" if row["ratio"] else "", f"{row['paired_ratio']:.3f}x" if row.get("paired_ratio") else "",
+                  f"{row['paired_wins']}/{row['paired_rounds']}" if row.get("paired_rounds") and row["name"] != "defaults"
+                  else "", f"{row['hit_rate']:.1%}" if speed else "",
                   format_bytes(row["bytes_per_token"]) if speed else "", "chosen" if row.get("chosen") else "")
     return t
 
