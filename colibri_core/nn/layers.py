@@ -711,16 +711,16 @@ class CausalLM:
 def _runs(seqs, segments: list[Step], rows: list[tuple[int, int]]):
     """The segments of consecutive entries sharing a cache (a verification's positions of
     one sequence) merged into one Step each, with their rows; None when no two share one."""
+    if not any(a[1] is b[1] for a, b in zip(seqs, seqs[1:])):  # an ordinary batched step: nothing to merge
+        return None
     runs: list[tuple[Step, tuple[int, int]]] = []
-    merged = False
     for (_, cache), seg, (a, b) in zip(seqs, segments, rows):
         if runs and runs[-1][0].cache is cache:
             first, (a0, _) = runs[-1]
             runs[-1] = (Step(first.ops, np.concatenate([first.positions, seg.positions]), cache), (a0, b))
-            merged = True
         else:
             runs.append((Step(seg.ops, seg.positions, cache), (a, b)))
-    return runs if merged else None
+    return runs
 
 
 # A row whose sum of squares passes this overflows in float32: the RMS norm that reads it

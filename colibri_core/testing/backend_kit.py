@@ -615,6 +615,24 @@ class BackendConformanceSuite:
         got = backend.attention(self.act(backend, q), self.cached(backend, k), self.cached(backend, v), start, 0.3)
         self.check(backend, got, self.ref.attention(q, k, v, start, 0.3), f"attention, {group} query heads per KV head")
 
+    @pytest.mark.parametrize("group", [1, 4], ids=["mha", "gqa4"])
+    def test_attention_rows_claimed_exact_are_each_row_alone(self, backend, group):
+        """Where ``batch_invariant_rows("attention", [])`` claims more than one row (a
+        verification's drafted positions then go through one call), every query row of a
+        call equals that row decoded alone, bit for bit; 1 claims nothing."""
+        n = backend.batch_invariant_rows("attention", [])
+        assert type(n) is int and n >= 1, f"batch_invariant_rows gave {n!r}"
+        t, start = min(n, 5), 7
+        rng = seeded("attention rows", group)
+        q, k, v = normal(rng, t, 2 * group, 16), normal(rng, 2, start + t, 16), normal(rng, 2, start + t, 12)
+        together = backend.to_host(backend.attention(self.act(backend, q), self.cached(backend, k),
+                                                     self.cached(backend, v), start, 0.3))
+        for i in range(t):
+            alone = backend.to_host(backend.attention(self.act(backend, q[i : i + 1]),
+                                                      self.cached(backend, k[:, : start + i + 1]),
+                                                      self.cached(backend, v[:, : start + i + 1]), start + i, 0.3))
+            assert np.array_equal(together[i : i + 1], alone), f"row {i} of {t} differs from the row alone"
+
     @pytest.mark.parametrize("step", list(STEPS))
     @pytest.mark.parametrize("group", [1, 2, 4], ids=["mha", "gqa2", "gqa4"])
     def test_sparse_attention(self, ops, group, step):
