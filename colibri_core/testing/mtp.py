@@ -74,10 +74,20 @@ def reference_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
     own = load_file(model_dir / "model-mtp.safetensors")
     weight = {k[len(f"model.layers.{n}."):]: torch.from_numpy(np.asarray(v, np.float32)) for k, v in own.items()}
     block = copy.deepcopy(model.model.layers[n - 1])
-    eps = config.rms_norm_eps
+    return _reference_logits(model, block, ids, weight["enorm.weight"], weight["hnorm.weight"], weight["eh_proj.weight"],
+                             weight["shared_head.norm.weight"], offset=False)
+
+
+def _reference_logits(model, block, ids: list[int], embed_norm, hidden_norm, projection, head_norm, offset: bool):
+    """The MTP computation both published layouts share (vLLM's deepseek_mtp and
+    qwen3_next_mtp): block(projection([norm(embed(t+1)), norm(h_t)])), its output normed,
+    through the model's LM head; ``offset``: the norms scale by (1 + w)."""
+    import torch
+
+    eps = model.config.rms_norm_eps
 
     def rms(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * ((1 + w) if offset else w)
 
     with torch.no_grad():
         x = torch.tensor([ids])
@@ -86,12 +96,11 @@ def reference_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
         t = nxt.shape[1]
         positions = torch.arange(t).unsqueeze(0)
         rope = model.model.rotary_emb(nxt, positions)
-        mixed = torch.cat([rms(nxt, weight["enorm.weight"]), rms(hidden, weight["hnorm.weight"])], dim=-1)
-        h = torch.nn.functional.linear(mixed, weight["eh_proj.weight"])
+        h = torch.nn.functional.linear(torch.cat([rms(nxt, embed_norm), rms(hidden, hidden_norm)], dim=-1), projection)
         mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
         out = block(h, attention_mask=mask, position_ids=positions, position_embeddings=rope)
         out = out[0] if isinstance(out, tuple) else out
-        return model.lm_head(rms(out, weight["shared_head.norm.weight"]))[0].numpy()
+        return model.lm_head(rms(out, head_norm))[0].numpy()
 
 
 def add_qwen_mtp_layer(model_dir: Path, out: Path, seed: int = 0) -> Path:
@@ -139,25 +148,8 @@ def reference_qwen_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
     donor = AutoModelForCausalLM.from_pretrained(model_dir.parent / "donor", dtype=torch.float32,
                                                  attn_implementation="eager").eval()
     own = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in load_file(model_dir / "model-mtp.safetensors").items()}
-    eps = model.config.rms_norm_eps
-
-    def rms(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w)
-
-    with torch.no_grad():
-        x = torch.tensor([ids])
-        hidden = model.model(input_ids=x).last_hidden_state[:, :-1]  # final-normed, as the MTP layer reads it
-        nxt = model.model.embed_tokens(x[:, 1:])
-        t = nxt.shape[1]
-        positions = torch.arange(t).unsqueeze(0)
-        rope = model.model.rotary_emb(nxt, positions)
-        mixed = torch.cat([rms(nxt, own["mtp.pre_fc_norm_embedding.weight"]), rms(hidden, own["mtp.pre_fc_norm_hidden.weight"])],
-                          dim=-1)
-        h = torch.nn.functional.linear(mixed, own["mtp.fc.weight"])
-        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
-        out = donor.model.layers[0](h, attention_mask=mask, position_ids=positions, position_embeddings=rope)
-        out = out[0] if isinstance(out, tuple) else out
-        return model.lm_head(rms(out, own["mtp.norm.weight"]))[0].numpy()
+    return _reference_logits(model, donor.model.layers[0], ids, own["mtp.pre_fc_norm_embedding.weight"],
+                             own["mtp.pre_fc_norm_hidden.weight"], own["mtp.fc.weight"], own["mtp.norm.weight"], offset=True)
 
 
 def mtp_logits(model, ids: list[int]) -> np.ndarray:
