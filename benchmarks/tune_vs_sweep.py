@@ -60,8 +60,7 @@ def grid(top_k: int) -> list[dict]:
 def label(options: dict) -> str:
     from colibri_core.cli.profiles import describe
 
-    return describe({k: v for k, v in options.items() if k != "prefetch_slots"} | (
-        {"prefetch_slots": options["prefetch_slots"]} if "prefetch_slots" in options else {}))
+    return describe(options)
 
 
 def key(options: dict) -> str:
