@@ -7,19 +7,15 @@ import numpy as np
 import pytest
 
 from colibri_core.compute.cpu.backend import CpuBackend
-from colibri_core.io.safetensors import TensorInfo
 from colibri_core.nn import Attention, Cache, Linear, Step, build_rope
 from colibri_core.nn.weights import Param
+from colibri_core.testing import memory_param
 
 torch = pytest.importorskip("torch")
 ops = CpuBackend()
 
 
-def param(value) -> Param:
-    value = np.ascontiguousarray(value, dtype=np.float32)
-    p = Param(TensorInfo("t", "mem", "F32", value.shape, 0, value.nbytes))
-    p.value = value
-    return p
+param = memory_param
 
 
 def tensor(module_param) -> Param:

@@ -8,21 +8,16 @@ import pytest
 
 from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.compute.reference import ReferenceBackend
-from colibri_core.io.safetensors import TensorInfo
 from colibri_core.nn import Step
 from colibri_core.nn.hyper import HyperConnection, HyperHead, StreamEmbedding
-from colibri_core.nn.weights import Param
+from colibri_core.testing import memory_param
 
 torch = pytest.importorskip("torch")
 
 BACKENDS = {"cpu": CpuBackend(), "reference": ReferenceBackend()}
 
 
-def param(value) -> Param:
-    value = np.ascontiguousarray(value, dtype=np.float32)
-    p = Param(TensorInfo("t", "mem", "F32", value.shape, 0, value.nbytes))
-    p.value = value
-    return p
+param = memory_param
 
 
 def v4_config(n, hidden, iters):

@@ -10,13 +10,13 @@ import pytest
 
 from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.experts.tiers import ExpertWeights
-from colibri_core.io.safetensors import TensorInfo
 from colibri_core.nn import (Attention, Cache, Linear, RMSNorm, SigmoidTopKRouter, SparseMoE, Step, SwiGLU, build_rope,
                              temperature_tuning)
 from colibri_core.nn.chunked import chunk_pieces
 from colibri_core.nn.weights import Param, pairs_to_halves
 from colibri_core.plugins.discovery import create_backend, get_registry
 from colibri_core.testing.backends import backend_params, matrix_beyond_cpu
+from colibri_core.testing import memory_param
 
 torch = pytest.importorskip("torch")
 TOLERANCE = 2e-5
@@ -28,10 +28,7 @@ def ops(request):
 
 
 def param(ops, value, use: str = "linear") -> Param:
-    value = np.ascontiguousarray(value, dtype=np.float32)
-    p = Param(TensorInfo("t", "mem", "F32", value.shape, 0, value.nbytes))
-    p.value = ops.prepare_weight(value, use) if use == "linear" else ops.asarray(value)
-    return p
+    return memory_param(value, (lambda v: ops.prepare_weight(v, use)) if use == "linear" else ops.asarray)
 
 
 def linear(ops, module, rows=None) -> Linear:

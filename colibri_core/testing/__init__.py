@@ -56,3 +56,18 @@ def copy_model(src, dst, **config_changes):
     shutil.copytree(src, dst)
     edit_config(dst, **config_changes)
     return Path(dst)
+
+
+def memory_param(value, prepare=None):
+    """A weight ``Param`` holding ``value`` (float32) as a loaded model's would, without a
+    checkpoint behind it: kept as the array, or ``prepare(array)`` (a backend's
+    ``prepare_weight`` for its use)."""
+    import numpy as np
+
+    from colibri_core.io.safetensors import TensorInfo
+    from colibri_core.nn.weights import Param
+
+    value = np.ascontiguousarray(value, dtype=np.float32)
+    p = Param(TensorInfo("t", "mem", "F32", value.shape, 0, value.nbytes))
+    p.value = value if prepare is None else prepare(value)
+    return p

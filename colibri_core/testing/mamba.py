@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from colibri_core.io.safetensors import TensorInfo
 from colibri_core.nn.layers import Linear
 from colibri_core.nn.mamba import Mamba2Mixer
 from colibri_core.nn.weights import Param
+from colibri_core.testing import memory_param
 
 
 @dataclass
@@ -74,10 +74,7 @@ def random_weights(shape: MambaShape, seed: int) -> dict[str, np.ndarray]:
 
 def param(ops, value: np.ndarray, use: str = "array") -> Param:
     """A Param holding ``value`` prepared by backend ``ops`` (as a model load would)."""
-    value = np.ascontiguousarray(value, dtype=np.float32)
-    p = Param(TensorInfo("t", "mem", "F32", value.shape, 0, value.nbytes))
-    p.value = ops.prepare_weight(value, use)
-    return p
+    return memory_param(value, lambda v: ops.prepare_weight(v, use))
 
 
 def build_mixer(ops, shape: MambaShape, w: dict[str, np.ndarray], layer: int = 0) -> Mamba2Mixer:
