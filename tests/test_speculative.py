@@ -224,3 +224,35 @@ def test_drafted_positions_go_through_attention_in_one_call_where_the_backend_sa
     assert all(np.array_equal(a, b) for a, b in zip(drafted.logits, plain.logits))
     merged = max(rows for rows, start in calls if start >= len(prompt))  # the decode's, not the prompt's
     assert merged > 1 if backend == "cpu" else merged == 1, calls
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v32"])
+def test_drafted_positions_go_through_absorbed_mla_at_once_where_exact(name, tmp_path_factory, monkeypatch):
+    """MLA: a verification's positions of one sequence go through the absorbed form in
+    one call on the CPU kernels (their per-head products and latent attention compute a
+    row as alone), except with a DSA indexer (its scores are not row-exact: a call per
+    position); the tokens and every row's logits are the plain run's bit for bit."""
+    import numpy as np
+
+    from colibri_core.nn.mla import MLAttention
+
+    if tiny_models.missing(name):
+        pytest.skip(tiny_models.missing(name))
+    calls = []
+    attend = MLAttention._attend
+
+    def counted(self, x, q, q_resid, compressed, step, absorbed=False):
+        calls.append((x.shape[0], int(step.start)))
+        return attend(self, x, q, q_resid, compressed, step, absorbed)
+
+    monkeypatch.setattr(MLAttention, "_attend", counted)
+    with colibri_core.load(tiny_models.model_dir(name, tmp_path_factory), history=False) as model:
+        prompt = list(range(5, 17))
+        plain = model.generate(token_ids=prompt, max_tokens=24, ignore_eos=True, return_logits=True)
+        calls.clear()
+        drafted = drafted_run(model, prompt, plain, max_tokens=24, ignore_eos=True, return_logits=True)
+    assert drafted.token_ids == plain.token_ids and drafted.stats.accepted_tokens > 8
+    assert all(np.array_equal(a, b) for a, b in zip(drafted.logits, plain.logits))
+    merged = max(rows for rows, start in calls if start >= len(prompt))  # the decode's, not the prompt's
+    assert merged > 1 if name == "deepseek_v3" else merged == 1, calls
+

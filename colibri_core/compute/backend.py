@@ -207,10 +207,13 @@ class Backend(abc.ABC):
     def batch_invariant_rows(self, op: str, weights: list) -> int:
         """Up to how many activation rows ``op`` with these (prepared) weights computes
         every row bit for bit as it would that row alone: "linear" (``linear`` /
-        ``linears``), "router" (``softmax_top_k``, ``sigmoid_grouped_top_k``), "experts"
-        (``routed_experts``; ``weights``: the experts' ``ExpertWeights``) or "attention"
+        ``linears``), "router" (``router_logits`` and the routers built on it:
+        ``softmax_top_k``, ``sigmoid_grouped_top_k``, ``scored_top_k``), "experts"
+        (``routed_experts``; ``weights``: the experts' ``ExpertWeights``), "attention"
         (``attention`` over a sequence's consecutive query rows, each as a step of its own
-        would compute it; ``weights`` empty). The batched engine feeds a decode step's rows
+        would compute it; ``weights`` empty) or "mla" (absorbed MLA over such rows:
+        ``mla_absorb_query``, ``mla_attention``, ``mla_absorb_output``; ``weights``: the
+        layer's ``kv_b``). The batched engine feeds a decode step's rows
         through ``op`` at most this many at a time, so a request's tokens never depend on
         what else is in the batch, and verifies drafted positions in one attention call
         only where it may. The default, 1, is always right (BLAS, for one, picks other
@@ -353,8 +356,13 @@ class Backend(abc.ABC):
         the experts, the k largest of each row (largest first; of equal ones the lower
         index) and their probabilities, renormalised to sum 1 when asked. Returns host
         arrays, indices (T, k) int64 and weights (T, k) float32: the store needs the ids."""
-        logits = self.to_host(self.linear(x, weight, bias)).astype(np.float32, copy=False)
-        return host.softmax_top_k(logits, k, renormalise)
+        return host.softmax_top_k(self.router_logits(x, weight, bias), k, renormalise)
+
+    def router_logits(self, x: Array, weight: Weight, bias: Array | None = None) -> np.ndarray:
+        """A router's logits, x @ weight.T (+ bias), as host float32 (T, experts): what
+        the routers choose from. A backend that computes them otherwise (each row as
+        alone, say) overrides this one method for every router."""
+        return self.to_host(self.linear(x, weight, bias)).astype(np.float32, copy=False)
 
     def sigmoid_grouped_top_k(self, x: Array, weight: Weight, bias: np.ndarray | None, k: int, n_group: int,
                               topk_group: int, renormalise: bool, scaling: float) -> tuple[np.ndarray, np.ndarray]:
@@ -364,8 +372,8 @@ class Backend(abc.ABC):
         the ``topk_group`` best groups compete for the k slots; the chosen unbiased
         scores are renormalised (when asked) and multiplied by ``scaling``. Returns host
         (indices, weights) as ``softmax_top_k``."""
-        logits = self.to_host(self.linear(x, weight)).astype(np.float32, copy=False)
-        return host.sigmoid_grouped_top_k(logits, bias, k, n_group, topk_group, renormalise, scaling)
+        return host.sigmoid_grouped_top_k(self.router_logits(x, weight), bias, k, n_group, topk_group, renormalise,
+                                          scaling)
 
     # -- routed experts ----------------------------------------------------------------
     def swiglu_expert(self, x: Array, gate: Weight, up: Weight, down: Weight) -> Array:
@@ -475,6 +483,15 @@ class Backend(abc.ABC):
         Returns (T, H, rank)."""
         return composites.mla_attention(self, q_lat, q_rot, latent, k_rot, start, scale, selected)
 
+    def mla_attention_kv(self, q_lat: Array, q_rot: Array, kv: Array, start: int, scale: float,
+                         selected: Array | None = None) -> Array:
+        """``mla_attention`` over the MLA cache's rows as it keeps them: ``kv`` (S, rank +
+        rope), each position's latent then its rotary key (rank = q_lat's last dimension).
+        A backend whose attention reads such rows as one key (one KV head: keys the whole
+        row, values its latent) overrides this instead of splitting them."""
+        rank = q_lat.shape[-1]
+        return self.mla_attention(q_lat, q_rot, kv[:, :rank], kv[:, rank:], start, scale, selected)
+
     def mla_absorb_output(self, o_lat: Array, kv_b: Array, nope_dim: int, v_dim: int) -> Array:
         """Apply the value up-projection after latent attention: for each head h,
         W_uv[h] @ o_lat[t, h], where W_uv[h] (v_dim, rank) are head h's value rows of
@@ -572,8 +589,7 @@ class Backend(abc.ABC):
         hash-routed layer's experts, looked up from the token ids); their unbiased scores
         divided by their sum (+ 1e-20) and multiplied by ``scaling``. Returns host
         (indices, weights) as ``softmax_top_k``."""
-        logits = self.to_host(self.linear(x, weight)).astype(np.float32, copy=False)
-        return host.scored_top_k(logits, bias, k, scoring, scaling, chosen)
+        return host.scored_top_k(self.router_logits(x, weight), bias, k, scoring, scaling, chosen)
 
     # -- attention with a relative position bias (Inkling) -----------------------------
     def attention_relative_bias(self, q: Array, k: Array, v: Array, start: int, scale: float, rel: Array,
@@ -627,6 +643,6 @@ class UngatedActivation:
 # The ops with a default made of the primitives (colibri_core.compute.composites): a
 # backend may override them with a fused kernel (``supports``) and need not.
 COMPOSITE_OPS = ("rope_interleaved", "sparse_attention", "windowed_attention", "masked_attention",
-                 "attention_relative_bias", "mla_expand", "mla_absorb_query", "mla_attention", "mla_absorb_output",
-                 "dsa_index_scores", "grouped_linear", "sinkhorn", "causal_conv1d", "gated_delta_step",
+                 "attention_relative_bias", "mla_expand", "mla_absorb_query", "mla_attention", "mla_attention_kv",
+                 "mla_absorb_output", "dsa_index_scores", "grouped_linear", "sinkhorn", "causal_conv1d", "gated_delta_step",
                  "gated_delta_chunked", "gated_delta_channel_step", "gated_delta_channel_chunked", "gated_activation")

@@ -125,7 +125,7 @@ class ReferenceBackend(Backend):
         return out
 
     def softmax_top_k(self, x, weight, k, renormalise, bias=None):
-        return host.softmax_top_k(self.linear(x, weight, bias).astype(np.float32, copy=False), k, renormalise)
+        return host.softmax_top_k(self.router_logits(x, weight, bias), k, renormalise)
 
     # -- MLA, DSA and interleaved RoPE ------------------------------------------------
     def layer_norm(self, x, weight, bias, eps):

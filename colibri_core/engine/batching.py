@@ -7,8 +7,8 @@ BLAS (OpenBLAS sgemm) gives other bits for a row of an M=8 product than for M=1 
 1e-5 relative: another blocking, another summation order), while the compiled kernels
 compute every row on its own up to their row limits (64 rows for int8 / int4 / MXFP4 /
 bf16, 8 for fp8 and for the compiled router). ``RowInvariantOps`` wraps a backend and
-feeds the row-mixing operations (``linear``, ``linears``, the routers, the routed
-experts) at most ``Backend.batch_invariant_rows`` rows at a time, row by row where the
+feeds the row-mixing operations (``linear``, ``linears``, the routers and their
+logits, the routed experts) at most ``Backend.batch_invariant_rows`` rows at a time, row by row where the
 backend promises nothing (float32 weights through BLAS): the cost of the promise is one
 weight pass per row there, and nothing where the kernels run.
 """
@@ -51,20 +51,25 @@ class RowInvariantOps:
 
     def softmax_top_k(self, x, weight, k, renormalise, bias=None):
         be = self.backend
-        rows = be.batch_invariant_rows("router" if bias is None else "linear", [weight])
+        rows = be.batch_invariant_rows("router", [weight])
         parts = [be.softmax_top_k(x[a:b], weight, k, renormalise, bias) for a, b in _chunks(x.shape[0], rows)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
+    def router_logits(self, x, weight, bias=None):
+        be = self.backend
+        rows = be.batch_invariant_rows("router", [weight])
+        return np.concatenate([be.router_logits(x[a:b], weight, bias) for a, b in _chunks(x.shape[0], rows)])
+
     def sigmoid_grouped_top_k(self, x, weight, bias, k, n_group, topk_group, renormalise, scaling):
         be = self.backend
-        rows = be.batch_invariant_rows("linear", [weight])
+        rows = be.batch_invariant_rows("router", [weight])
         parts = [be.sigmoid_grouped_top_k(x[a:b], weight, bias, k, n_group, topk_group, renormalise, scaling)
                  for a, b in _chunks(x.shape[0], rows)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def scored_top_k(self, x, weight, bias, k, scoring, scaling, chosen=None):
         be = self.backend
-        rows = be.batch_invariant_rows("linear", [weight])
+        rows = be.batch_invariant_rows("router", [weight])
         parts = [be.scored_top_k(x[a:b], weight, bias, k, scoring, scaling, None if chosen is None else chosen[a:b])
                  for a, b in _chunks(x.shape[0], rows)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
@@ -84,6 +89,8 @@ class RowInvariantOps:
         fetched = {e: fetch(e) for e in np.unique(indices).tolist()}
         rows = be.batch_invariant_rows("experts", list(fetched.values()))
         pieces = _chunks(t, rows)
+        # all at hand: no reads to overlap, so no window (each row's sum keeps its order)
+        window = max(window, len(fetched))
         return self._concat([be.routed_experts(x[a:b], indices[a:b], weights[a:b], fetched.__getitem__, window, None)
                              for a, b in pieces])
 

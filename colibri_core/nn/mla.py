@@ -65,31 +65,33 @@ class _Rows:
 
 class MLACache:
     """The cache of one MLA layer: per token, the compressed latent (kv_lora_rank, after
-    the kv norm) and the rotated shared key (qk_rope_head_dim); with DSA, also the
-    indexer's key (index_head_dim). Never the expanded per-head keys and values."""
+    the kv norm) and the rotated shared key (qk_rope_head_dim) side by side in one row
+    (the latent attention reads them as one key); with DSA, also the indexer's key
+    (index_head_dim). Never the expanded per-head keys and values."""
 
     def __init__(self, backend, kv_lora_rank: int, rope_dim: int, max_len: int, index_dim: int = 0):
-        self.latent = _Rows(backend, kv_lora_rank, max_len)
-        self.k_rot = _Rows(backend, rope_dim, max_len)
+        self.rank = kv_lora_rank
+        self.kv = _Rows(backend, kv_lora_rank + rope_dim, max_len)
         self.index_keys = _Rows(backend, index_dim, max_len) if index_dim else None
 
     @property
     def length(self) -> int:
-        return self.latent.length
+        return self.kv.length
 
     def reserve(self, tokens: int) -> None:
-        for rows in (self.latent, self.k_rot, self.index_keys):
+        for rows in (self.kv, self.index_keys):
             if rows is not None:
                 rows.reserve(tokens)
 
     def append(self, latent, k_rot):
-        """Add (T, rank) latents and (T, rope) keys; return everything cached so far."""
-        return self.latent.append(latent), self.k_rot.append(k_rot)
+        """Add (T, rank) latents and (T, rope) keys; return every position cached so far as
+        (S, rank + rope) rows: its latent, then its rotary key."""
+        return self.kv.append(self.kv.backend.concat([latent, k_rot], 1))
 
     def copy_prefix(self, dst: "MLACache", n: int, snapshot=None) -> None:
         """Give ``dst`` (empty) this cache's first ``n`` positions (prefix reuse)."""
         if n:
-            for mine, theirs in ((self.latent, dst.latent), (self.k_rot, dst.k_rot), (self.index_keys, dst.index_keys)):
+            for mine, theirs in ((self.kv, dst.kv), (self.index_keys, dst.index_keys)):
                 if mine is not None:
                     theirs.append(mine._data[:n])
 
@@ -99,7 +101,7 @@ class MLACache:
 
     def rewind(self, n: int) -> None:
         """Forget the positions from ``n`` on (as ``KVCache.rewind``)."""
-        for rows in (self.latent, self.k_rot, self.index_keys):
+        for rows in (self.kv, self.index_keys):
             if rows is not None:
                 rows.length = min(rows.length, n)
 
@@ -109,37 +111,46 @@ class MLACache:
 
     state_kind = "mla"
 
-    def _streams(self) -> dict:
-        return {"latent": self.latent, "k_rot": self.k_rot, **({"index_keys": self.index_keys} if self.index_keys else {})}
-
     def export_state(self) -> tuple[dict, dict]:
         """The positions in use of each stream (latents, rotary keys, DSA indexer keys)."""
         n = self.length
-        lengths = {name: rows.length for name, rows in self._streams().items()}
-        if set(lengths.values()) != {n}:
-            raise ValueError(f"its streams hold different numbers of positions: {lengths}")
-        return {"length": n}, ({name: rows._data[:n] for name, rows in self._streams().items()} if n else {})
+        if self.index_keys is not None and self.index_keys.length != n:
+            raise ValueError(f"its streams hold different numbers of positions: {n} latents, "
+                             f"{self.index_keys.length} indexer keys")
+        if not n:
+            return {"length": 0}, {}
+        kv = self.kv._data[:n]
+        arrays = {"latent": kv[:, : self.rank], "k_rot": kv[:, self.rank :]}
+        if self.index_keys is not None:
+            arrays["index_keys"] = self.index_keys._data[:n]
+        return {"length": n}, arrays
 
     def import_state(self, meta: dict, arrays: dict) -> None:
-        n = saved_length(meta, self.latent.max_len)
-        streams = self._streams()
-        check_saved_arrays(arrays, {name: (n, rows.dim) for name, rows in streams.items()} if n else {})
-        for name, rows in streams.items():
+        import numpy as np
+
+        n = saved_length(meta, self.kv.max_len)
+        shapes = {"latent": (n, self.rank), "k_rot": (n, self.kv.dim - self.rank)}
+        if self.index_keys is not None:
+            shapes["index_keys"] = (n, self.index_keys.dim)
+        check_saved_arrays(arrays, shapes if n else {})
+        streams = [(self.kv, lambda: np.concatenate([np.asarray(arrays["latent"]), np.asarray(arrays["k_rot"])], 1))]
+        if self.index_keys is not None:
+            streams.append((self.index_keys, lambda: arrays["index_keys"]))
+        for rows, saved in streams:
             if n:
                 rows._grow(n)
-                rows._data[:n] = to_backend(rows.backend, arrays[name], rows.backend.cache_dtype)
+                rows._data[:n] = to_backend(rows.backend, saved(), rows.backend.cache_dtype)
             rows.length = n
 
     @property
     def nbytes(self) -> int:
-        streams = [self.latent, self.k_rot] + ([self.index_keys] if self.index_keys else [])
-        return sum(s.nbytes for s in streams)
+        return self.kv.nbytes + (self.index_keys.nbytes if self.index_keys else 0)
 
     def bytes_per_token(self) -> int:
         """Bytes per cached token: (kv_lora_rank + qk_rope_head_dim) values of the cache
         dtype, plus index_head_dim when the layer has a DSA indexer."""
-        dims = self.latent.dim + self.k_rot.dim + (self.index_keys.dim if self.index_keys else 0)
-        return dims * ITEMSIZE[self.latent.backend.cache_dtype]
+        dims = self.kv.dim + (self.index_keys.dim if self.index_keys else 0)
+        return dims * ITEMSIZE[self.kv.backend.cache_dtype]
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -225,11 +236,24 @@ class MLAttention:
         return self.o(self._attend(x, q, q_resid, compressed, step), step)
 
     def batched(self, x, step: Step):
-        """A batched step: the projections on all rows, attention per sequence."""
+        """A batched step: the projections on all rows, attention per sequence (a
+        verification's drafted positions of one sequence in one call, where exact)."""
         q, q_resid, compressed = self._project(x, step)
-        outs = [self._attend(x[a:b], q[a:b], None if q_resid is None else q_resid[a:b], compressed[a:b], seg)
-                for seg, (a, b) in zip(step.segments, step.rows)]
+        merged = step.runs is not None and self._merges(step)
+        outs = [self._attend(x[a:b], q[a:b], None if q_resid is None else q_resid[a:b], compressed[a:b], seg,
+                             absorbed=merged)
+                for seg, (a, b) in (step.runs if merged else zip(step.segments, step.rows))]
         return self.o(outs[0] if len(outs) == 1 else step.ops.concat(outs, 0), step)
+
+    def _merges(self, step: Step) -> bool:
+        """Whether a verification's runs (consecutive positions of one sequence) may go
+        through this layer at once and give each row's bits as a step of its own would:
+        every segment small enough for the absorbed form (which is what it would take),
+        no DSA indexer (its scores are not computed row by row), and a backend whose
+        absorbed MLA computes rows independently."""
+        rows = max(b - a for _, (a, b) in step.runs)
+        return (self.indexer is None and max(b - a for a, b in step.rows) <= self.absorb_max_tokens
+                and step.ops.batch_invariant_rows("mla", [self.kv_b.weight.value]) >= rows)
 
     def _project(self, x, step: Step):
         if self.q is not None:
@@ -240,8 +264,9 @@ class MLAttention:
             q = self.q_b(q_resid, step)
         return q, q_resid, self.kv_a(x, step)
 
-    def _attend(self, x, q, q_resid, compressed, step: Step):
-        """One sequence's rows -> its attention output (before o_proj)."""
+    def _attend(self, x, q, q_resid, compressed, step: Step, absorbed: bool = False):
+        """One sequence's rows -> its attention output (before o_proj); ``absorbed``: in
+        the absorbed form whatever their number (a verification's merged positions)."""
         ops = step.ops
         t = x.shape[0]
         h, dn, dr, dv = self.n_heads, self.nope_dim, self.rope_dim, self.v_dim
@@ -254,18 +279,19 @@ class MLAttention:
         k_rot = self._rotate(k_rot, cos, sin, ops).reshape(t, dr)
 
         state: MLACache = step.cache.layers[self.layer]
-        latents, k_rots = state.append(latent, k_rot)
+        kv = state.append(latent, k_rot)
         selected = None
         if self.indexer is not None:
             selected = self.indexer(x, q_resid, state, step)
 
         kv_b = self.kv_b.weight.value
-        if t <= self.absorb_max_tokens:
+        if absorbed or t <= self.absorb_max_tokens:
             q_lat = ops.mla_absorb_query(q_nope, kv_b, dn, dv)
-            o_lat = ops.mla_attention(q_lat, q_rot, latents, k_rots, step.start, self.scale, selected)
+            o_lat = ops.mla_attention_kv(q_lat, q_rot, kv, step.start, self.scale, selected)
             out = ops.mla_absorb_output(o_lat, kv_b, dn, dv)
         else:
-            q_full, keys, values = ops.mla_expand(q_nope, q_rot, latents, k_rots, kv_b, dn, dv)
+            rank = self.kv_lora_rank
+            q_full, keys, values = ops.mla_expand(q_nope, q_rot, kv[:, :rank], kv[:, rank:], kv_b, dn, dv)
             if selected is None:
                 out = ops.attention(q_full, keys, values, step.start, self.scale)
             else:

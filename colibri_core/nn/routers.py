@@ -103,7 +103,7 @@ class SoftmaxGroupedTopKRouter:
             return indices, weights
         if self.bias is not None and self._host_bias is None:  # once: choosing experts happens on the host
             self._host_bias = ops.to_host(self.bias.value).astype(np.float32).reshape(-1)
-        logits = ops.to_host(ops.linear(x, self.gate.weight.value)).astype(np.float32, copy=False)
+        logits = ops.router_logits(x, self.gate.weight.value)
         return host.softmax_grouped_top_k(logits, self.top_k, self.n_group, self.topk_group, self.routed_scaling_factor,
                                           self._host_bias, self.renormalise, self.norm_min)
 
@@ -128,7 +128,7 @@ class SparseMixerRouter:
 
         ops = step.ops
         bias = None if self.gate.bias is None else self.gate.bias.value
-        logits = ops.to_host(ops.linear(x, self.gate.weight.value, bias)).astype(np.float32, copy=False)
+        logits = ops.router_logits(x, self.gate.weight.value, bias)
         return host.sparsemixer_top2(logits, self.jitter_eps)
 
 
@@ -217,7 +217,7 @@ class SigmoidTopKRouter:
 
         ops = step.ops
         bias = None if self.gate.bias is None else self.gate.bias.value
-        logits = ops.to_host(ops.linear(x, self.gate.weight.value, bias)).astype(np.float32, copy=False)
+        logits = ops.router_logits(x, self.gate.weight.value, bias)
         indices = host.top_k_indices(logits, self.top_k)
         chosen = np.take_along_axis(logits, indices, axis=-1)
         return indices, (np.float32(1.0) / (np.float32(1.0) + np.exp(-chosen))).astype(np.float32)

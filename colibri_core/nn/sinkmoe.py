@@ -42,7 +42,7 @@ class SigmoidSinkRouter:
             scale = np.float32(1.0) if self.global_scale is None else ops.to_host(self.global_scale.value).reshape(-1)[0]
             self._host = (np.asarray(bias, np.float32), np.float32(scale))
         bias, global_scale = self._host
-        logits = np.asarray(ops.to_host(ops.linear(x, self.gate.weight.value)), dtype=np.float32)
+        logits = ops.router_logits(x, self.gate.weight.value)
         routed = logits[:, : self.n_routed]
         with np.errstate(over="ignore"):
             scores = np.float32(1.0) / (np.float32(1.0) + np.exp(-routed))

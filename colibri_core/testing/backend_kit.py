@@ -236,6 +236,7 @@ COMPOSITE_TESTS = {
     "test_mla_expand": ('mla_expand',),
     "test_mla_absorb_query_and_output": ('mla_absorb_query', 'mla_absorb_output'),
     "test_mla_attention": ('mla_attention',),
+    "test_mla_attention_kv": ('mla_attention_kv',),
     "test_mla_absorbed_attention_equals_expanded": ('mla_expand', 'mla_absorb_query', 'mla_attention', 'mla_absorb_output'),
     "test_dsa_index_scores": ('dsa_index_scores',),
     "test_sinkhorn": ('sinkhorn',),
@@ -250,7 +251,8 @@ COMPOSITE_TESTS = {
 }
 
 # the composite tests whose attention takes a selection (a sync on the composite path)
-SELECTION_TESTS = frozenset({"test_sparse_attention", "test_mla_attention", "test_mla_absorbed_attention_equals_expanded"})
+SELECTION_TESTS = frozenset({"test_sparse_attention", "test_mla_attention", "test_mla_attention_kv",
+                             "test_mla_absorbed_attention_equals_expanded"})
 
 
 def composed(backend: Backend) -> Backend:
@@ -828,6 +830,74 @@ class BackendConformanceSuite:
             got = ops.mla_attention(self.act(ops, q_lat), dev["q_rot"], dev["latent"], dev["k_rot"], start, 0.2,
                                         ops.asarray(padded_selection(rng, chosen), "int64"))
             self.check(ops, got, want, "mla_attention, -1 padding")
+
+    @pytest.mark.parametrize("selected", [False, True], ids=["dense", "dsa"])
+    @pytest.mark.parametrize("step", list(STEPS))
+    def test_mla_attention_kv(self, ops, step, selected):
+        """The cache's rows as MLA keeps them, [latent | k_rot] side by side in one array,
+        read as a slice of a larger one (the cache's capacity)."""
+        rng, t, start, s, host, dev = self._mla_inputs(ops, "mla attention kv", step)
+        chosen = selection(rng, t, start, s, min(3, s)) if selected else None
+        q_lat = normal(rng, t, self.MLA["h"], self.MLA["rank"])
+        rows = np.concatenate([host["latent"], host["k_rot"]], 1)
+        kv = self.cached(ops, np.concatenate([rows, normal(rng, 3, rows.shape[1])]))[:s]
+        got = ops.mla_attention_kv(self.act(ops, q_lat), dev["q_rot"], kv, start, 0.2,
+                                   None if chosen is None else ops.asarray(chosen, "int64"))
+        want = self.ref.mla_attention(q_lat, host["q_rot"], host["latent"], host["k_rot"], start, 0.2, chosen)
+        self.check(ops, got, want, "mla_attention_kv")
+
+    def test_mla_rows_claimed_exact_are_each_row_alone(self, backend):
+        """Where ``batch_invariant_rows("mla", [kv_b])`` claims more than one row (a
+        verification's drafted positions then go through absorbed MLA at once), each
+        query row of the absorbed form equals that row as a step of its own, bit for bit."""
+        h, nope, rope, v, rank = (self.MLA[key] for key in ("h", "nope", "rope", "v", "rank"))
+        rng = seeded("mla rows")
+        kv_b = backend.prepare_weight(normal(rng, h * (nope + v), rank, scale=0.3), "array")
+        n = backend.batch_invariant_rows("mla", [kv_b])
+        assert type(n) is int and n >= 1, f"batch_invariant_rows gave {n!r}"
+        t, start = min(n, 5), 7
+        q_nope, q_rot = normal(rng, t, h, nope), normal(rng, t, h, rope)
+        kv = self.cached(backend, normal(rng, start + t, rank + rope))
+
+        def absorbed(rows, at):
+            q_lat = backend.mla_absorb_query(self.act(backend, q_nope[rows]), kv_b, nope, v)
+            o_lat = backend.mla_attention_kv(q_lat, self.act(backend, q_rot[rows]), kv[: at + rows.stop - rows.start], at,
+                                             0.2)
+            return backend.to_host(backend.mla_absorb_output(o_lat, kv_b, nope, v))
+
+        together = absorbed(slice(0, t), start)
+        for i in range(t):
+            alone = absorbed(slice(i, i + 1), start + i)
+            assert np.array_equal(together[i : i + 1], alone), f"row {i} of {t} differs from the row alone"
+
+    @pytest.mark.parametrize("router", ["logits", "softmax", "softmax-bias", "sigmoid-grouped", "scored"])
+    def test_router_rows_claimed_exact_are_each_row_alone(self, backend, router):
+        """Where ``batch_invariant_rows("router", [w])`` claims more than one row, every
+        router gives each row the experts and the bits it gives the row alone."""
+        rng = seeded("router rows", router)
+        x, w = normal(rng, 6, 32), normal(rng, 16, 32)
+        bias = rng.integers(0, 3, 16).astype(np.float32)
+        weight = backend.prepare_weight(w, "array")
+        n = backend.batch_invariant_rows("router", [weight])
+        assert type(n) is int and n >= 1, f"batch_invariant_rows gave {n!r}"
+        rows = min(n, 6)
+
+        def route(xs):
+            xs = self.act(backend, xs)
+            if router == "logits":
+                return (backend.router_logits(xs, weight),)
+            if router.startswith("softmax"):
+                return backend.softmax_top_k(xs, weight, 4, True,
+                                             self.act(backend, bias / 8) if router.endswith("bias") else None)
+            if router == "sigmoid-grouped":
+                return backend.sigmoid_grouped_top_k(xs, weight, bias / 8, 4, 4, 2, True, 2.5)
+            return backend.scored_top_k(xs, weight, bias / 8, 4, "sqrtsoftplus", 1.5)
+
+        together = route(x[:rows])
+        for i in range(rows):
+            alone = route(x[i : i + 1])
+            for a, b in zip(together, alone):
+                assert np.array_equal(np.asarray(a)[i : i + 1], np.asarray(b)), f"{router}: row {i} of {rows} differs"
 
     @pytest.mark.parametrize("selected", [False, True], ids=["dense", "dsa"])
     @pytest.mark.parametrize("step", list(STEPS))

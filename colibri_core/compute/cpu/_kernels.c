@@ -1605,16 +1605,104 @@ static int route_rows(const float *x, int64_t T, const float *w, int64_t E, int6
     return 0;
 }
 
-/* Rotate-half RoPE on the first R features of each head: x (T, H, D), cos/sin (T, R) */
+/* The k of E highest scores of a row, highest first, the lower index first among equal
+ * ones (a stable sort's order); -inf ones are taken last, still in index order */
+static void top_k_of(const float *score, int64_t E, int64_t k, int64_t *picked) {
+    uint8_t taken[MAX_ROUTED];
+    memset(taken, 0, (size_t)E);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || score[e] > score[best])) best = e;
+        taken[best] = 1;
+        picked[j] = best;
+    }
+}
+
+/* DeepSeek-V3's noaux_tc router on T rows of host logits (E each): scores sigmoid(logits);
+ * bias (or NULL) added for choosing only; with G > 1 groups of E / G experts, each group
+ * scored by the sum of its two best biased scores and only the topk_group best groups
+ * compete; the k best, their unbiased scores divided by their sum (+ 1e-20) when asked,
+ * times scaling. Each row on its own (host.sigmoid_grouped_top_k is the same in numpy). */
+static void sigmoid_route_rows(const float *logits, int64_t T, int64_t E, const float *bias, int64_t k, int64_t G,
+                               int64_t topk_group, int renormalise, float scaling, int64_t *indices, float *weights) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        float score[MAX_ROUTED], choice[MAX_ROUTED];
+        for (int64_t e = 0; e < E; e++) {
+            score[e] = 1.f / (1.f + expf(-l[e]));
+            choice[e] = bias ? score[e] + bias[e] : score[e];
+        }
+        if (G > 1) {
+            const int64_t per = E / G;
+            float group_score[MAX_ROUTED];
+            int64_t groups[MAX_ROUTED];
+            for (int64_t g = 0; g < G; g++) {
+                const float *c = choice + g * per;
+                int64_t first = 0;
+                for (int64_t e = 1; e < per; e++) if (c[e] > c[first]) first = e;
+                int64_t second = first == 0 ? 1 : 0;
+                for (int64_t e = 0; e < per; e++) if (e != first && c[e] > c[second]) second = e;
+                group_score[g] = c[first] + c[second];
+            }
+            top_k_of(group_score, G, topk_group, groups);
+            uint8_t keep[MAX_ROUTED];
+            memset(keep, 0, (size_t)G);
+            for (int64_t j = 0; j < topk_group; j++) keep[groups[j]] = 1;
+            for (int64_t e = 0; e < E; e++) if (!keep[e / per]) choice[e] = -INFINITY;
+        }
+        int64_t *idx = indices + t * k;
+        float *w = weights + t * k, total = 0.f;
+        top_k_of(choice, E, k, idx);
+        for (int64_t j = 0; j < k; j++) { w[j] = score[idx[j]]; total += w[j]; }
+        for (int64_t j = 0; j < k; j++) w[j] = (renormalise ? w[j] / (total + 1e-20f) : w[j]) * scaling;
+    }
+}
+
+/* Per-group float32 products for T rows of G groups: out[t, g, :] = x[t, g, :] @ W_g, with W_g
+ * (K, N) read through strides (transposed 0), or x[t, g, :] @ W_g^T with W_g (N, K) (transposed 1).
+ * Each output is summed in the same order whatever the rows beside it (no blocking over
+ * rows), so a row comes out as it would alone: the routers' logits and absorbed MLA's
+ * per-head products, where a verification's rows must equal decode steps. */
+CLONES static void head_matmul_rows(const float *x, int64_t T, int64_t G, int64_t K, int64_t N, KVView W, int transposed,
+                                    float *out) {
+    #pragma omp parallel for schedule(static) if (T * G * K * N >= (1 << 18))
+    for (int64_t i = 0; i < T * G; i++) {
+        const float *xr = x + i * K;
+        float *o = out + i * N;
+        const char *w = W.base + (i % G) * W.head;
+        if (transposed) {
+            for (int64_t n = 0; n < N; n++) o[n] = dot_f32((const float *)(w + n * W.pos), xr, K);
+        } else {
+            for (int64_t n = 0; n < N; n++) o[n] = 0.f;
+            for (int64_t k = 0; k < K; k++) {
+                const float xk = xr[k], *wr = (const float *)(w + k * W.pos);
+                for (int64_t n = 0; n < N; n++) o[n] += xk * wr[n];
+            }
+        }
+    }
+}
+
+/* Rotate-half RoPE on the first R features of each head: x (T, H, D), cos/sin (T, R); with
+ * ``interleaved`` the R features are pairs (x0, x1), (x2, x3), ... taken apart first (all
+ * first members, then all second members: transformers' apply_rotary_pos_emb_interleave) */
 CLONES static void rope_rows(const float *x, const float *cos, const float *sin, int64_t T, int64_t H, int64_t D, int64_t R,
-                             float *out) {
+                             int interleaved, float *out) {
     const int64_t half = R / 2;
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
             const float *xi = x + (t * H + h) * D, *c = cos + t * R, *sn = sin + t * R;
             float *o = out + (t * H + h) * D;
-            for (int64_t i = 0; i < half; i++) o[i] = xi[i] * c[i] + (-xi[i + half]) * sn[i];
-            for (int64_t i = half; i < R; i++) o[i] = xi[i] * c[i] + xi[i - half] * sn[i];
+            if (interleaved) {
+                for (int64_t i = 0; i < half; i++) {
+                    const float a = xi[2 * i], b = xi[2 * i + 1];
+                    o[i] = a * c[i] + (-b) * sn[i];
+                    o[half + i] = b * c[half + i] + a * sn[half + i];
+                }
+            } else {
+                for (int64_t i = 0; i < half; i++) o[i] = xi[i] * c[i] + (-xi[i + half]) * sn[i];
+                for (int64_t i = half; i < R; i++) o[i] = xi[i] * c[i] + xi[i - half] * sn[i];
+            }
             for (int64_t i = R; i < D; i++) o[i] = xi[i];
         }
 }
@@ -2039,10 +2127,69 @@ done:
     return result;
 }
 
-/* rope(x, cos, sin, rotary_dim, out): x (T, H, D) contiguous, cos/sin (T, rotary_dim) */
+/* sigmoid_route(logits, bias or None, k, n_group, topk_group, renormalise, scaling, indices, weights):
+ * see sigmoid_route_rows; logits (T, E) float32 */
+static PyObject *py_sigmoid_route(PyObject *self, PyObject *args) {
+    PyObject *lo, *bo, *io, *wo; long long k, G, topk_group; int renormalise; float scaling;
+    if (!PyArg_ParseTuple(args, "OOLLLpfOO", &lo, &bo, &k, &G, &topk_group, &renormalise, &scaling, &io, &wo)) return NULL;
+    Buf b[4] = {{{0}}};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(lo, &b[0].b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) goto done;
+    b[0].held = 1;
+    if (b[0].b.ndim != 2 || !format_is(&b[0].b, 'f')) { PyErr_SetString(PyExc_ValueError, "logits must be (T, experts) float32"); goto done; }
+    const int64_t T = b[0].b.shape[0], E = b[0].b.shape[1];
+    if (E < 1 || E > MAX_ROUTED || k < 1 || k > E || G < 1 || E % G != 0 || (G > 1 && E / G < 2) || topk_group < 1 ||
+        topk_group > G || k > topk_group * (E / G)) {
+        PyErr_Format(PyExc_ValueError, "sigmoid_route: %lld experts (at most %d) in %lld groups, k %lld of the best %lld "
+                     "groups", (long long)E, MAX_ROUTED, G, k, topk_group);
+        goto done;
+    }
+    if ((bo != Py_None && get_buf(bo, &b[1], 0, (Py_ssize_t)(E * 4), "bias")) ||
+        get_buf(io, &b[2], 1, (Py_ssize_t)(T * k * 8), "indices") || get_buf(wo, &b[3], 1, (Py_ssize_t)(T * k * 4), "weights"))
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    sigmoid_route_rows(b[0].b.buf, T, E, bo != Py_None ? b[1].b.buf : NULL, k, G, topk_group, renormalise, scaling,
+                       b[2].b.buf, b[3].b.buf);
+    Py_END_ALLOW_THREADS
+    result = kernel_result(0);
+done:
+    release(b, 4);
+    return result;
+}
+
+/* head_matmul(x, w, out, transposed): see head_matmul_rows; x (T, G, K) contiguous, w (G, K, N)
+ * or (G, N, K) with contiguous rows (a view of a larger array), out (T, G, N) */
+static PyObject *py_head_matmul(PyObject *self, PyObject *args) {
+    PyObject *xo, *wo, *oo; int transposed;
+    if (!PyArg_ParseTuple(args, "OOOp", &xo, &wo, &oo, &transposed)) return NULL;
+    Buf b[3] = {{{0}}};
+    int64_t ws[3];
+    KVView W;
+    PyObject *result = NULL;
+    if (get_view3(wo, &b[1], "w", ws, &W, NULL)) goto done;
+    const int64_t G = ws[0], K = transposed ? ws[2] : ws[1], N = transposed ? ws[1] : ws[2];
+    if (PyObject_GetBuffer(xo, &b[0].b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) goto done;
+    b[0].held = 1;
+    if (b[0].b.ndim != 3 || !format_is(&b[0].b, 'f') || b[0].b.shape[1] != G || b[0].b.shape[2] != K) {
+        PyErr_Format(PyExc_ValueError, "head_matmul wants x (T, %lld, %lld) float32 for that w", (long long)G,
+                     (long long)K);
+        goto done;
+    }
+    const int64_t T = b[0].b.shape[0];
+    if (get_buf(oo, &b[2], 1, (Py_ssize_t)(T * G * N * 4), "out")) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    head_matmul_rows(b[0].b.buf, T, G, K, N, W, transposed, b[2].b.buf);
+    Py_END_ALLOW_THREADS
+    result = kernel_result(0);
+done:
+    release(b, 3);
+    return result;
+}
+
+/* rope(x, cos, sin, rotary_dim, out[, interleaved]): x (T, H, D) contiguous, cos/sin (T, rotary_dim) */
 static PyObject *py_rope(PyObject *self, PyObject *args) {
-    PyObject *xo, *co, *so, *oo; long long R;
-    if (!PyArg_ParseTuple(args, "OOOLO", &xo, &co, &so, &R, &oo)) return NULL;
+    PyObject *xo, *co, *so, *oo; long long R; int interleaved = 0;
+    if (!PyArg_ParseTuple(args, "OOOLO|p", &xo, &co, &so, &R, &oo, &interleaved)) return NULL;
     Buf b[4] = {{{0}}};
     int64_t xs[3];
     KVView xv;
@@ -2056,7 +2203,7 @@ static PyObject *py_rope(PyObject *self, PyObject *args) {
         get_buf(oo, &b[3], 1, (Py_ssize_t)(xs[0] * xs[1] * xs[2] * 4), "out")) goto done;
     const float *x = (const float *)xv.base, *c = b[1].b.buf, *sn = b[2].b.buf; float *out = b[3].b.buf;
     Py_BEGIN_ALLOW_THREADS
-    rope_rows(x, c, sn, xs[0], xs[1], xs[2], R, out);
+    rope_rows(x, c, sn, xs[0], xs[1], xs[2], R, interleaved, out);
     Py_END_ALLOW_THREADS
     result = kernel_result(0);
 done:
@@ -2095,8 +2242,12 @@ static PyMethodDef methods[] = {
     {"linears", py_linears, METH_VARARGS, "linears(x, weights, outs): outs[i] = x @ W_i^T, one parallel region for all"},
     {"route", py_route, METH_VARARGS,
      "route(x, w, k, renormalise, indices, weights): softmax(x @ w^T), its k largest per row and their probabilities"},
+    {"sigmoid_route", py_sigmoid_route, METH_VARARGS,
+     "sigmoid_route(logits, bias, k, n_group, topk_group, renormalise, scaling, indices, weights): noaux_tc routing"},
+    {"head_matmul", py_head_matmul, METH_VARARGS,
+     "head_matmul(x, w, out, transposed): out[t, g] = x[t, g] @ w[g] (or @ w[g]^T), each row as alone"},
     {"attention", py_attention, METH_VARARGS, "attention(q, k, v, start, scale, out[, visible]): causal attention, grouped KV heads"},
-    {"rope", py_rope, METH_VARARGS, "rope(x, cos, sin, rotary_dim, out): rotate-half RoPE"},
+    {"rope", py_rope, METH_VARARGS, "rope(x, cos, sin, rotary_dim, out[, interleaved]): rotate-half RoPE"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, weight or None, eps, out, d): RMSNorm over rows of d floats"},
     {"dequantize", py_dequantize, METH_VARARGS, "dequantize(kind, data, scales, out, n, k[, bm, bn]): W as float32"},
     {"moe", py_moe, METH_VARARGS,

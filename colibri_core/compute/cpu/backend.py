@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from colibri_core.compute import host
 from colibri_core.compute.reference import ReferenceBackend
 from colibri_core.formats.base import QuantTensor
 
@@ -74,17 +75,42 @@ class CpuBackend(ReferenceBackend):
             return max(1, self._kernel_rows(weights))
         if op == "router":
             (w,) = weights
-            if self.kernels is not None and isinstance(w, np.ndarray) and w.shape[0] <= self.kernels.MAX_ROUTED:
+            if self._router_kernel(w, 1):
                 return ROUTE_ROW_LIMIT
             return max(1, self._kernel_rows(weights))
         if op == "experts":
-            # an expert given more rows than its kernel takes falls back to BLAS
-            return max(1, min((self._kernel_rows((w["gate"], w["up"], w["down"])) for w in weights), default=1))
+            # an expert given more rows than its kernel takes falls back to BLAS (the
+            # limits kept with each expert: this is asked at every batched step)
+            rows = KERNEL_ROW_LIMIT << 8
+            for w in weights:
+                args = self._kernel_args(w)
+                rows = min(rows, args[1] if args is not None else 1)
+            return max(1, rows) if weights else 1
         if op == "attention" and self.kernels is not None:
             # the kernel computes each query row with the operations and order of that row
             # alone, whatever the rows beside it (tests/test_quant_formats.py)
             return ATTENTION_ROW_LIMIT
+        if op == "mla" and self._mla_kernels(*weights):
+            # absorbed MLA: the per-head products and the latent attention both in kernels
+            # that compute a row as alone (the kit: test_mla_rows_claimed_exact_are_each_row_alone)
+            return ATTENTION_ROW_LIMIT
         return 1
+
+    def _router_kernel(self, weight, rows: int) -> bool:
+        """Whether a router's logits for ``rows`` rows go through the compiled kernels
+        (each row summed as alone): float32 weights of at most MAX_ROUTED experts."""
+        return (self.kernels is not None and isinstance(weight, np.ndarray) and weight.dtype == np.float32
+                and weight.ndim == 2 and weight.shape[0] <= self.kernels.MAX_ROUTED and rows <= ROUTE_ROW_LIMIT)
+
+    def router_logits(self, x, weight, bias=None):
+        if not self._router_kernel(weight, x.shape[0]):
+            return super().router_logits(x, weight, bias)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
+        self.kernels.head_matmul(x[:, None, :], weight[None], out, True)
+        if bias is not None:
+            out += np.asarray(bias, dtype=np.float32).reshape(-1)
+        return out
 
     def swiglu_expert(self, x, gate, up, down):
         mats = (gate, up, down)
@@ -118,9 +144,14 @@ class CpuBackend(ReferenceBackend):
     def _kernel_rows(self, weights) -> int:
         """The most x rows the compiled kernels take for these weights together; 0 when
         they cannot take them all (no kernels, float32 arrays, a kind without a kernel)."""
-        if self.kernels is None or not all(isinstance(w, QuantTensor) and w.kind in KERNEL_KINDS for w in weights):
+        if self.kernels is None or not weights:
             return 0
-        return min(self._row_limit(w) for w in weights)
+        rows = VNNI_ROW_LIMIT << 8
+        for w in weights:  # a plain loop: this runs for every product of a batched step
+            if not isinstance(w, QuantTensor) or w.kind not in KERNEL_KINDS:
+                return 0
+            rows = min(rows, self._row_limit(w))
+        return rows
 
     def linears(self, x, weights, biases=None):
         if len(weights) < 2 or x.shape[0] > self._kernel_rows(weights):
@@ -204,6 +235,14 @@ class CpuBackend(ReferenceBackend):
             return out
         return super().rope(x, cos, sin, rotary_dim)
 
+    def rope_interleaved(self, x, cos, sin, rotary_dim):
+        if self.kernels is not None and x.dtype == np.float32 and cos.dtype == sin.dtype == np.float32:
+            x = np.ascontiguousarray(x)
+            out = np.empty_like(x)
+            self.kernels.rope(x, np.ascontiguousarray(cos), np.ascontiguousarray(sin), rotary_dim, out, True)
+            return out
+        return super().rope_interleaved(x, cos, sin, rotary_dim)
+
     def attention(self, q, k, v, start, scale):
         if self.kernels is not None and q.dtype == np.float32 and k.dtype == v.dtype and k.dtype in _KV_DTYPES:
             q = np.ascontiguousarray(q)
@@ -213,14 +252,25 @@ class CpuBackend(ReferenceBackend):
         return super().attention(q, k, v, start, scale)
 
     def softmax_top_k(self, x, weight, k, renormalise, bias=None):
-        if (self.kernels is None or bias is not None or not isinstance(weight, np.ndarray) or x.shape[0] > ROUTE_ROW_LIMIT
-                or weight.shape[0] > self.kernels.MAX_ROUTED):
+        if bias is not None or not self._router_kernel(weight, x.shape[0]):
             return super().softmax_top_k(x, weight, k, renormalise, bias)
         t = x.shape[0]
         indices = np.empty((t, k), dtype=np.int64)
         weights = np.empty((t, k), dtype=np.float32)
         self.kernels.route(np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(weight, dtype=np.float32), k,
                            renormalise, indices, weights)
+        return indices, weights
+
+    def sigmoid_grouped_top_k(self, x, weight, bias, k, n_group, topk_group, renormalise, scaling):
+        logits = self.router_logits(x, weight)
+        t, e = logits.shape
+        if (self.kernels is None or e > self.kernels.MAX_ROUTED or e % n_group or (n_group > 1 and e // n_group < 2)
+                or not 1 <= topk_group <= n_group or not 1 <= k <= topk_group * (e // n_group)):
+            return host.sigmoid_grouped_top_k(logits, bias, k, n_group, topk_group, renormalise, scaling)
+        indices = np.empty((t, k), dtype=np.int64)
+        weights = np.empty((t, k), dtype=np.float32)
+        self.kernels.sigmoid_route(np.ascontiguousarray(logits), None if bias is None else np.ascontiguousarray(
+            bias, dtype=np.float32).reshape(-1), k, n_group, topk_group, renormalise, scaling, indices, weights)
         return indices, weights
 
     def routed_experts(self, x, indices, weights, fetch, window: int = 8, ready=None):
@@ -302,6 +352,48 @@ class CpuBackend(ReferenceBackend):
             derived = (tuple(self._prepared(m) for m in mats), rows) if rows else None
             w.derived[key] = derived
         return derived
+    # -- absorbed MLA: kernels that compute each query row as alone, so a verification's
+    # drafted positions go through one call each and still equal decode steps
+    def _mla_kernels(self, kv_b=None) -> bool:
+        return self.kernels is not None and isinstance(kv_b, np.ndarray) and kv_b.dtype == np.float32
+
+    def mla_absorb_query(self, q_nope, kv_b, nope_dim, v_dim):
+        if not self._mla_kernels(kv_b) or q_nope.dtype != np.float32:
+            return super().mla_absorb_query(q_nope, kv_b, nope_dim, v_dim)
+        t, h, _ = q_nope.shape
+        w = self._kv_b_heads(kv_b, h, nope_dim, v_dim)[:, :nope_dim, :]  # (H, nope, rank): q @ W
+        out = np.empty((t, h, kv_b.shape[-1]), dtype=np.float32)
+        self.kernels.head_matmul(np.ascontiguousarray(q_nope), w, out, False)
+        return out
+
+    def mla_absorb_output(self, o_lat, kv_b, nope_dim, v_dim):
+        if not self._mla_kernels(kv_b) or o_lat.dtype != np.float32:
+            return super().mla_absorb_output(o_lat, kv_b, nope_dim, v_dim)
+        t, h, _ = o_lat.shape
+        w = self._kv_b_heads(kv_b, h, nope_dim, v_dim)[:, nope_dim:, :]  # (H, v, rank): o @ W^T
+        out = np.empty((t, h, v_dim), dtype=np.float32)
+        self.kernels.head_matmul(np.ascontiguousarray(o_lat), w, out, True)
+        return out
+
+    def mla_attention(self, q_lat, q_rot, latent, k_rot, start, scale, selected=None):
+        if self.kernels is None or latent.dtype != k_rot.dtype:
+            return super().mla_attention(q_lat, q_rot, latent, k_rot, start, scale, selected)
+        return self.mla_attention_kv(q_lat, q_rot, np.concatenate([latent, k_rot], -1), start, scale, selected)
+
+    def mla_attention_kv(self, q_lat, q_rot, kv, start, scale, selected=None):
+        # attention with one KV head: keys the whole rows [latent, k_rot], values the latents
+        if self.kernels is None or q_lat.dtype != np.float32 or kv.dtype not in _KV_DTYPES or kv.strides[-1] != kv.itemsize:
+            return super().mla_attention_kv(q_lat, q_rot, kv, start, scale, selected)
+        t, h, rank = q_lat.shape
+        q = np.concatenate([q_lat, q_rot.astype(np.float32, copy=False)], -1)
+        out = np.empty((t, h, rank), dtype=np.float32)
+        if selected is None:
+            self.kernels.attention(q, kv[None], kv[None, :, :rank], start, scale, out)
+        else:
+            visible = np.ascontiguousarray(self._visible(t, kv.shape[0], start, selected), dtype=np.uint8)
+            self.kernels.attention(q, kv[None], kv[None, :, :rank], start, scale, out, visible)
+        return out
+
     def sparse_attention(self, q, k, v, start, scale, selected):
         if self.kernels is not None and q.dtype == k.dtype == v.dtype == np.float32:
             q = np.ascontiguousarray(q)
@@ -310,3 +402,4 @@ class CpuBackend(ReferenceBackend):
             self.kernels.attention(q, k, v, start, scale, out, visible)
             return out
         return super().sparse_attention(q, k, v, start, scale, selected)
+

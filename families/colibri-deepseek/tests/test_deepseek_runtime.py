@@ -44,7 +44,7 @@ def test_kv_cache_bytes_per_token_are_the_latent_size(tmp_path_factory):
 
 def test_decode_uses_the_absorbed_form(tmp_path_factory, monkeypatch):
     fx = fixture(tmp_path_factory, v3_suite.TestDeepseekV3Oracle, "base")
-    calls = {"mla_expand": [], "mla_attention": []}
+    calls = {"mla_expand": [], "mla_attention_kv": []}
     for name in calls:
         original = getattr(CpuBackend, name)
 
@@ -59,7 +59,7 @@ def test_decode_uses_the_absorbed_form(tmp_path_factory, monkeypatch):
     # the prompt is expanded once per layer; each of the 5 decode steps attends to the
     # cached latents without expanding them
     assert calls["mla_expand"] == [len(fx.prompt)] * layers
-    assert calls["mla_attention"] == [1] * (5 * layers)
+    assert calls["mla_attention_kv"] == [1] * (5 * layers)
 
 
 def test_index_topk_covering_the_sequence_is_dense_attention(tmp_path_factory, tmp_path):
