@@ -214,7 +214,8 @@ class MTPDrafter:
     """Runs one sequence's positions through the MTP layer as the main model computes
     them (its own attention cache), and drafts greedily: position i's hidden state and
     token i + 1 guess token i + 2; deeper drafts feed the layer's own output back.
-    Positions computed for drafts only are forgotten after each proposal."""
+    Positions computed for drafts only are forgotten after each proposal (rewound, or
+    restored from a snapshot where the cache changes in place: a sliding window)."""
 
     wants_hidden = True
     costly = True  # a proposal runs the layer and an LM head: a DraftGate asks for shadow drafts rarely
@@ -241,10 +242,17 @@ class MTPDrafter:
         logits, out = self.layer(rows, np.asarray(tokens[start + 1 :], dtype=np.int64), self.cache, ops)
         kept = self.cache.length
         drafts = [int(np.argmax(logits))]
+        if k == 1:
+            return drafts
+        # a state that changes in place (a sliding window: MiMo-V2-Flash's MTP layer) goes back through a snapshot
+        snapshot = None if self.cache.rewindable() else self.cache.snapshot()
         while len(drafts) < k:
             logits, out = self.layer(out, np.asarray(drafts[-1:], dtype=np.int64), self.cache, ops)
             drafts.append(int(np.argmax(logits)))
-        self.cache.rewind(kept)
+        if snapshot is None:
+            self.cache.rewind(kept)
+        else:
+            self.cache.restore(kept, snapshot)
         return drafts
 
 

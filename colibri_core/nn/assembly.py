@@ -158,10 +158,12 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
         for j in range(w.mtp_layers):
             i = a.num_hidden_layers + j
             own, p = layout.prefixes(names.layer(i), j)
-            block = DecoderLayer(norm(f"{p}.input_layernorm"), mixer(i, p), norm(f"{p}.post_attention_layernorm"), mlp(i, p))
+            attn_norm, mlp_norm = layout.block_norms
+            block = DecoderLayer(norm(f"{p}.{attn_norm}"), mixer(i, p), norm(f"{p}.{mlp_norm}"), mlp(i, p))
             lm.mtp.append(MTPLayer(i, embed, norm(f"{own}.{layout.embed_norm}"), norm(f"{own}.{layout.hidden_norm}"),
                                    w.linear(f"{own}.{layout.projection}", hidden, 2 * hidden), block,
-                                   norm(f"{own}.{layout.head_norm}"), lm_head, prefixes=tuple(dict.fromkeys((f"{own}.", f"{p}.")))))
+                                   norm(f"{own}.{layout.head_norm}"), lm_head, prefixes=tuple(dict.fromkeys((f"{own}.", f"{p}."))),
+                                   chains_normed=layout.chains_normed))
     return lm
 
 

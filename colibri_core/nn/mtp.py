@@ -1,9 +1,9 @@
 """Multi-token-prediction (MTP) layers: the extra layers DeepSeek-V3, Kimi K2, GLM-4.5+,
-Qwen3-Next and Qwen3.5 checkpoints carry past their decoder layers, trained to predict
-the token after the next one. colibri runs them as a draft source
+Qwen3-Next, Qwen3.5 and MiMo-V2-Flash checkpoints carry past their decoder layers,
+trained to predict the token after the next one. colibri runs them as a draft source
 (``colibri_core.engine.speculative``), never as part of the model's own logits.
 
-Two published layouts (``MTPLayout``), the ones vLLM's and SGLang's loaders read:
+Three published layouts (``MTPLayout``), the ones vLLM's and SGLang's loaders read:
 
 - DeepSeek-V3's (also Kimi K2's and GLM's; ``num_nextn_predict_layers``): layer N =
   ``num_hidden_layers`` holds ``enorm``, ``hnorm``, ``eh_proj`` (hidden x 2 hidden), a
@@ -38,7 +38,9 @@ from colibri_core.nn.layers import DecoderLayer, Embedding, Linear, RMSNorm, Ste
 class MTPLayout:
     """Where a checkpoint keeps its MTP layers: ``count`` the config field saying how
     many; the names, under the layer's own prefix, of the embedding's norm, the hidden
-    state's norm, the projection of their concatenation and the output norm."""
+    state's norm, the projection of their concatenation and the output norm;
+    ``block_norms`` the names of its decoder layer's two pre-norms; ``model_types``: the
+    layout is only that of these model types (else of any that declares ``count``)."""
 
     name: str
     count: str
@@ -46,20 +48,30 @@ class MTPLayout:
     hidden_norm: str
     projection: str
     head_norm: str
-    own: str | None = None  # the own tensors' prefix; None: the decoder layer's ``model.layers.{N + j}``
-    blocks: str | None = None  # the decoder layers' prefix (``{own}.layers.{j}``); None: as ``own``
+    own: str | None = None  # the own tensors' prefix ({j}: the layer's index); None: ``model.layers.{N + j}``
+    blocks: str | None = None  # the decoder layers' prefix, ``{blocks}.{j}``
+    block_norms: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
+    model_types: tuple[str, ...] = ()
+    # what a chained draft reads as its position's hidden state: the layer's normed output
+    # (vLLM's qwen3_next_mtp and mimo_v2_mtp return it), or its block's output before that
+    # norm (deepseek_mtp returns residual + hidden; the head's norm comes in compute_logits)
+    chains_normed: bool = True
 
     def prefixes(self, layer_prefix: str, j: int) -> tuple[str, str]:
         """(own tensors' prefix, decoder layer's prefix) of MTP layer j, whose layer
         number's usual prefix is ``layer_prefix``."""
         if self.own is None:
             return layer_prefix, layer_prefix
-        return self.own, f"{self.blocks}.{j}"
+        return self.own.format(j=j), f"{self.blocks}.{j}"
 
 
-DEEPSEEK_MTP = MTPLayout("deepseek", "num_nextn_predict_layers", "enorm", "hnorm", "eh_proj", "shared_head.norm")
+DEEPSEEK_MTP = MTPLayout("deepseek", "num_nextn_predict_layers", "enorm", "hnorm", "eh_proj", "shared_head.norm",
+                         chains_normed=False)
 QWEN_MTP = MTPLayout("qwen3-next", "mtp_num_hidden_layers", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm",
                      own="mtp", blocks="mtp.layers")
+MIMO_MTP = MTPLayout("mimo-v2-flash", "num_nextn_predict_layers", "enorm", "hnorm", "eh_proj", "final_layernorm",
+                     own="model.mtp.layers.{j}", blocks="model.mtp.layers",
+                     block_norms=("input_layernorm", "pre_mlp_layernorm"), model_types=("mimo_v2_flash",))
 
 
 def mtp_layout(config: dict) -> tuple[MTPLayout, int, str]:
@@ -68,7 +80,10 @@ def mtp_layout(config: dict) -> tuple[MTPLayout, int, str]:
     for where, fields in (("", config), ("text_config.", config.get("text_config"))):
         if not isinstance(fields, dict):
             continue
-        for layout in (QWEN_MTP, DEEPSEEK_MTP):
+        model_type = fields.get("model_type", config.get("model_type"))
+        for layout in (MIMO_MTP, QWEN_MTP, DEEPSEEK_MTP):
+            if layout.model_types and model_type not in layout.model_types:
+                continue
             if fields.get(layout.count) is not None:
                 return layout, fields[layout.count], where + layout.count
     return DEEPSEEK_MTP, 0, DEEPSEEK_MTP.count
@@ -79,10 +94,12 @@ class MTPLayer:
     ``prefixes`` where its tensors live (with the trailing dot)."""
 
     def __init__(self, index: int, embed: Embedding, enorm: RMSNorm, hnorm: RMSNorm, eh_proj: Linear,
-                 block: DecoderLayer, head_norm: RMSNorm, head: Linear, prefixes: tuple[str, ...] = ()):
+                 block: DecoderLayer, head_norm: RMSNorm, head: Linear, prefixes: tuple[str, ...] = (),
+                 chains_normed: bool = True):
         self.index, self.embed, self.enorm, self.hnorm, self.eh_proj = index, embed, enorm, hnorm, eh_proj
         self.block, self.head_norm, self.head = block, head_norm, head
         self.prefixes = prefixes or (f"model.layers.{index}.",)
+        self.chains_normed = chains_normed  # ``MTPLayout.chains_normed``
 
     def new_cache(self, backend, max_len: int) -> Cache:
         """The layer's own sequence state (its attention's cache), in a ``Cache`` whose
@@ -92,8 +109,8 @@ class MTPLayer:
     def __call__(self, hidden, next_ids: np.ndarray, cache: Cache, ops):
         """Rows of main-model hidden states ``hidden`` (positions ``cache.length`` on) and
         the tokens after each (``next_ids``) through the layer, extending ``cache``.
-        Returns (host float32 logits of the last row, its normed output: the stand-in
-        hidden state for a chained step)."""
+        Returns (host float32 logits of the last row, the stand-in hidden state for a
+        chained step: its normed output, or its block's output (``chains_normed``))."""
         ids = np.asarray(next_ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
         step = Step(ops, positions, cache, ids=ids)
@@ -101,4 +118,4 @@ class MTPLayer:
         x = self.block(self.eh_proj(mixed, step), step)
         cache.length += len(ids)
         out = self.head_norm(x[-1:], step)
-        return ops.to_host(self.head(out, step))[0], out
+        return ops.to_host(self.head(out, step))[0], out if self.chains_normed else x[-1:]

@@ -1,8 +1,10 @@
 """Multi-token-prediction layers, which DeepSeek-V3's, Kimi K2's and GLM-4.5's checkpoints
-carry past their decoder layers (``num_nextn_predict_layers``) and Qwen3-Next's and
-Qwen3.5's under ``mtp.`` (``mtp_num_hidden_layers``): ignored unless asked for, and,
+carry past their decoder layers (``num_nextn_predict_layers``), Qwen3-Next's and
+Qwen3.5's under ``mtp.`` (``mtp_num_hidden_layers``) and MiMo-V2-Flash's under
+``model.mtp.layers.`` (``num_nextn_predict_layers``): ignored unless asked for, and,
 asked for, checked against a torch implementation written from the published inference
-code (vLLM's ``deepseek_mtp`` and ``qwen3_next_mtp``: transformers has none)."""
+code (vLLM's ``deepseek_mtp``, ``qwen3_next_mtp`` and ``mimo_v2_mtp``: transformers has
+none)."""
 
 from __future__ import annotations
 
@@ -51,17 +53,18 @@ def add_mtp_layer(model_dir: Path, out: Path, seed: int = 0) -> Path:
     last = f"model.layers.{n - 1}."
     rng = np.random.default_rng(seed)
     layer = {f"model.layers.{n}.{k[len(last):]}": v for k, v in tensors.items() if k.startswith(last)}
-    layer |= {f"model.layers.{n}.{name}.weight": (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+    layer |= {f"model.layers.{n}.{name}.weight": rng.uniform(0.25, 2.0, hidden).astype(np.float32)  # far from 1
               for name in MTP_OWN}
     layer[f"model.layers.{n}.eh_proj.weight"] = (rng.standard_normal((hidden, 2 * hidden)) / np.sqrt(2 * hidden)).astype(np.float32)
     write_safetensors(mtp_dir / "model-mtp.safetensors", layer)
     return mtp_dir
 
 
-def reference_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
-    """Torch, float32: the MTP layer's logits at positions 0..T-2 of ``ids`` (each guessing
-    the token two ahead), for a model made by ``add_mtp_layer``: its block is the last
-    decoder layer's module copied (the same tensors), attending causally."""
+def _deepseek_reference(model_dir: Path):
+    """Torch, float32, from vLLM's ``deepseek_mtp``: the main model and ``_reference_layer``
+    of the MTP layer of a model made by ``add_mtp_layer``: its block the last decoder
+    layer's module copied (the same tensors), attending causally; a chained draft reads
+    the block's output before the head's norm (what ``deepseek_mtp`` returns)."""
     import copy
 
     import torch
@@ -69,38 +72,64 @@ def reference_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    config = model.config
-    n = config.num_hidden_layers
+    n = model.config.num_hidden_layers
     own = load_file(model_dir / "model-mtp.safetensors")
     weight = {k[len(f"model.layers.{n}."):]: torch.from_numpy(np.asarray(v, np.float32)) for k, v in own.items()}
     block = copy.deepcopy(model.model.layers[n - 1])
-    return _reference_logits(model, block, ids, weight["enorm.weight"], weight["hnorm.weight"], weight["eh_proj.weight"],
-                             weight["shared_head.norm.weight"], offset=False)
+    return model, _reference_layer(model, block, weight["enorm.weight"], weight["hnorm.weight"], weight["eh_proj.weight"],
+                                   weight["shared_head.norm.weight"], offset=False, chains_normed=False)
 
 
-def _reference_logits(model, block, ids: list[int], embed_norm, hidden_norm, projection, head_norm, offset: bool):
-    """The MTP computation both published layouts share (vLLM's deepseek_mtp and
-    qwen3_next_mtp): block(projection([norm(embed(t+1)), norm(h_t)])), its output normed,
-    through the model's LM head; ``offset``: the norms scale by (1 + w)."""
+def reference_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """The MTP layer's logits at positions 0..T-2 of ``ids`` (each guessing the token two
+    ahead), for a model made by ``add_mtp_layer`` (``_deepseek_reference``)."""
+    return _reference_logits(*_deepseek_reference(model_dir), ids)
+
+
+def _reference_logits(model, run, ids: list[int]) -> np.ndarray:
+    """``run``'s (``_reference_layer``) logits at positions 0..T-2 of ``ids``, from the
+    main model's hidden states and the tokens after each."""
     import torch
-
-    eps = model.config.rms_norm_eps
-
-    def rms(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * ((1 + w) if offset else w)
 
     with torch.no_grad():
         x = torch.tensor([ids])
         hidden = model.model(input_ids=x).last_hidden_state[:, :-1]  # final-normed, as the MTP layer reads it
-        nxt = model.model.embed_tokens(x[:, 1:])
-        t = nxt.shape[1]
-        positions = torch.arange(t).unsqueeze(0)
-        rope = model.model.rotary_emb(nxt, positions)
-        h = torch.nn.functional.linear(torch.cat([rms(nxt, embed_norm), rms(hidden, hidden_norm)], dim=-1), projection)
-        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
-        out = block(h, attention_mask=mask, position_ids=positions, position_embeddings=rope)
-        out = out[0] if isinstance(out, tuple) else out
-        return model.lm_head(rms(out, head_norm))[0].numpy()
+    return run(hidden, x[:, 1:])[0]
+
+
+def _reference_layer(model, block, embed_norm, hidden_norm, projection, head_norm, offset: bool, rope=None,
+                     window: int | None = None, chains_normed: bool = True):
+    """The MTP computation the published layouts share (vLLM's deepseek_mtp, qwen3_next_mtp
+    and mimo_v2_mtp): block(projection([norm(embed(t+1)), norm(h_t)])), its output normed,
+    through the model's LM head; ``offset``: the norms scale by (1 + w); ``rope(x,
+    positions)``: the block's (cos, sin) (default: the model's rotary embedding);
+    ``window``: the block sees that many positions (its own included), else all before.
+    Returns run(hidden (1, T, H), next_ids (1, T)) -> (logits (T, V), what a chained
+    draft reads as the hidden state: the normed output, or with ``chains_normed`` False
+    the block's output before that norm)."""
+    import torch
+
+    eps = model.config.rms_norm_eps
+    rope = rope or model.model.rotary_emb
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * ((1 + w) if offset else w)
+
+    def run(hidden, next_ids):
+        with torch.no_grad():
+            nxt = model.model.embed_tokens(next_ids)
+            t = nxt.shape[1]
+            positions = torch.arange(t).unsqueeze(0)
+            h = torch.nn.functional.linear(torch.cat([rms(nxt, embed_norm), rms(hidden, hidden_norm)], dim=-1), projection)
+            i = torch.arange(t)
+            unseen = (i[None, :] > i[:, None]) | ((i[:, None] - i[None, :] >= window) if window else False)
+            mask = torch.zeros(t, t).masked_fill(unseen, float("-inf"))[None, None]
+            out = block(h, attention_mask=mask, position_ids=positions, position_embeddings=rope(nxt, positions))
+            block_out = out[0] if isinstance(out, tuple) else out
+            out = rms(block_out, head_norm)
+            return model.lm_head(out)[0].numpy(), out if chains_normed else block_out
+
+    return run
 
 
 def add_qwen_mtp_layer(model_dir: Path, out: Path, seed: int = 0) -> Path:
@@ -136,10 +165,11 @@ def add_qwen_mtp_layer(model_dir: Path, out: Path, seed: int = 0) -> Path:
     return mtp_dir
 
 
-def reference_qwen_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
-    """Torch, float32, from vLLM's ``qwen3_next_mtp``: the MTP layer's logits at positions
-    0..T-2 of ``ids``, for a model made by ``add_qwen_mtp_layer`` (its block the donor's
-    layer, attending causally; the norms Qwen3-Next's (1 + w) RMSNorms)."""
+def _qwen_reference(model_dir: Path):
+    """Torch, float32, from vLLM's ``qwen3_next_mtp``: the main model and
+    ``_reference_layer`` of the MTP layer of a model made by ``add_qwen_mtp_layer`` (its
+    block the donor's layer, attending causally; the norms Qwen3-Next's (1 + w) RMSNorms;
+    a chained draft reads the normed output, what ``qwen3_next_mtp`` returns)."""
     import torch
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM
@@ -148,8 +178,122 @@ def reference_qwen_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
     donor = AutoModelForCausalLM.from_pretrained(model_dir.parent / "donor", dtype=torch.float32,
                                                  attn_implementation="eager").eval()
     own = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in load_file(model_dir / "model-mtp.safetensors").items()}
-    return _reference_logits(model, donor.model.layers[0], ids, own["mtp.pre_fc_norm_embedding.weight"],
-                             own["mtp.pre_fc_norm_hidden.weight"], own["mtp.fc.weight"], own["mtp.norm.weight"], offset=True)
+    return model, _reference_layer(model, donor.model.layers[0], own["mtp.pre_fc_norm_embedding.weight"],
+                                   own["mtp.pre_fc_norm_hidden.weight"], own["mtp.fc.weight"], own["mtp.norm.weight"],
+                                   offset=True)
+
+
+def reference_qwen_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """The MTP layer's logits at positions 0..T-2 of ``ids`` (``_qwen_reference``)."""
+    return _reference_logits(*_qwen_reference(model_dir), ids)
+
+
+def add_mimo_mtp_layer(model_dir: Path, out: Path, seed: int = 0, layers: int = 2) -> Path:
+    """A copy of ``model_dir`` (a MiMo-V2-Flash model as ``save_pretrained`` writes it) with
+    ``layers`` MTP layers in MiMo-V2-Flash's layout (``model.mtp.layers.{j}``). Layer 0's
+    decoder layer is the one layer of a seeded *donor* model (the same config, one sliding
+    attention layer with a dense MLP, as vLLM's ``mimo_v2_mtp`` builds it; its norms and
+    sinks perturbed), saved by transformers and renamed, its post-attention norm
+    ``pre_mlp_layernorm``; its ``enorm``, ``hnorm``, ``eh_proj`` and ``final_layernorm``
+    random. The later layers are random too (vLLM reads the first only). The donor stays
+    in ``out/donor`` for the reference."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
+    mtp_dir = copy_model(model_dir, out / "model", num_nextn_predict_layers=layers)
+    donor_config = AutoConfig.from_pretrained(model_dir)
+    donor_config.num_hidden_layers = 1
+    donor_config.layer_types, donor_config.mlp_layer_types = ["sliding_attention"], ["dense"]
+    torch.manual_seed(seed)
+    donor = AutoModelForCausalLM.from_config(donor_config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in donor.model.layers[0].parameters():
+            if param.dim() == 1:  # the norms (ones) and the sinks
+                param.add_(0.2 * torch.randn_like(param))
+    donor.save_pretrained(out / "donor", max_shard_size="1GB")
+    rng = np.random.default_rng(seed)
+    block = {k[len("model.layers.0."):].replace("post_attention_layernorm", "pre_mlp_layernorm"): v
+             for k, v in load_file(out / "donor" / "model.safetensors").items() if k.startswith("model.layers.0.")}
+    block |= {f"{name}.weight": rng.uniform(0.25, 2.0, hidden).astype(np.float32)  # far from 1: a missed norm shows
+              for name in ("enorm", "hnorm", "final_layernorm")}
+    block["eh_proj.weight"] = (rng.standard_normal((hidden, 2 * hidden)) / np.sqrt(2 * hidden)).astype(np.float32)
+    layer = {f"model.mtp.layers.0.{k}": v for k, v in block.items()}
+    for j in range(1, layers):
+        layer |= {f"model.mtp.layers.{j}.{k}": (0.1 * rng.standard_normal(v.shape)).astype(np.float32)
+                  for k, v in block.items()}
+    write_safetensors(mtp_dir / "model-mtp.safetensors", layer)
+    index = mtp_dir / "model.safetensors.index.json"
+    if index.exists():  # a sharded save: the index names every tensor's shard
+        doc = json.loads(index.read_text())
+        doc["weight_map"].update({name: "model-mtp.safetensors" for name in layer})
+        index.write_text(json.dumps(doc))
+    return mtp_dir
+
+
+def _mimo_reference(model_dir: Path):
+    """Torch, float32, from vLLM's ``mimo_v2_mtp`` (``MiMoV2MTPLayer``): the main model
+    and ``_reference_layer`` of MTP layer 0 of a model made by ``add_mimo_mtp_layer``: its
+    block the donor's sliding layer, with the sliding layers' rope, seeing the sliding
+    window; ``enorm`` / ``hnorm`` / ``eh_proj`` / ``final_layernorm`` plain RMSNorms."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    donor = AutoModelForCausalLM.from_pretrained(model_dir.parent / "donor", dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    own = {k[len("model.mtp.layers.0."):]: torch.from_numpy(np.asarray(v, np.float32))
+           for k, v in load_file(model_dir / "model-mtp.safetensors").items() if k.startswith("model.mtp.layers.0.")}
+
+    def rope(x, positions):
+        return donor.model.rotary_emb(x, positions, "sliding_attention")
+
+    return model, _reference_layer(model, donor.model.layers[0], own["enorm.weight"], own["hnorm.weight"],
+                                   own["eh_proj.weight"], own["final_layernorm.weight"], offset=False, rope=rope,
+                                   window=model.config.sliding_window)
+
+
+def reference_mimo_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """The MTP layer's logits at positions 0..T-2 of ``ids`` (``_mimo_reference``)."""
+    return _reference_logits(*_mimo_reference(model_dir), ids)
+
+
+def reference_mtp_drafts(reference, tokens: list[int], k: int) -> list[int]:
+    """The ``k`` greedy drafts to follow ``tokens`` chained as vLLM's proposer chains an
+    MTP layer (``reference``: a ``_*_reference`` pair): the main model's hidden states of
+    ``tokens[:-1]`` with the tokens after each, then per draft what the layer returns
+    (its normed output, or its block's output: ``_reference_layer``) as the next
+    position's hidden state, the draft before as its token."""
+    import torch
+
+    model, run = reference
+    with torch.no_grad():
+        x = torch.tensor([tokens])
+        hidden, nxt = model.model(input_ids=x[:, :-1]).last_hidden_state, x[:, 1:]
+        drafts: list[int] = []
+        for _ in range(k):
+            logits, out = run(hidden, nxt)
+            drafts.append(int(np.argmax(logits[-1])))
+            hidden, nxt = torch.cat([hidden, out[:, -1:]], 1), torch.cat([nxt, torch.tensor([drafts[-1:]])], 1)
+    return drafts
+
+
+def mtp_drafts(model, tokens: list[int], k: int, cut: int) -> tuple[list[int], list[int]]:
+    """colibri's ``k`` MTP drafts to follow ``tokens[:cut]`` and then ``tokens`` (``model``
+    loaded with ``mtp=True``), one drafter for both: the second proposal reads the layer's
+    cache as the first left it, having forgotten its drafts' positions."""
+    from colibri_core.engine.speculative import MTPSource
+
+    ops, lm = model.backend, model.lm
+    hidden: list = []
+    lm.forward(np.asarray(tokens[:-1]), lm.new_cache(ops), ops, hidden=hidden)
+    drafter = MTPSource(model).new_drafter()
+    drafter.observe(hidden[0][: cut - 1])
+    first = drafter.propose(tokens[:cut], k)
+    drafter.observe(hidden[0][cut - 1 :])
+    return first, drafter.propose(tokens, k)
 
 
 def mtp_logits(model, ids: list[int]) -> np.ndarray:
@@ -167,16 +311,20 @@ def mtp_logits(model, ids: list[int]) -> np.ndarray:
 def check_mtp_layer_matches_reference(model_dir: Path, tmp_path: Path, prompt: list[int], backend: str = "cpu",
                                       layout: str = "deepseek") -> None:
     """An MTP layer added to ``model_dir`` (``add_mtp_layer``; ``layout`` "qwen":
-    ``add_qwen_mtp_layer``) gives the torch reference's logits within 1e-4, and drafting
+    ``add_qwen_mtp_layer``; "mimo": ``add_mimo_mtp_layer``) gives the torch reference's
+    logits within 1e-4, its chained drafts (depth 3) are the reference's, and drafting
     with it changes no token."""
-    if layout == "qwen":
-        mtp_dir, reference = add_qwen_mtp_layer(model_dir, tmp_path / "with-mtp"), reference_qwen_mtp_logits
-    else:
-        mtp_dir, reference = add_mtp_layer(model_dir, tmp_path / "with-mtp"), reference_mtp_logits
+    add, reference = {"qwen": (add_qwen_mtp_layer, _qwen_reference), "mimo": (add_mimo_mtp_layer, _mimo_reference)}.get(
+        layout, (add_mtp_layer, _deepseek_reference))
+    mtp_dir = add(model_dir, tmp_path / "with-mtp")
+    cut = len(prompt) - 4
     with colibri_core.load(mtp_dir, backend=backend, history=False, mtp=True) as model:
         ours = mtp_logits(model, prompt)
+        chained = mtp_drafts(model, prompt, 3, cut)
         off = model.generate(token_ids=prompt, max_tokens=12, ignore_eos=True)
         drafted = model.generate(token_ids=prompt, max_tokens=12, ignore_eos=True, draft="mtp", draft_depth=2)
-    np.testing.assert_allclose(ours, reference(mtp_dir, prompt), atol=1e-4, rtol=1e-4)
+    ref = reference(mtp_dir)
+    np.testing.assert_allclose(ours, _reference_logits(*ref, prompt), atol=1e-4, rtol=1e-4)
+    assert chained == (reference_mtp_drafts(ref, prompt[:cut], 3), reference_mtp_drafts(ref, prompt, 3))
     assert drafted.token_ids == off.token_ids
     assert drafted.stats.drafted_tokens > 0

@@ -25,8 +25,15 @@ values): ``hybrid_layer_pattern`` (1 = sliding), ``moe_layer_freq`` (1 = sparse)
 transformers' fields are absent, and values transformers' model cannot run are refused
 (``UnsupportedModelError`` naming the field). Checkpoints hold the sinks as published
 (``attention_sink_bias``) or as transformers keeps them (``sinks``), the experts one
-tensor each or fused; the multi-token-prediction layers (``model.mtp``) are not read, as
-transformers does not read them.
+tensor each or fused.
+
+The multi-token-prediction layers (``model.mtp.layers.{j}``, ``num_nextn_predict_layers``
+of them; transformers does not read them) are read only for drafting
+(``load(mtp=True)``, ``colibri_core.nn.mtp``), and of them only the first, as vLLM's
+``mimo_v2_mtp`` reads them: ``enorm``, ``hnorm``, ``eh_proj`` and ``final_layernorm``
+around a decoder layer (``input_layernorm``, ``self_attn``, ``pre_mlp_layernorm``,
+``mlp``) whose attention is a sliding layer's (its heads, window, sinks and rope) and
+whose MLP is dense, a SwiGLU of ``intermediate_size``.
 """
 
 from __future__ import annotations
@@ -107,7 +114,12 @@ class MiMoV2FlashArgs(ModelArgs):
                                    f"{self.topk_group * (experts // groups)} experts of topk_group {self.topk_group} groups")
 
     def sliding(self, layer: int) -> bool:
-        return self.layer_types[layer] == "sliding_attention"
+        """Whether layer ``layer`` is sliding; past the decoder layers (MTP) it is, as vLLM builds it."""
+        return layer >= self.num_hidden_layers or self.layer_types[layer] == "sliding_attention"
+
+    def dense(self, layer: int) -> bool:
+        """Whether layer ``layer`` is dense; past the decoder layers (MTP) it is, as vLLM builds it."""
+        return layer >= self.num_hidden_layers or self.mlp_layer_types[layer] == "dense"
 
 
 def _schedule(config: dict, field: str, names: tuple[str, str], n: object, source: str) -> list:
@@ -194,13 +206,14 @@ class MiMoV2Flash(Family):
         a = self.parse(config, src)
         hidden, heads, d, dv, eps = a.hidden_size, a.num_attention_heads, a.head_dim, a.v_head_dim, a.rms_norm_eps
         ropes = {}
-        for kind in set(a.layer_types):
+        for kind in set(a.layer_types) | ({"sliding_attention"} if w.mtp_layers else set()):
             rope_cfg, partial = rope_config(config, kind, src)
             ropes[kind] = build_rope(rope_cfg, d, src, partial)
 
         def attention(i, p):
             s = f"{p}.self_attn"
             sliding = a.sliding(i)
+            rope = ropes["sliding_attention" if sliding else "full_attention"]
             kv = 2 * a.num_key_value_heads if sliding else a.num_key_value_heads
             sinks = None
             if sliding:  # published as attention_sink_bias, kept by transformers as sinks
@@ -209,11 +222,11 @@ class MiMoV2Flash(Family):
             return Attention(
                 layer=i, **w.attention_projections(s, hidden, heads, kv, d, qkv_bias=a.attention_bias, v_head_dim=dv),
                 n_heads=heads, n_kv_heads=kv, head_dim=d, v_head_dim=dv, value_scale=a.attention_value_scale,
-                rope=ropes[a.layer_types[i]], window=a.sliding_window if sliding else None, sinks=sinks)
+                rope=rope, window=a.sliding_window if sliding else None, sinks=sinks)
 
         def mlp(i, p):
             p = f"{p}.mlp"
-            if a.mlp_layer_types[i] == "dense":
+            if a.dense(i):
                 return w.swiglu(p, hidden, a.intermediate_size)
             n = a.n_routed_experts
             router = SigmoidGroupedTopKRouter(w.linear(f"{p}.gate", n, hidden), a.num_experts_per_tok,
