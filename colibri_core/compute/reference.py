@@ -127,6 +127,9 @@ class ReferenceBackend(Backend):
     def softmax_top_k(self, x, weight, k, renormalise, bias=None):
         return host.softmax_top_k(self.router_logits(x, weight, bias), k, renormalise)
 
+    def router_logits(self, x, weight, bias=None):
+        return self.linear(x, weight, bias).astype(np.float32, copy=False)  # on the host already: no sync
+
     # -- MLA, DSA and interleaved RoPE ------------------------------------------------
     def layer_norm(self, x, weight, bias, eps):
         mean = np.mean(x, axis=-1, keepdims=True)

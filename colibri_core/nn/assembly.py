@@ -63,7 +63,8 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
                   hyper: Callable[[int, str], tuple] | None = None, hyper_head: HyperHead | None = None,
                   embed_scale: float = 1.0, head_bias: bool = False, pre_norms: bool = True, parallel: bool = False,
                   make_norm: Callable[[str], Any] | None = None,
-                  norm_names: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")) -> CausalLM:
+                  norm_names: tuple[str, str] = ("input_layernorm", "post_attention_layernorm"),
+                  mtp: Callable[[CausalLM], list] | None = None) -> CausalLM:
     """Embeddings, ``a.num_hidden_layers`` layers x + mixer(norm(x)), h + mlp(norm(h)),
     the final norm and the LM head (``lm_head``, or the embeddings when
     ``a.tie_word_embeddings``). ``offset_norms``: the RMSNorms scale by (1 + w).
@@ -88,7 +89,10 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
     tensor names of each layer's two pre-norms (AFMoE's MLP one is ``pre_mlp_layernorm``,
     its ``post_attention_layernorm`` a ``post`` norm). In plain pre-norm layers ``mixer`` or
     ``mlp`` may return None: the layer lacks that branch and its norm (Nemotron-H's layers,
-    a mixer or an MLP each, their one norm named by both ``norm_names``)."""
+    a mixer or an MLP each, their one norm named by both ``norm_names``). ``mtp(lm)``: the
+    multi-token-prediction layers asked for (``w.mtp_layers``), built by the family from
+    the assembled model (DeepSeek-V4's, on hyper-connection streams); without it they are
+    built here, on plain decoder layers."""
     if (hyper is None) != (hyper_head is None):
         raise ValueError("build_decoder takes hyper and hyper_head together")
     if not pre_norms and hyper is not None:
@@ -150,7 +154,9 @@ def build_decoder(a: DecoderArgs, w: Weights, mixer: LayerBlock, mlp: LayerBlock
         final = HeadNorm(hyper_head, final)
     lm = CausalLM(embed=embed, layers=layers, norm=final, lm_head=lm_head,
                   vocab_size=vocab, max_context=a.max_position_embeddings, refused_tokens=refused_tokens)
-    if w.mtp_layers:
+    if w.mtp_layers and mtp is not None:
+        lm.mtp.extend(mtp(lm))
+    elif w.mtp_layers:
         if hyper is not None or post is not None or embed_norm or head_divisor != 1.0 or not pre_norms or parallel:
             raise UnsupportedModelError(f"{w.config_source}: multi-token-prediction layers are read on plain decoder "
                                         "layers; this model's layers are not plain")

@@ -553,6 +553,9 @@ class CausalLM:
         self.max_context = max_context
         self.prefetcher = None  # set when the model is placed with prefetch on
         self.mtp: list = []  # multi-token-prediction layers (nn.mtp.MTPLayer), built only when asked
+        # what ``hidden`` collects for them: the final-normed rows, or (True) the layers' output
+        # before the final norm (DeepSeek-V4's MTP layer reads the hyper-connection streams)
+        self.hidden_before_norm = False
         # token id -> why a prompt may not contain it (e.g. the image placeholder of a
         # vision-language checkpoint whose text model is all colibri runs)
         self.refused_tokens = dict(refused_tokens or {})
@@ -589,7 +592,8 @@ class CausalLM:
         ``watch(stage, x)``, when given, sees the activations after every stage;
         ``after_layer(n)``, when given, is told after each layer how many are done;
         ``hidden``, when a list, gets the final-normed hidden states of every new token
-        (a backend array, (T, hidden)): what multi-token-prediction layers read;
+        (a backend array, (T, hidden); with ``hidden_before_norm`` the layers' output, for
+        hyper-connections (T, streams, hidden)): what multi-token-prediction layers read;
         ``clock``: a ``StageClock`` told where the time goes."""
         ids = np.asarray(ids, dtype=np.int64)
         positions = np.arange(cache.length, cache.length + len(ids), dtype=np.int64)
@@ -606,7 +610,7 @@ class CausalLM:
         self._after_layers(step)
         cache.length += len(ids)
         if hidden is not None:  # normed apart: the logits' rows stay the very computation they are without
-            hidden.append(self.norm(x, step))
+            hidden.append(x if self.hidden_before_norm else self.norm(x, step))
         x = x if all_logits else x[-1:]
         x = self.norm(x, step)
         if watch is not None:
@@ -693,13 +697,15 @@ class CausalLM:
         for seq_ids, (_, cache) in zip(ids, seqs):
             cache.length += len(seq_ids)
         last = np.asarray([b - 1 for _, b in rows], dtype=np.int64)
+        if hidden is not None and self.hidden_before_norm:
+            hidden.append(x)
         if all_logits or begin == len(seqs):
             x = self.norm(x, step)
-            if hidden is not None:
+            if hidden is not None and not self.hidden_before_norm:
                 hidden.append(x)
             logits = ops.to_host(self.lm_head(x, step))
         else:
-            if hidden is not None:
+            if hidden is not None and not self.hidden_before_norm:
                 hidden.append(self.norm(x, step))
             x = ops.take_rows(x, last)  # some sequence brought several tokens: keep each one's last
             logits = ops.to_host(self.lm_head(self.norm(x, step), step))

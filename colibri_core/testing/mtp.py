@@ -1,14 +1,16 @@
 """Multi-token-prediction layers, which DeepSeek-V3's, Kimi K2's and GLM-4.5's checkpoints
 carry past their decoder layers (``num_nextn_predict_layers``), Qwen3-Next's and
-Qwen3.5's under ``mtp.`` (``mtp_num_hidden_layers``) and MiMo-V2-Flash's under
-``model.mtp.layers.`` (``num_nextn_predict_layers``): ignored unless asked for, and,
-asked for, checked against a torch implementation written from the published inference
-code (vLLM's ``deepseek_mtp``, ``qwen3_next_mtp`` and ``mimo_v2_mtp``: transformers has
-none)."""
+Qwen3.5's under ``mtp.`` (``mtp_num_hidden_layers``), MiMo-V2-Flash's under
+``model.mtp.layers.`` and DeepSeek-V4's under ``mtp.{j}.`` (``num_nextn_predict_layers``):
+ignored unless asked for, and, asked for, checked against a torch implementation written
+from the published inference code (vLLM's ``deepseek_mtp``, ``qwen3_next_mtp``,
+``mimo_v2_mtp`` and ``deepseek_v4_mtp``: transformers has none)."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -83,18 +85,26 @@ def _deepseek_reference(model_dir: Path):
 def reference_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
     """The MTP layer's logits at positions 0..T-2 of ``ids`` (each guessing the token two
     ahead), for a model made by ``add_mtp_layer`` (``_deepseek_reference``)."""
-    return _reference_logits(*_deepseek_reference(model_dir), ids)
+    return _reference_logits(_deepseek_reference(model_dir), ids)
 
 
-def _reference_logits(model, run, ids: list[int]) -> np.ndarray:
-    """``run``'s (``_reference_layer``) logits at positions 0..T-2 of ``ids``, from the
-    main model's hidden states and the tokens after each."""
+def _main_hidden(reference, x):
+    """The main model's hidden states of the token ids ``x`` (1, T) as a ``reference``'s
+    MTP layer reads them: final-normed, or what its third item makes of ``x``."""
     import torch
 
     with torch.no_grad():
-        x = torch.tensor([ids])
-        hidden = model.model(input_ids=x).last_hidden_state[:, :-1]  # final-normed, as the MTP layer reads it
-    return run(hidden, x[:, 1:])[0]
+        return reference[2](x) if len(reference) > 2 else reference[0].model(input_ids=x).last_hidden_state
+
+
+def _reference_logits(reference, ids: list[int]) -> np.ndarray:
+    """The logits of ``reference``'s layer (a ``_*_reference``: (main model, run[, hidden]))
+    at positions 0..T-2 of ``ids``, from the main model's hidden states and the tokens
+    after each."""
+    import torch
+
+    x = torch.tensor([ids])
+    return reference[1](_main_hidden(reference, x)[:, :-1], x[:, 1:])[0]
 
 
 def _reference_layer(model, block, embed_norm, hidden_norm, projection, head_norm, offset: bool, rope=None,
@@ -185,7 +195,7 @@ def _qwen_reference(model_dir: Path):
 
 def reference_qwen_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
     """The MTP layer's logits at positions 0..T-2 of ``ids`` (``_qwen_reference``)."""
-    return _reference_logits(*_qwen_reference(model_dir), ids)
+    return _reference_logits(_qwen_reference(model_dir), ids)
 
 
 def add_mimo_mtp_layer(model_dir: Path, out: Path, seed: int = 0, layers: int = 2) -> Path:
@@ -257,7 +267,124 @@ def _mimo_reference(model_dir: Path):
 
 def reference_mimo_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
     """The MTP layer's logits at positions 0..T-2 of ``ids`` (``_mimo_reference``)."""
-    return _reference_logits(*_mimo_reference(model_dir), ids)
+    return _reference_logits(_mimo_reference(model_dir), ids)
+
+
+def add_v4_mtp_layer(model_dir: Path, out: Path, seed: int = 0, kv_norm: str = "kv_norm") -> Path:
+    """A copy of ``model_dir`` (a DeepSeek-V4 model as ``save_pretrained`` writes it) with an
+    MTP layer in DeepSeek-V4's layout (``mtp.0.``, DeepSeek's spelling). Its block is the
+    one layer of a seeded *donor* model (the same config, one sliding-attention layer with
+    a score-routed MoE, as vLLM's ``deepseek_v4_mtp`` builds it; its vectors perturbed and
+    its routing bias random), saved by transformers and renamed, its KV norm ``attn.{kv_norm}``
+    (DeepSeek's ``kv_norm``, or transformers' ``norm``); its ``enorm``, ``hnorm``, ``e_proj``,
+    ``h_proj``, ``hc_head_{fn,base,scale}`` and ``norm`` random. The donor stays in
+    ``out/donor`` for the reference."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden, n = config["hidden_size"], config["hc_mult"]
+    mtp_dir = copy_model(model_dir, out / "model", num_nextn_predict_layers=1)
+    donor_config = AutoConfig.from_pretrained(model_dir)
+    donor_config.num_hidden_layers = 1
+    donor_config.layer_types, donor_config.mlp_layer_types = ["sliding_attention"], ["moe"]
+    torch.manual_seed(seed)
+    donor = AutoModelForCausalLM.from_config(donor_config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in donor.model.layers[0].parameters():
+            if param.dim() == 1:  # the norms (ones), the sinks, the hyper-connections' base and scale
+                param.add_(0.2 * torch.randn_like(param))
+        for name, buffer in donor.model.layers[0].named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.3 * torch.randn_like(buffer))
+    donor.save_pretrained(out / "donor", max_shard_size="1GB")
+    layer = {"mtp.0." + re.sub(r"^attn\.norm\.", f"attn.{kv_norm}.", k[len("model.layers.0."):]): v
+             for k, v in load_file(out / "donor" / "model.safetensors").items() if k.startswith("model.layers.0.")}
+    rng = np.random.default_rng(seed)
+    layer |= {f"mtp.0.{name}.weight": rng.uniform(0.25, 2.0, hidden).astype(np.float32)  # far from 1: a missed norm shows
+              for name in ("enorm", "hnorm", "norm")}
+    layer |= {f"mtp.0.{name}.weight": (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+              for name in ("e_proj", "h_proj")}
+    layer["mtp.0.hc_head_fn"] = (0.1 * rng.standard_normal((n, n * hidden))).astype(np.float32)
+    layer["mtp.0.hc_head_base"] = (0.2 * rng.standard_normal(n)).astype(np.float32)
+    layer["mtp.0.hc_head_scale"] = rng.uniform(0.5, 1.5, 1).astype(np.float32)
+    write_safetensors(mtp_dir / "model-mtp.safetensors", layer)
+    index = mtp_dir / "model.safetensors.index.json"
+    if index.exists():  # a sharded save: the index names every tensor's shard
+        doc = json.loads(index.read_text())
+        doc["weight_map"].update({name: "model-mtp.safetensors" for name in layer})
+        index.write_text(json.dumps(doc))
+    return mtp_dir
+
+
+def _deepseek_v4_reference(model_dir: Path):
+    """Torch, float32, from vLLM's ``deepseek_v4_mtp`` (``DeepSeekV4MultiTokenPredictorLayer``)
+    and DeepSeek's ``MTPBlock``: (the main model, run, hidden) for MTP layer 0 of a model
+    made by ``add_v4_mtp_layer`` (or its float32 copy: ``model_dir``'s tensors are read,
+    the block's too: transformers loads the donor with them, as the donor's layer 0;
+    the donor gives the module). ``hidden(x)``: the main model's streams before its
+    ``hc_head`` (1, T, N, D); ``run``: ``e_proj(enorm(embed(t))).unsqueeze(-2) +
+    h_proj(hnorm(streams))`` through the donor's block (sliding window, the main rope),
+    then the layer's own hc_head, ``norm`` and the model's LM head; a chained draft reads
+    the block's output streams (what vLLM's layer returns; hc_head comes in its
+    compute_logits). The embedding at position 0 is not zeroed (vLLM's masking there is
+    not in DeepSeek's MTPBlock, nor in the other references)."""
+    import torch
+    import torch.nn.functional as F
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    own = {k[len("mtp.0."):]: np.asarray(v, np.float32)
+           for k, v in load_file(model_dir / "model-mtp.safetensors").items() if k.startswith("mtp.0.")}
+    donor_dir, block_dir = model_dir.parent / "donor", model_dir.parent / f"{model_dir.name}-mtp-block"
+    shutil.rmtree(block_dir, ignore_errors=True)
+    shutil.copytree(donor_dir, block_dir)
+    tensors = load_file(donor_dir / "model.safetensors")
+    for name in [k for k in tensors if k.startswith("model.layers.0.")]:
+        rest = name[len("model.layers.0."):]
+        tensors[name] = own[rest] if rest in own else own[re.sub(r"^attn\.norm\.", "attn.kv_norm.", rest)]
+    write_safetensors(block_dir / "model.safetensors", tensors)
+    donor = AutoModelForCausalLM.from_pretrained(block_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    own = {k: torch.from_numpy(v) for k, v in own.items()}
+    cfg, block = model.config, donor.model.layers[0]
+
+    def rms(x, w=None):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+        return x if w is None else x * w
+
+    seen: list = []
+    model.model.hc_head.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+
+    def hidden(x):
+        seen.clear()
+        model.model(input_ids=x)
+        return seen[-1]
+
+    def run(streams, next_ids):
+        with torch.no_grad():
+            e = rms(model.model.embed_tokens(next_ids), own["enorm.weight"])
+            t = e.shape[1]
+            positions = torch.arange(t).unsqueeze(0)
+            x = F.linear(e, own["e_proj.weight"]).unsqueeze(-2) + F.linear(rms(streams, own["hnorm.weight"]),
+                                                                           own["h_proj.weight"])
+            i = torch.arange(t)
+            unseen = (i[None, :] > i[:, None]) | (i[:, None] - i[None, :] >= cfg.sliding_window)
+            mask = torch.zeros(t, t).masked_fill(unseen, float("-inf"))[None, None]
+            rope = {kind: model.model.rotary_emb(e, positions, layer_type=kind) for kind in ("main", "compress")}
+            x = block(x, position_embeddings=rope, position_ids=positions, attention_mask=mask)
+            pre = torch.sigmoid(F.linear(rms(x.flatten(2)), own["hc_head_fn"]) * own["hc_head_scale"]
+                                + own["hc_head_base"]) + cfg.hc_eps
+            out = rms((pre.unsqueeze(-1) * x).sum(2), own["norm.weight"])
+            return model.lm_head(out)[0].numpy(), x
+
+    return model, run, hidden
+
+
+def reference_v4_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """The MTP layer's logits at positions 0..T-2 of ``ids`` (``_deepseek_v4_reference``)."""
+    return _reference_logits(_deepseek_v4_reference(model_dir), ids)
 
 
 def reference_mtp_drafts(reference, tokens: list[int], k: int) -> list[int]:
@@ -268,10 +395,10 @@ def reference_mtp_drafts(reference, tokens: list[int], k: int) -> list[int]:
     position's hidden state, the draft before as its token."""
     import torch
 
-    model, run = reference
+    run = reference[1]
     with torch.no_grad():
         x = torch.tensor([tokens])
-        hidden, nxt = model.model(input_ids=x[:, :-1]).last_hidden_state, x[:, 1:]
+        hidden, nxt = _main_hidden(reference, x[:, :-1]), x[:, 1:]
         drafts: list[int] = []
         for _ in range(k):
             logits, out = run(hidden, nxt)
@@ -309,22 +436,27 @@ def mtp_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def check_mtp_layer_matches_reference(model_dir: Path, tmp_path: Path, prompt: list[int], backend: str = "cpu",
-                                      layout: str = "deepseek") -> None:
+                                      layout: str = "deepseek", rewrite=None, **load) -> None:
     """An MTP layer added to ``model_dir`` (``add_mtp_layer``; ``layout`` "qwen":
-    ``add_qwen_mtp_layer``; "mimo": ``add_mimo_mtp_layer``) gives the torch reference's
-    logits within 1e-4, its chained drafts (depth 3) are the reference's, and drafting
-    with it changes no token."""
-    add, reference = {"qwen": (add_qwen_mtp_layer, _qwen_reference), "mimo": (add_mimo_mtp_layer, _mimo_reference)}.get(
+    ``add_qwen_mtp_layer``; "mimo": ``add_mimo_mtp_layer``; "deepseek-v4":
+    ``add_v4_mtp_layer``) gives the torch reference's logits within 1e-4, its chained
+    drafts (depth 3) are the reference's, and drafting with it changes no token.
+    ``rewrite(dir)``: rewrites the model with its MTP layer in place (quantises it) and
+    returns the float32 copy the reference reads; ``load``: more ``colibri_core.load``
+    options."""
+    add, reference = {"qwen": (add_qwen_mtp_layer, _qwen_reference), "mimo": (add_mimo_mtp_layer, _mimo_reference),
+                      "deepseek-v4": (add_v4_mtp_layer, _deepseek_v4_reference)}.get(
         layout, (add_mtp_layer, _deepseek_reference))
     mtp_dir = add(model_dir, tmp_path / "with-mtp")
+    reference_dir = mtp_dir if rewrite is None else rewrite(mtp_dir)
     cut = len(prompt) - 4
-    with colibri_core.load(mtp_dir, backend=backend, history=False, mtp=True) as model:
+    with colibri_core.load(mtp_dir, backend=backend, history=False, mtp=True, **load) as model:
         ours = mtp_logits(model, prompt)
         chained = mtp_drafts(model, prompt, 3, cut)
         off = model.generate(token_ids=prompt, max_tokens=12, ignore_eos=True)
         drafted = model.generate(token_ids=prompt, max_tokens=12, ignore_eos=True, draft="mtp", draft_depth=2)
-    ref = reference(mtp_dir)
-    np.testing.assert_allclose(ours, _reference_logits(*ref, prompt), atol=1e-4, rtol=1e-4)
+    ref = reference(reference_dir)
+    np.testing.assert_allclose(ours, _reference_logits(ref, prompt), atol=1e-4, rtol=1e-4)
     assert chained == (reference_mtp_drafts(ref, prompt[:cut], 3), reference_mtp_drafts(ref, prompt, 3))
     assert drafted.token_ids == off.token_ids
     assert drafted.stats.drafted_tokens > 0

@@ -9,7 +9,16 @@ under the names transformers 5.23 saves them (the original checkpoints' spelling
 ``attn.wq_a``, ``ffn.experts.{e}.w1``, ``hc_attn_fn``, ``head``...). DeepSeek's published
 shards spell a few differently (no ``model.`` prefix, ``embed``, ``hc_head_fn``,
 ``attn.kv_norm``) and store the weights in fp8 / fp4 with ``<m>.scale`` (formats
-``fp8-e4m3-b128`` and ``fp4-e2m1-g32``); both layouts are read."""
+``fp8-e4m3-b128`` and ``fp4-e2m1-g32``); both layouts are read.
+
+The multi-token-prediction layers (``load(mtp=True)``; ``nn.mtp.DEEPSEEK_V4_MTP``) are
+read as vLLM's ``deepseek_v4_mtp`` and DeepSeek's ``inference/model.py`` (``MTPBlock``)
+build them: ``mtp.{j}.`` in DeepSeek's spelling (transformers drops them on load),
+``enorm``, ``hnorm``, ``e_proj``, ``h_proj``, ``hc_head_{fn,base,scale}`` and ``norm``
+around a V4 block of layer number ``num_hidden_layers + j`` whose attention is a sliding
+layer's (no compressor: vLLM gives MTP layers compress ratio 1, DeepSeek's configs 0)
+and whose MoE is routed by scores (hash routing is for layers below the hash layers'
+count). The layer reads the main model's streams before ``hc_head``."""
 
 from __future__ import annotations
 
@@ -25,8 +34,9 @@ from colibri_core.model.family import Family
 from colibri_core.nn.assembly import Names, build_decoder
 from colibri_core.nn.compressed import (CompressedAttention, CompressedIndexer, WindowCompressor, permute_columns,
                                         permute_rows, rope_first)
-from colibri_core.nn.hyper import hyper_connection, hyper_head
-from colibri_core.nn.layers import Linear, RMSNorm, RoutedExperts, SparseMoE, SwiGLU
+from colibri_core.nn.hyper import HeadNorm, HyperDecoderLayer, hyper_connection, hyper_head
+from colibri_core.nn.layers import Embedding, Linear, RMSNorm, RoutedExperts, SparseMoE, SwiGLU
+from colibri_core.nn.mtp import DEEPSEEK_V4_MTP, StreamMTPLayer
 from colibri_core.nn.rope import build_rope
 from colibri_core.nn.routers import HashRouter, ScoredTopKRouter
 
@@ -209,7 +219,7 @@ class DeepseekV4(Family):
 
         def mixer(i, prefix):
             s = f"{prefix}.attn"
-            kind = a.layer_types[i]
+            kind = a.layer_types[i] if i < a.num_hidden_layers else SLIDING  # an MTP layer's: sliding
             rope = ropes["main" if kind == SLIDING else "compress"]
             comp = index = None
             if kind != SLIDING:
@@ -242,7 +252,7 @@ class DeepseekV4(Family):
                 "up": (f"{p}.experts.{{e}}.w3.weight", (inner, hidden)),
                 "down": (f"{p}.experts.{{e}}.w2.weight", (hidden, inner))}, activation=act))
             gate = linear(f"{p}.gate", n, hidden)
-            if a.mlp_layer_types[i] == "hash_moe":
+            if i < a.num_hidden_layers and a.mlp_layer_types[i] == "hash_moe":  # an MTP layer's: scored
                 router = HashRouter(gate, w.param(f"{p}.gate.tid2eid", (a.vocab_size, a.num_experts_per_tok)),
                                     scoring=a.scoring_func, routed_scaling_factor=a.routed_scaling_factor)
             else:
@@ -269,8 +279,40 @@ class DeepseekV4(Family):
             p = names.layer(i)
             w.aliases[f"{p}.input_layernorm.weight"] = f"{p}.attn_norm.weight"
             w.aliases[f"{p}.post_attention_layernorm.weight"] = f"{p}.ffn_norm.weight"
+
+        def mtp(lm):
+            """The MTP layers asked for (the first: ``inspect_model``), on the main model's
+            streams before its hc_head, which the model then hands on (``hidden_before_norm``)."""
+            layout, n = w.mtp_layout, a.num_hidden_layers
+            if layout is not DEEPSEEK_V4_MTP:
+                raise UnsupportedModelError(f"{src}: DeepSeek-V4's multi-token-prediction layers are read in their own "
+                                            f"layout (mtp.{{j}}.), not {getattr(layout, 'name', layout)!r}")
+            if a.compress_ratios is not None and len(a.compress_ratios) > n and a.compress_ratios[n] != 0:
+                raise UnsupportedModelError(f"{src}: compress_ratios[{n}] = {a.compress_ratios[n]} gives the "
+                                            "multi-token-prediction layer a compressor, which vLLM does not build "
+                                            "(its attention is a sliding layer's); colibri reads it only so")
+            embed, head = Embedding(lm.embed.weight, lm.embed.embedded_as), lm.lm_head
+            lm.hidden_before_norm = True
+            layers = []
+            for j in range(w.mtp_layers):
+                i = n + j
+                own, p = layout.prefixes(names.layer(i), j)
+                attn_norm, ffn_norm = layout.block_norms
+                block = HyperDecoderLayer(hyper_connection(w, p, "attn", **hc), norm(f"{p}.{attn_norm}", hidden),
+                                          mixer(i, p), hyper_connection(w, p, "ffn", **hc),
+                                          norm(f"{p}.{ffn_norm}", hidden), mlp(i, p))
+                collapse = hyper_head(w, f"{own}.", hidden=hidden, n_streams=a.hc_mult, eps=a.hc_eps, norm_eps=eps,
+                                      weighted=True)
+                layers.append(StreamMTPLayer(
+                    i, embed, norm(f"{own}.{layout.embed_norm}", hidden), norm(f"{own}.{layout.hidden_norm}", hidden),
+                    linear(f"{own}.{layout.projection}", hidden, hidden),
+                    linear(f"{own}.{layout.hidden_projection}", hidden, hidden), block,
+                    HeadNorm(collapse, norm(f"{own}.{layout.head_norm}", hidden)), head,
+                    prefixes=tuple(dict.fromkeys((f"{own}.", f"{p}.")))))
+            return layers
+
         return build_decoder(
             a, w, mixer, mlp, names,
             hyper=lambda i, p: (hyper_connection(w, p, "attn", **hc), hyper_connection(w, p, "ffn", **hc)),
             hyper_head=hyper_head(w, names.model, hidden=hidden, n_streams=a.hc_mult, eps=a.hc_eps, norm_eps=eps,
-                                  weighted=True))
+                                  weighted=True), mtp=mtp)

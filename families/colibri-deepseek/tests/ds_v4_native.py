@@ -4,7 +4,7 @@
 transformers saved to the published spelling (no ``model.`` prefix; ``embed``, ``norm``,
 ``hc_head_{fn,base,scale}``, ``attn.kv_norm``), stores the dense projections DeepSeek
 ships in fp8 (``wq_a``, ``wq_b``, ``wkv``, ``wo_a``, ``wo_b``, the indexer's ``wq_b``, the
-shared experts) as float8_e4m3fn with ``<m>.scale`` F8_E8M0 128 x 128 block scales and the
+shared experts; an MTP layer's ``e_proj`` and ``h_proj``) as float8_e4m3fn with ``<m>.scale`` F8_E8M0 128 x 128 block scales and the
 routed experts as fp4: ``<m>.weight`` I8 (rows, cols / 2), element 2j in the low nibble,
 with ``<m>.scale`` F8_E8M0 (rows, cols / 32). config.json gets DeepSeek-V4-Flash's
 ``quantization_config`` and its top-level ``expert_dtype: fp4``. The reference copy holds
@@ -27,7 +27,8 @@ E4M3_MAX = 448.0
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 QUANTIZATION_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "scale_fmt": "ue8m0",
                        "weight_block_size": [128, 128]}
-FP8 = re.compile(r"\.attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)\.weight$|\.shared_experts\.w[123]\.weight$")
+FP8 = re.compile(r"\.attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)\.weight$|\.shared_experts\.w[123]\.weight$"
+                 r"|^mtp\.\d+\.[eh]_proj\.weight$")  # and an MTP layer's e_proj / h_proj (vLLM's deepseek_v4_mtp)
 FP4 = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
 
 
