@@ -54,6 +54,22 @@ def drafted_run(model, prompt, plain, **kwargs):
     return model.generate(token_ids=prompt, draft=source, draft_depth=5, **kwargs)
 
 
+def most_positions_at_once(model_dir, calls: list, **load) -> int:
+    """Decode with drafts (wrong every fourth) and without: the tokens and every row's
+    logits the same bit for bit; returns the most positions the patched token mixer took
+    in one call during the decode (``calls``: the (rows, start) it recorded)."""
+    import numpy as np
+
+    with colibri_core.load(model_dir, history=False, **load) as model:
+        prompt = list(range(5, 17))
+        plain = model.generate(token_ids=prompt, max_tokens=24, ignore_eos=True, return_logits=True)
+        calls.clear()
+        drafted = drafted_run(model, prompt, plain, max_tokens=24, ignore_eos=True, return_logits=True)
+    assert drafted.token_ids == plain.token_ids and drafted.stats.accepted_tokens > 8
+    assert all(np.array_equal(a, b) for a, b in zip(drafted.logits, plain.logits))
+    return max(rows for rows, start in calls if start >= len(prompt))  # the decode's, not the prompt's
+
+
 def test_a_stop_token_max_tokens_and_the_context_end_a_drafting_generation_where_they_end_one_without(olmoe):
     prompt = tiny_models.prompts(1, seed=4)[0]
     with colibri_core.load(olmoe, history=False) as model:
@@ -201,8 +217,6 @@ def test_drafted_positions_go_through_attention_in_one_call_where_the_backend_sa
     whose attention computes each row as alone (the CPU kernels), and a call each on one
     that does not say so; the tokens and every row's logits are the plain run's bit for
     bit either way (every family's oracle suite checks the same)."""
-    import numpy as np
-
     from colibri_core.compute.reference import ReferenceBackend
     from colibri_core.nn.layers import Attention
 
@@ -215,14 +229,7 @@ def test_drafted_positions_go_through_attention_in_one_call_where_the_backend_sa
 
     monkeypatch.setattr(Attention, "_attend", counted)
     kwargs = {} if backend == "cpu" else {"backend": ReferenceBackend()}
-    with colibri_core.load(olmoe, history=False, **kwargs) as model:
-        prompt = list(range(5, 17))
-        plain = model.generate(token_ids=prompt, max_tokens=24, ignore_eos=True, return_logits=True)
-        calls.clear()
-        drafted = drafted_run(model, prompt, plain, max_tokens=24, ignore_eos=True, return_logits=True)
-    assert drafted.token_ids == plain.token_ids and drafted.stats.accepted_tokens > 8
-    assert all(np.array_equal(a, b) for a, b in zip(drafted.logits, plain.logits))
-    merged = max(rows for rows, start in calls if start >= len(prompt))  # the decode's, not the prompt's
+    merged = most_positions_at_once(olmoe, calls, **kwargs)
     assert merged > 1 if backend == "cpu" else merged == 1, calls
 
 
@@ -246,13 +253,6 @@ def test_drafted_positions_go_through_absorbed_mla_at_once_where_exact(name, tmp
         return attend(self, x, q, q_resid, compressed, step, absorbed)
 
     monkeypatch.setattr(MLAttention, "_attend", counted)
-    with colibri_core.load(tiny_models.model_dir(name, tmp_path_factory), history=False) as model:
-        prompt = list(range(5, 17))
-        plain = model.generate(token_ids=prompt, max_tokens=24, ignore_eos=True, return_logits=True)
-        calls.clear()
-        drafted = drafted_run(model, prompt, plain, max_tokens=24, ignore_eos=True, return_logits=True)
-    assert drafted.token_ids == plain.token_ids and drafted.stats.accepted_tokens > 8
-    assert all(np.array_equal(a, b) for a, b in zip(drafted.logits, plain.logits))
-    merged = max(rows for rows, start in calls if start >= len(prompt))  # the decode's, not the prompt's
+    merged = most_positions_at_once(tiny_models.model_dir(name, tmp_path_factory), calls)
     assert merged > 1 if name == "deepseek_v3" else merged == 1, calls
 

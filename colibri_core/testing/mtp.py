@@ -41,6 +41,35 @@ def check_mtp_layer_is_ignored(model_dir: Path, tmp_path: Path, prompt: list[int
         np.testing.assert_array_equal(mtp.logits(prompt), plain.logits(prompt))
 
 
+def _write_mtp_shard(mtp_dir: Path, layer: dict) -> None:
+    """The MTP layer's tensors in a shard of their own, named in the index where the copy
+    has one (a sharded save)."""
+    write_safetensors(mtp_dir / "model-mtp.safetensors", layer)
+    index = mtp_dir / "model.safetensors.index.json"
+    if index.exists():
+        doc = json.loads(index.read_text())
+        doc["weight_map"].update({name: "model-mtp.safetensors" for name in layer})
+        index.write_text(json.dumps(doc))
+
+
+def check_mtp_drafts_change_nothing(mtp_dir: Path, prompt: list[int], backend: str) -> None:
+    """Greedy and seeded sampling with ``draft="mtp"`` (depth 1 and 3), experts streaming
+    through one cached expert per layer, give the tokens and bit-identical logits of
+    decoding without drafts, and drafts were made and verified."""
+    from colibri_core.testing.oracle import assert_same_logits
+
+    with colibri_core.load(mtp_dir, backend=backend, mtp=True, cap=1, history=False) as model:
+        for sampling in ({}, {"temperature": 0.8, "top_k": 12, "seed": 5}):
+            plain = model.generate(token_ids=prompt, max_tokens=16, ignore_eos=True, return_logits=True, **sampling)
+            for depth in (1, 3):
+                run = model.generate(token_ids=prompt, max_tokens=16, ignore_eos=True, return_logits=True,
+                                     draft="mtp", draft_depth=depth, **sampling)
+                label = f"depth {depth}, {sampling or 'greedy'}"
+                assert run.token_ids == plain.token_ids, label
+                assert_same_logits(run.logits, plain.logits, label)
+                assert run.stats.drafted_tokens > 0 and run.stats.draft_verifications > 0, label
+
+
 def add_mtp_layer(model_dir: Path, out: Path, seed: int = 0) -> Path:
     """A copy of ``model_dir`` (one ``model.safetensors``, as ``save_pretrained`` writes a
     small model) with an MTP layer in DeepSeek-V3's layout: its decoder layer a copy of the
@@ -166,12 +195,7 @@ def add_qwen_mtp_layer(model_dir: Path, out: Path, seed: int = 0) -> Path:
     layer |= {f"mtp.{name}.weight": (0.1 * rng.standard_normal(hidden)).astype(np.float32)  # (1 + w) norms
               for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
     layer["mtp.fc.weight"] = (rng.standard_normal((hidden, 2 * hidden)) / np.sqrt(2 * hidden)).astype(np.float32)
-    write_safetensors(mtp_dir / "model-mtp.safetensors", layer)
-    index = mtp_dir / "model.safetensors.index.json"
-    if index.exists():  # a sharded save: the index names every tensor's shard
-        doc = json.loads(index.read_text())
-        doc["weight_map"].update({name: "model-mtp.safetensors" for name in layer})
-        index.write_text(json.dumps(doc))
+    _write_mtp_shard(mtp_dir, layer)
     return mtp_dir
 
 
@@ -233,12 +257,7 @@ def add_mimo_mtp_layer(model_dir: Path, out: Path, seed: int = 0, layers: int = 
     for j in range(1, layers):
         layer |= {f"model.mtp.layers.{j}.{k}": (0.1 * rng.standard_normal(v.shape)).astype(np.float32)
                   for k, v in block.items()}
-    write_safetensors(mtp_dir / "model-mtp.safetensors", layer)
-    index = mtp_dir / "model.safetensors.index.json"
-    if index.exists():  # a sharded save: the index names every tensor's shard
-        doc = json.loads(index.read_text())
-        doc["weight_map"].update({name: "model-mtp.safetensors" for name in layer})
-        index.write_text(json.dumps(doc))
+    _write_mtp_shard(mtp_dir, layer)
     return mtp_dir
 
 
@@ -309,12 +328,7 @@ def add_v4_mtp_layer(model_dir: Path, out: Path, seed: int = 0, kv_norm: str = "
     layer["mtp.0.hc_head_fn"] = (0.1 * rng.standard_normal((n, n * hidden))).astype(np.float32)
     layer["mtp.0.hc_head_base"] = (0.2 * rng.standard_normal(n)).astype(np.float32)
     layer["mtp.0.hc_head_scale"] = rng.uniform(0.5, 1.5, 1).astype(np.float32)
-    write_safetensors(mtp_dir / "model-mtp.safetensors", layer)
-    index = mtp_dir / "model.safetensors.index.json"
-    if index.exists():  # a sharded save: the index names every tensor's shard
-        doc = json.loads(index.read_text())
-        doc["weight_map"].update({name: "model-mtp.safetensors" for name in layer})
-        index.write_text(json.dumps(doc))
+    _write_mtp_shard(mtp_dir, layer)
     return mtp_dir
 
 

@@ -10,8 +10,8 @@ import colibri_core
 from colibri_core.nn import SwiGLU
 from colibri_core.nn.mtp import MIMO_MTP, mtp_layout
 from colibri_core.testing.backends import backend_params, matrix_beyond_cpu
-from colibri_core.testing.mtp import add_mimo_mtp_layer, check_mtp_layer_matches_reference
-from colibri_core.testing.oracle import assert_same_logits
+from colibri_core.testing.mtp import (add_mimo_mtp_layer, check_mtp_drafts_change_nothing,
+                                     check_mtp_layer_matches_reference)
 
 import test_mimo_v2_flash_oracle as oracle_suite
 from test_mimo_v2_flash_configs import MIMO_V2_FLASH
@@ -66,13 +66,4 @@ def test_mtp_drafts_change_nothing(backend, tmp_path_factory, tmp_path):
     decoding without drafts."""
     fx = oracle_suite.TestMiMoV2FlashOracle()._fixture("defaults_sharded", tmp_path_factory)
     mtp_dir = add_mimo_mtp_layer(fx.path, tmp_path)
-    with colibri_core.load(mtp_dir, backend=backend, mtp=True, cap=1, history=False) as model:
-        for sampling in ({}, {"temperature": 0.8, "top_k": 12, "seed": 5}):
-            plain = model.generate(token_ids=fx.prompt, max_tokens=16, ignore_eos=True, return_logits=True, **sampling)
-            for depth in (1, 3):
-                run = model.generate(token_ids=fx.prompt, max_tokens=16, ignore_eos=True, return_logits=True,
-                                     draft="mtp", draft_depth=depth, **sampling)
-                label = f"depth {depth}, {sampling or 'greedy'}"
-                assert run.token_ids == plain.token_ids, label
-                assert_same_logits(run.logits, plain.logits, label)
-                assert run.stats.drafted_tokens > 0 and run.stats.draft_verifications > 0, label
+    check_mtp_drafts_change_nothing(mtp_dir, fx.prompt, backend)
