@@ -870,6 +870,17 @@ class BackendConformanceSuite:
             alone = absorbed(slice(i, i + 1), start + i)
             assert np.array_equal(together[i : i + 1], alone), f"row {i} of {t} differs from the row alone"
 
+    @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+    @pytest.mark.parametrize("rows", ROWS)
+    def test_router_logits(self, backend, rows, bias):
+        """The logits every router chooses from: host float32 x @ weight.T (+ bias)."""
+        rng = seeded("router_logits", rows, bias)
+        x, w, b = normal(rng, rows, 32), normal(rng, 16, 32), normal(rng, 16) if bias else None
+        got = backend.router_logits(self.act(backend, x), backend.prepare_weight(w, "array"),
+                                    None if b is None else self.act(backend, b))
+        assert isinstance(got, np.ndarray) and got.dtype == np.float32, "router logits are host float32"
+        self.assert_close(got, self.ref.linear(x, w, b), self.tol(backend), "router_logits")
+
     @pytest.mark.parametrize("router", ["logits", "softmax", "softmax-bias", "sigmoid-grouped", "scored"])
     def test_router_rows_claimed_exact_are_each_row_alone(self, backend, router):
         """Where ``batch_invariant_rows("router", [w])`` claims more than one row, every

@@ -222,6 +222,26 @@ def reference_qwen_mtp_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
     return _reference_logits(_qwen_reference(model_dir), ids)
 
 
+def _sliding_donor(model_dir: Path, mlp: str, seed: int):
+    """A seeded one-layer model of ``model_dir``'s config whose layer is a sliding-attention
+    one with an ``mlp`` ("dense" or "moe") MLP, as vLLM builds MiMo's and DeepSeek-V4's MTP
+    blocks; its vectors (norms, sinks, hyper-connections' base and scale) moved off their
+    initial values, so a missed one shows."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config.num_hidden_layers = 1
+    config.layer_types, config.mlp_layer_types = ["sliding_attention"], [mlp]
+    torch.manual_seed(seed)
+    donor = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in donor.model.layers[0].parameters():
+            if param.dim() == 1:
+                param.add_(0.2 * torch.randn_like(param))
+    return donor
+
+
 def add_mimo_mtp_layer(model_dir: Path, out: Path, seed: int = 0, layers: int = 2) -> Path:
     """A copy of ``model_dir`` (a MiMo-V2-Flash model as ``save_pretrained`` writes it) with
     ``layers`` MTP layers in MiMo-V2-Flash's layout (``model.mtp.layers.{j}``). Layer 0's
@@ -231,21 +251,11 @@ def add_mimo_mtp_layer(model_dir: Path, out: Path, seed: int = 0, layers: int = 
     ``pre_mlp_layernorm``; its ``enorm``, ``hnorm``, ``eh_proj`` and ``final_layernorm``
     random. The later layers are random too (vLLM reads the first only). The donor stays
     in ``out/donor`` for the reference."""
-    import torch
     from safetensors.numpy import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
     mtp_dir = copy_model(model_dir, out / "model", num_nextn_predict_layers=layers)
-    donor_config = AutoConfig.from_pretrained(model_dir)
-    donor_config.num_hidden_layers = 1
-    donor_config.layer_types, donor_config.mlp_layer_types = ["sliding_attention"], ["dense"]
-    torch.manual_seed(seed)
-    donor = AutoModelForCausalLM.from_config(donor_config, dtype=torch.float32)
-    with torch.no_grad():
-        for param in donor.model.layers[0].parameters():
-            if param.dim() == 1:  # the norms (ones) and the sinks
-                param.add_(0.2 * torch.randn_like(param))
+    donor = _sliding_donor(model_dir, "dense", seed)
     donor.save_pretrained(out / "donor", max_shard_size="1GB")
     rng = np.random.default_rng(seed)
     block = {k[len("model.layers.0."):].replace("post_attention_layernorm", "pre_mlp_layernorm"): v
@@ -300,20 +310,12 @@ def add_v4_mtp_layer(model_dir: Path, out: Path, seed: int = 0, kv_norm: str = "
     ``out/donor`` for the reference."""
     import torch
     from safetensors.numpy import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = json.loads((model_dir / "config.json").read_text())
     hidden, n = config["hidden_size"], config["hc_mult"]
     mtp_dir = copy_model(model_dir, out / "model", num_nextn_predict_layers=1)
-    donor_config = AutoConfig.from_pretrained(model_dir)
-    donor_config.num_hidden_layers = 1
-    donor_config.layer_types, donor_config.mlp_layer_types = ["sliding_attention"], ["moe"]
-    torch.manual_seed(seed)
-    donor = AutoModelForCausalLM.from_config(donor_config, dtype=torch.float32)
+    donor = _sliding_donor(model_dir, "moe", seed)
     with torch.no_grad():
-        for param in donor.model.layers[0].parameters():
-            if param.dim() == 1:  # the norms (ones), the sinks, the hyper-connections' base and scale
-                param.add_(0.2 * torch.randn_like(param))
         for name, buffer in donor.model.layers[0].named_buffers():
             if name.endswith("e_score_correction_bias"):
                 buffer.copy_(0.3 * torch.randn_like(buffer))
