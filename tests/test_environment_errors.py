@@ -318,6 +318,8 @@ import colibri_core
 from colibri_core.compute.cpu.backend import CpuBackend
 from colibri_core.errors import out_of_memory
 
+# a ulimit -v in place from the start, as a user's is (far above what loading takes)
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (64 << 30), resource.RLIM_INFINITY))
 # no compiled kernels: every projection is a BLAS product
 with colibri_core.load(sys.argv[1], backend=CpuBackend(kernels=False), history=False, preload=True) as model:
     resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (int(sys.argv[2]) << 20), resource.RLIM_INFINITY))
@@ -336,7 +338,10 @@ with colibri_core.load(sys.argv[1], backend=CpuBackend(kernels=False), history=F
 def test_openblas_out_of_address_space_after_loading_is_an_exception(source, tmp_path, slack_mib):
     """OpenBLAS maps its work buffer at its first product; after the weights took the
     address space that printed "OpenBLAS error: Memory allocation still failed after 10
-    retries, giving up." and exited 1, from C. Started at load, it needs nothing more."""
+    retries, giving up." and exited 1, from C. Started at load, it needs nothing more on
+    one thread; its threaded products malloc a job table per call ("OpenBLAS: malloc
+    failed in gemm_driver", exit 1, in 1 run of 3 here with 1 MiB left), so under a
+    limit seen at load it runs on one thread."""
     script = tmp_path / "blas.py"
     script.write_text(BLAS_AFTER_LOAD)
     out = subprocess.run([sys.executable, str(script), str(source), str(slack_mib)], capture_output=True, text=True,
@@ -344,6 +349,40 @@ def test_openblas_out_of_address_space_after_loading_is_an_exception(source, tmp
     assert "OpenBLAS" not in out.stderr and out.returncode in (0, 3), out.stderr  # it may fit; never OpenBLAS's exit
     if out.returncode == 3:
         assert out.stderr.startswith("error: out of memory") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+BLAS_WITH_NOTHING_LEFT = VM_SIZE + '''
+import resource, sys
+import numpy as np
+import colibri_core
+from colibri_core.compute.cpu.backend import CpuBackend
+
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (64 << 30), resource.RLIM_INFINITY))  # a ulimit -v
+with colibri_core.load(sys.argv[1], backend=CpuBackend(kernels=False), history=False, preload=True) as model:
+    a = np.ones((512, 512), dtype=np.float32)  # big enough for every BLAS thread
+    out = np.empty_like(a)
+    resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (1 << 20), resource.RLIM_INFINITY))
+    hog = []
+    try:  # take the address space down to less than 16 KiB
+        while True:
+            hog.append(np.ones(16 << 10, np.uint8))
+    except MemoryError:
+        pass
+    for _ in range(3):
+        np.matmul(a, a, out=out)
+    del hog
+    print(float(out[0, 0]))
+'''
+
+
+def test_blas_products_after_a_limited_load_need_no_more_memory(source, tmp_path):
+    """The race above made certain: once a load under an address-space limit is done, a
+    BLAS product into a given array needs no new memory (threaded, OpenBLAS's job table
+    made it exit 1 here every time)."""
+    script = tmp_path / "nothing_left.py"
+    script.write_text(BLAS_WITH_NOTHING_LEFT)
+    out = subprocess.run([sys.executable, str(script), str(source)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "512.0", out.stderr
 
 
 @pytest.mark.parametrize("slack_mib", [1, 4, 8])  # not 0: the stack could not grow, and a segfault proves nothing

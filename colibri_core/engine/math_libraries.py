@@ -12,7 +12,12 @@ they took, and running out of memory later is an exception colibri reports (exit
 Where the address space is limited, even that first use may not fit: it is tried first in
 a forked child (the same address space, the same limits), so that a failure there (an exit,
 or a hang: OpenBLAS's exit in a forked child waits for threads it no longer has) is a
-ResourceError here, not the libraries' exit.
+ResourceError here, not the libraries' exit. And there numpy's BLAS runs on one thread:
+OpenBLAS's threaded product mallocs its job table (512 KiB) at every call and exits the
+process ("malloc failed in gemm_driver") when that fails, so whether a full address space
+ended the run in C or raised MemoryError (exit 3) was a race with numpy's own allocations.
+Its one-thread product only reuses the buffer started here. (With the compiled kernels on
+packed weights BLAS is on one thread anyway: ``CpuBackend.placed``.)
 """
 
 from __future__ import annotations
@@ -49,7 +54,10 @@ def reserve(backend=None) -> None:
     with _lock:
         if _reserved:
             return
-        if _address_space_limited() and hasattr(os, "fork"):
+        limited = _address_space_limited()
+        if limited:
+            _one_blas_thread()
+        if limited and hasattr(os, "fork"):
             _probe_in_child(backend)
         _use_once(backend)
         _reserved = True
@@ -60,6 +68,12 @@ def _address_space_limited() -> bool:
         return False
     limits = [resource.RLIMIT_AS] + ([resource.RLIMIT_DATA] if hasattr(resource, "RLIMIT_DATA") else [])
     return any(resource.getrlimit(limit)[0] != resource.RLIM_INFINITY for limit in limits)
+
+
+def _one_blas_thread() -> None:
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
 
 
 def _use_once(backend) -> None:
