@@ -55,11 +55,9 @@ def reserve(backend=None) -> None:
         if _reserved:
             return
         limited = _address_space_limited()
-        if limited:
-            _one_blas_thread()
         if limited and hasattr(os, "fork"):
-            _probe_in_child(backend)
-        _use_once(backend)
+            _probe_in_child(backend, limited)
+        _use_once(backend, limited)
         _reserved = True
 
 
@@ -70,20 +68,18 @@ def _address_space_limited() -> bool:
     return any(resource.getrlimit(limit)[0] != resource.RLIM_INFINITY for limit in limits)
 
 
-def _one_blas_thread() -> None:
-    from threadpoolctl import threadpool_limits
+def _use_once(backend, one_blas_thread: bool) -> None:
+    if one_blas_thread:
+        from threadpoolctl import threadpool_limits
 
-    threadpool_limits(limits=1, user_api="blas")
-
-
-def _use_once(backend) -> None:
+        threadpool_limits(limits=1, user_api="blas")
     a = np.ones((WARM_N, WARM_N), dtype=np.float32)
     a @ a
     if backend is not None:
         backend.start_threads()  # the CPU backend's kernels: OpenMP's team
 
 
-def _probe_in_child(backend) -> None:
+def _probe_in_child(backend, one_blas_thread: bool) -> None:
     """Run ``_use_once`` in a forked child (the same address space, the same limits);
     a ResourceError if it could not."""
     with warnings.catch_warnings():  # the fork warns when threads run (OpenBLAS's): the child only computes and exits
@@ -95,7 +91,7 @@ def _probe_in_child(backend) -> None:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
-            _use_once(backend)
+            _use_once(backend, one_blas_thread)
             code = 0
         finally:
             os._exit(code)
