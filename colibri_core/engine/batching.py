@@ -38,8 +38,10 @@ class RowInvariantOps:
 
     def linear(self, x, weight, bias=None):
         be = self.backend
-        pieces = _chunks(x.shape[0], be.batch_invariant_rows("linear", [weight]))
-        return self._concat([be.linear(x[a:b], weight, bias) for a, b in pieces])
+        rows = be.batch_invariant_rows("linear", [weight])
+        if x.shape[0] <= rows:  # one piece (the kernels' case): no slicing, no copy
+            return be.linear(x, weight, bias)
+        return self._concat([be.linear(x[a:b], weight, bias) for a, b in _chunks(x.shape[0], rows)])
 
     def linears(self, x, weights, biases=None):
         be = self.backend
@@ -52,17 +54,23 @@ class RowInvariantOps:
     def softmax_top_k(self, x, weight, k, renormalise, bias=None):
         be = self.backend
         rows = be.batch_invariant_rows("router", [weight])
+        if x.shape[0] <= rows:
+            return be.softmax_top_k(x, weight, k, renormalise, bias)
         parts = [be.softmax_top_k(x[a:b], weight, k, renormalise, bias) for a, b in _chunks(x.shape[0], rows)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def router_logits(self, x, weight, bias=None):
         be = self.backend
         rows = be.batch_invariant_rows("router", [weight])
+        if x.shape[0] <= rows:
+            return be.router_logits(x, weight, bias)
         return np.concatenate([be.router_logits(x[a:b], weight, bias) for a, b in _chunks(x.shape[0], rows)])
 
     def sigmoid_grouped_top_k(self, x, weight, bias, k, n_group, topk_group, renormalise, scaling):
         be = self.backend
         rows = be.batch_invariant_rows("router", [weight])
+        if x.shape[0] <= rows:
+            return be.sigmoid_grouped_top_k(x, weight, bias, k, n_group, topk_group, renormalise, scaling)
         parts = [be.sigmoid_grouped_top_k(x[a:b], weight, bias, k, n_group, topk_group, renormalise, scaling)
                  for a, b in _chunks(x.shape[0], rows)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
@@ -70,6 +78,8 @@ class RowInvariantOps:
     def scored_top_k(self, x, weight, bias, k, scoring, scaling, chosen=None):
         be = self.backend
         rows = be.batch_invariant_rows("router", [weight])
+        if x.shape[0] <= rows:
+            return be.scored_top_k(x, weight, bias, k, scoring, scaling, chosen)
         parts = [be.scored_top_k(x[a:b], weight, bias, k, scoring, scaling, None if chosen is None else chosen[a:b])
                  for a, b in _chunks(x.shape[0], rows)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
@@ -86,20 +96,21 @@ class RowInvariantOps:
             return be.routed_experts(x, indices, weights, fetch, window, ready)
         # every expert of the step fetched once (batch-union), then computed in pieces the
         # backend computes row-independently
-        fetched = {e: fetch(e) for e in np.unique(indices).tolist()}
+        fetched = {e: fetch(e) for e in sorted(set(indices.ravel().tolist()))}
         rows = be.batch_invariant_rows("experts", list(fetched.values()))
-        pieces = _chunks(t, rows)
         # all at hand: no reads to overlap, so no window (each row's sum keeps its order)
         window = max(window, len(fetched))
+        if t <= rows:
+            return be.routed_experts(x, indices, weights, fetched.__getitem__, window, None)
         return self._concat([be.routed_experts(x[a:b], indices[a:b], weights[a:b], fetched.__getitem__, window, None)
-                             for a, b in pieces])
+                             for a, b in _chunks(t, rows)])
 
     def routed_glu_experts(self, x, indices, weights, fetch, act, window=8, ready=None):
         be = self.backend
         t = indices.shape[0]
         if t == 1:
             return be.routed_glu_experts(x, indices, weights, fetch, act, window, ready)
-        fetched = {e: fetch(e) for e in np.unique(indices).tolist()}
+        fetched = {e: fetch(e) for e in sorted(set(indices.ravel().tolist()))}
         # every product of these experts (their matrices are multiplied by ``linear``; the
         # ``*_bias`` roles are added; prepared weights may be opaque, so roles, not shapes, tell)
         rows = be.batch_invariant_rows("linear", [a for w in fetched.values() for role, a in w.arrays.items()

@@ -284,13 +284,11 @@ class CpuBackend(ReferenceBackend):
         out = np.zeros_like(x)
         if t == 1:  # decode: one token, k distinct experts
             order = np.argsort(indices[0])
-            experts = indices[0, order]
+            experts = indices[0, order].tolist()
             token_of = np.zeros(k, dtype=np.int32)
             starts, counts = range(k), (1,) * k
-        else:
-            flat = indices.ravel()
-            order = np.argsort(flat, kind="stable")  # (expert, token) pairs grouped by expert, ascending
-            experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
+        else:  # (expert, token) pairs grouped by expert, ascending
+            order, experts, starts, counts = host.group_by_expert(indices)
             token_of = (order // k).astype(np.int32)
         weight_of = np.ascontiguousarray(weights.ravel()[order], dtype=np.float32)
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -305,7 +303,7 @@ class CpuBackend(ReferenceBackend):
                 self.kernels.moe(x, batch, token_of[lo : lo + off[-1]], weight_of[lo : lo + off[-1]], off, out)
                 batch.clear()
 
-        for i, e in enumerate(experts.tolist()):  # ascending expert ids: a fixed reduction order
+        for i, e in enumerate(experts):  # ascending expert ids: a fixed reduction order
             if batch and ready is not None and not ready(e):
                 flush()  # compute what is here while e's read finishes
             w = fetch(e)
